@@ -1,0 +1,369 @@
+"""Model graphs: shaped, typed tensors and the ops MatMul, Add, GeLU and Cast.
+
+A ``Graph`` owns its tensors (by name) and ops (in file order); ``Graph.build``
+checks names, infers shapes and dtypes of op outputs, checks them against any
+declared shapes, and refuses cycles. Every error names the op and its tensors.
+
+Conventions:
+- The last dimension of a tensor is its columns; all leading dimensions fold into
+  rows ("rows" below), the view every layout and kernel uses.
+- ``MatMul`` follows numpy semantics for leading batch dimensions. Either operand
+  may be an activation or a parameter. ``transpose_a``/``transpose_b`` swap the
+  last two dimensions of an operand before the product.
+- Accepted MatMul types (the AMP's): fp32 x fp32 -> fp32, fp16 x fp16 -> fp16 or
+  fp32 (partials type), fp8 x fp8 -> fp16 (FP8 accumulates into FP16 partials).
+- ``Add`` broadcasts as numpy does (a bias row is ``[N]`` added to ``[..., N]``);
+  both operands and the result share one dtype (fp16 or fp32).
+- ``GeLU`` has the ``tanh`` and ``erf`` forms; fp16 or fp32.
+- ``Cast`` converts between fp32, fp16 and fp8; the output tensor's power-of-two
+  ``scale`` is applied when casting into FP8 and the input's when casting out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import networkx as nx
+
+from ..errors import TileplanError, check
+from .dtypes import DType
+
+
+class Role(enum.Enum):
+    INPUT = "input"
+    PARAMETER = "parameter"
+    INTERMEDIATE = "intermediate"
+    OUTPUT = "output"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    role: Role = Role.INTERMEDIATE
+    scale: int = 0              # power-of-two exponent: stored value * 2**scale (FP8)
+    layout: Any = None          # an explicit boundary layout pinned by the model file
+
+    def __post_init__(self):
+        check(len(self.shape) >= 1, f"tensor {self.name!r}: a tensor needs at least one dimension")
+        for d in self.shape:
+            check(isinstance(d, int) and not isinstance(d, bool) and d > 0,
+                  f"tensor {self.name!r}: dimensions must be positive integers, got shape {list(self.shape)}")
+        check(-32 <= self.scale <= 31, f"tensor {self.name!r}: scale exponent {self.scale} is out of range -32..31")
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def rows(self) -> int:
+        """All leading dimensions folded together."""
+        return math.prod(self.shape[:-1])
+
+    @property
+    def cols(self) -> int:
+        return self.shape[-1]
+
+    def __str__(self) -> str:
+        s = f"{self.name}: {self.dtype}[{'x'.join(map(str, self.shape))}]"
+        return s + (f" *2^{self.scale}" if self.scale else "")
+
+
+@dataclass(frozen=True)
+class Op:
+    """Base of every op: a name, input tensor names and one output tensor name."""
+
+    name: str
+    inputs: tuple[str, ...]
+    output: str
+    kind: ClassVar[str] = "op"
+    arity: ClassVar[int] = 1
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.name}({', '.join(self.inputs)}) -> {self.output}"
+
+    def err(self, message: str) -> TileplanError:
+        return TileplanError(f"op {self.name!r} ({self.kind}): {message}")
+
+    # Overridden by each op.
+    def infer(self, ins: list[Tensor]) -> tuple[tuple[int, ...], DType]:
+        raise NotImplementedError
+
+    def allowed_output_dtypes(self, ins: list[Tensor]) -> tuple[DType, ...]:
+        return (ins[0].dtype,)
+
+    def flops(self, ins: list[Tensor], out: Tensor) -> int:
+        return out.size
+
+
+@dataclass(frozen=True)
+class MatMul(Op):
+    transpose_a: bool = False
+    transpose_b: bool = False
+    kind: ClassVar[str] = "matmul"
+    arity: ClassVar[int] = 2
+
+    def operand_shapes(self, ins: list[Tensor]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        a, b = (list(t.shape) for t in ins)
+        for t, shp, tr in ((ins[0], a, self.transpose_a), (ins[1], b, self.transpose_b)):
+            if len(shp) < 2:
+                raise self.err(f"operand {t.name!r} has shape {list(t.shape)}; MatMul needs at least 2 dimensions")
+            if tr:
+                shp[-1], shp[-2] = shp[-2], shp[-1]
+        return tuple(a), tuple(b)
+
+    def mnk(self, ins: list[Tensor]) -> tuple[int, int, int, int]:
+        """(batch, M, N, K) with numpy broadcasting of the batch dimensions."""
+        a, b = self.operand_shapes(ins)
+        batch = self._batch(ins, a, b)
+        return math.prod(batch), a[-2], b[-1], a[-1]
+
+    def _batch(self, ins, a, b) -> tuple[int, ...]:
+        try:
+            return tuple(int(d) for d in _broadcast(a[:-2], b[:-2]))
+        except ValueError:
+            raise self.err(f"batch dimensions of {ins[0].name!r} {list(a[:-2])} and {ins[1].name!r} "
+                           f"{list(b[:-2])} do not broadcast") from None
+
+    def infer(self, ins):
+        a, b = self.operand_shapes(ins)
+        if a[-1] != b[-2]:
+            raise self.err(f"inner dimensions differ: {ins[0].name!r} {list(ins[0].shape)} gives K={a[-1]}, "
+                           f"{ins[1].name!r} {list(ins[1].shape)} gives K={b[-2]}")
+        if ins[0].dtype is not ins[1].dtype:
+            raise self.err(f"operand dtypes differ: {ins[0].name!r} is {ins[0].dtype}, "
+                           f"{ins[1].name!r} is {ins[1].dtype}")
+        shape = self._batch(ins, a, b) + (a[-2], b[-1])
+        return shape, self.allowed_output_dtypes(ins)[0]
+
+    def allowed_output_dtypes(self, ins):
+        return {DType.FP32: (DType.FP32,), DType.FP16: (DType.FP16, DType.FP32),
+                DType.FP8: (DType.FP16,)}[ins[0].dtype]
+
+    def flops(self, ins, out):
+        batch, m, n, k = self.mnk(ins)
+        return 2 * batch * m * n * k
+
+
+@dataclass(frozen=True)
+class Add(Op):
+    kind: ClassVar[str] = "add"
+    arity: ClassVar[int] = 2
+
+    def infer(self, ins):
+        a, b = ins
+        try:
+            shape = tuple(int(d) for d in _broadcast(a.shape, b.shape))
+        except ValueError:
+            raise self.err(f"shapes of {a.name!r} {list(a.shape)} and {b.name!r} {list(b.shape)} "
+                           "do not broadcast") from None
+        if a.dtype is not b.dtype:
+            raise self.err(f"operand dtypes differ: {a.name!r} is {a.dtype}, {b.name!r} is {b.dtype}")
+        if a.dtype is DType.FP8:
+            raise self.err(f"Add takes fp16 or fp32 operands, {a.name!r} is fp8 (cast first)")
+        return shape, a.dtype
+
+
+@dataclass(frozen=True)
+class GeLU(Op):
+    approximate: str = "tanh"          # "tanh" or "erf" (exact)
+    kind: ClassVar[str] = "gelu"
+
+    def __post_init__(self):
+        if self.approximate not in ("tanh", "erf"):
+            raise self.err(f"approximate must be 'tanh' or 'erf', got {self.approximate!r}")
+
+    def infer(self, ins):
+        (x,) = ins
+        if x.dtype is DType.FP8:
+            raise self.err(f"GeLU takes fp16 or fp32, {x.name!r} is fp8 (cast first)")
+        return x.shape, x.dtype
+
+    def flops(self, ins, out):
+        return 8 * out.size     # tanh form: about 8 arithmetic operations per element
+
+
+@dataclass(frozen=True)
+class Cast(Op):
+    kind: ClassVar[str] = "cast"
+
+    def infer(self, ins):
+        return ins[0].shape, ins[0].dtype
+
+    def allowed_output_dtypes(self, ins):
+        return tuple(DType)
+
+
+OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, GeLU, Cast)}
+
+
+def _broadcast(*shapes):
+    import numpy as np
+    return np.broadcast_shapes(*(tuple(s) for s in shapes))
+
+
+@dataclass
+class Graph:
+    """A model graph. Build it with ``Graph.build``; treat it as immutable after."""
+
+    name: str
+    tensors: dict[str, Tensor]
+    ops: list[Op]
+    target: str | None = None              # the model file's default target
+    producers: dict[str, Op] = field(default_factory=dict)
+    consumers: dict[str, list[Op]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, name: str, tensors: list[Tensor], ops: list[Op], *,
+              outputs: list[str] | None = None, target: str | None = None) -> "Graph":
+        """Check and complete a graph: declared tensors plus ops whose outputs may be undeclared.
+
+        Op outputs that are not declared get their inferred shape and dtype
+        (an op may pin the output dtype by declaring the tensor). Tensors named in
+        ``outputs`` (default: every tensor no op consumes) get role OUTPUT.
+        """
+        table: dict[str, Tensor] = {}
+        for t in tensors:
+            if t.name in table:
+                raise TileplanError(f"tensor {t.name!r} is declared twice")
+            table[t.name] = t
+        op_names: set[str] = set()
+        producers: dict[str, Op] = {}
+        for op in ops:
+            if op.name in op_names:
+                raise TileplanError(f"op name {op.name!r} is used twice")
+            op_names.add(op.name)
+            if len(op.inputs) != op.arity:
+                raise op.err(f"takes {op.arity} input(s), got {len(op.inputs)}: {list(op.inputs)}")
+            if op.output in producers:
+                raise op.err(f"output {op.output!r} is already produced by op {producers[op.output].name!r}")
+            producers[op.output] = op
+        for name, t in table.items():
+            if t.role in (Role.INPUT, Role.PARAMETER) and name in producers:
+                raise producers[name].err(f"writes {name!r}, which is a graph {t.role}")
+
+        # Dependency order (networkx), refusing cycles and unknown tensors.
+        dag = nx.DiGraph()
+        for op in ops:
+            dag.add_node(op.name)
+            for i in op.inputs:
+                if i not in table and i not in producers:
+                    raise op.err(f"input tensor {i!r} is not declared and no op produces it")
+                if i in producers:
+                    dag.add_edge(producers[i].name, op.name)
+        try:
+            cycle = nx.find_cycle(dag)
+        except nx.NetworkXNoCycle:
+            cycle = None
+        if cycle:
+            names = [u for u, _ in cycle] + [cycle[0][0]]
+            raise TileplanError(f"the graph has a cycle through ops {' -> '.join(names)}")
+        position = {op.name: i for i, op in enumerate(ops)}
+        order = list(nx.lexicographical_topological_sort(dag, key=lambda n: position[n]))
+        by_name = {op.name: op for op in ops}
+        ordered = [by_name[n] for n in order]
+
+        for op in ordered:
+            ins = [table[i] for i in op.inputs]
+            shape, dtype = op.infer(ins)
+            declared = table.get(op.output)
+            if declared is None:
+                role = Role.INTERMEDIATE
+                table[op.output] = Tensor(op.output, tuple(shape), dtype, role)
+                continue
+            if tuple(declared.shape) != tuple(shape):
+                raise op.err(f"output {op.output!r} is declared with shape {list(declared.shape)} "
+                             f"but the op gives {list(shape)}")
+            allowed = op.allowed_output_dtypes(ins)
+            if declared.dtype not in allowed:
+                raise op.err(f"output {op.output!r} is declared {declared.dtype}; from "
+                             f"{', '.join(str(t.dtype) for t in ins)} inputs it can be "
+                             f"{' or '.join(str(d) for d in allowed)}")
+            if op.kind == "cast" and declared.dtype is ins[0].dtype and declared.scale == ins[0].scale:
+                pass  # an identity cast is legal (it becomes a copy)
+
+        consumers: dict[str, list[Op]] = {n: [] for n in table}
+        for op in ordered:
+            for i in op.inputs:
+                consumers[i].append(op)
+        out_names = list(outputs) if outputs else [n for n, t in table.items()
+                                                   if n in producers and not consumers[n]]
+        for n in out_names:
+            if n not in table:
+                raise TileplanError(f"output {n!r} is not a tensor of the graph")
+            if n not in producers:
+                raise TileplanError(f"output {n!r} is a graph {table[n].role}; no op produces it")
+            table[n] = dataclasses.replace(table[n], role=Role.OUTPUT)
+        for n, t in table.items():
+            if t.role is Role.OUTPUT and n not in out_names:
+                table[n] = dataclasses.replace(t, role=Role.INTERMEDIATE)
+            if t.role is Role.INTERMEDIATE and n not in producers and n in table:
+                raise TileplanError(f"tensor {n!r} is an intermediate but no op produces it "
+                                    "(declare it with role 'input' or 'parameter')")
+        unused = [n for n, t in table.items() if t.role in (Role.INPUT, Role.PARAMETER) and not consumers[n]]
+        if unused:
+            raise TileplanError(f"tensor(s) {', '.join(repr(u) for u in unused)} are declared but no op uses them")
+        if not ordered:
+            raise TileplanError("the graph has no ops")
+        return cls(name, table, ordered, target, producers, consumers)
+
+    # ---- queries -------------------------------------------------------------
+
+    def inputs_of(self, op: Op) -> list[Tensor]:
+        return [self.tensors[i] for i in op.inputs]
+
+    def output_of(self, op: Op) -> Tensor:
+        return self.tensors[op.output]
+
+    def op(self, name: str) -> Op:
+        for op in self.ops:
+            if op.name == name:
+                return op
+        raise KeyError(name)
+
+    def by_role(self, role: Role) -> list[Tensor]:
+        return [t for t in self.tensors.values() if t.role is role]
+
+    def flops(self, op: Op) -> int:
+        return op.flops(self.inputs_of(op), self.output_of(op))
+
+    def op_bytes(self, op: Op) -> int:
+        """Bytes an op reads and writes at its boundary."""
+        return sum(t.nbytes for t in self.inputs_of(op)) + self.output_of(op).nbytes
+
+    def total_flops(self) -> int:
+        return sum(self.flops(op) for op in self.ops)
+
+    def roofline_cycles(self, target) -> float:
+        """FLOPs of every MatMul over (tiles x AMP peak for its input dtype).
+
+        Elementwise ops run on the vector units, not the AMP, and are left out
+        of the bound (as in the reference figures this bound is compared with).
+        """
+        total = 0.0
+        for op in self.ops:
+            if isinstance(op, MatMul):
+                dt = self.tensors[op.inputs[0]].dtype
+                total += self.flops(op) / (target.tiles * target.amp_flops(dt))
+        return total
+
+    def to_networkx(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        for op in self.ops:
+            g.add_node(op.name, op=op)
+            for i in op.inputs:
+                if i in self.producers:
+                    g.add_edge(self.producers[i].name, op.name, tensor=i)
+        return g

@@ -1,0 +1,76 @@
+"""Element types: FP32, FP16 and IPU F143 FP8 with a power-of-two scale.
+
+FP8 is the IPU21's F143 format: 1 sign, 4 exponent and 3 mantissa bits, bias 8,
+max 240, NaN 0x80, no negative zero, which is ``ml_dtypes.float8_e4m3fnuz``.
+A tensor's FP8 value ``q`` stands for ``q * 2**scale`` (a tensor-wide power of
+two); casts into FP8 divide by the scale and saturate to +-240.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import ml_dtypes
+import numpy as np
+
+
+class DType(enum.Enum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+    @property
+    def itemsize(self) -> int:
+        return {DType.FP32: 4, DType.FP16: 2, DType.FP8: 1}[self]
+
+    @property
+    def numpy(self) -> np.dtype:
+        return np.dtype({DType.FP32: np.float32, DType.FP16: np.float16,
+                         DType.FP8: ml_dtypes.float8_e4m3fnuz}[self])
+
+    @property
+    def cpp(self) -> str:
+        """The C++ element type of Poplar codelets (FP8 is carried as raw bytes)."""
+        return {DType.FP32: "float", DType.FP16: "half", DType.FP8: "unsigned char"}[self]
+
+    @property
+    def max_finite(self) -> float:
+        return float(np.finfo(self.numpy).max)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, text: str) -> "DType":
+        aliases = {"fp32": cls.FP32, "float32": cls.FP32, "f32": cls.FP32,
+                   "fp16": cls.FP16, "float16": cls.FP16, "f16": cls.FP16, "half": cls.FP16,
+                   "fp8": cls.FP8, "f143": cls.FP8, "float8_e4m3fnuz": cls.FP8}
+        try:
+            return aliases[str(text).lower()]
+        except KeyError:
+            raise ValueError(f"unknown dtype {text!r} (expected fp32, fp16 or fp8)") from None
+
+
+FP8_MAX = 240.0  # ml_dtypes.float8_e4m3fnuz max finite; IPU F143 saturation bound
+
+
+def quantise(values: np.ndarray, dtype: DType, scale: int = 0) -> np.ndarray:
+    """Round float values into ``dtype`` storage; FP8 divides by 2**scale and saturates.
+
+    NaN stays NaN (FP8 NaN is 0x80). Infinities saturate for FP8 (F143 has none).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if dtype is DType.FP8:
+        y = x * (2.0 ** -scale)
+        y = np.where(np.isnan(y), np.nan, np.clip(y, -FP8_MAX, FP8_MAX))
+        return y.astype(np.float32).astype(dtype.numpy)
+    if dtype is DType.FP16:
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16)
+    return x.astype(np.float32)
+
+
+def dequantise(stored: np.ndarray, dtype: DType, scale: int = 0) -> np.ndarray:
+    """The float64 values a stored tensor stands for (FP8 times 2**scale)."""
+    x = np.asarray(stored).astype(np.float64)
+    return x * (2.0 ** scale) if dtype is DType.FP8 else x
