@@ -250,9 +250,9 @@ class Graph:
             if op.output in producers:
                 raise op.err(f"output {op.output!r} is already produced by op {producers[op.output].name!r}")
             producers[op.output] = op
-        for name, t in table.items():
-            if t.role in (Role.INPUT, Role.PARAMETER) and name in producers:
-                raise producers[name].err(f"writes {name!r}, which is a graph {t.role}")
+        for tname, t in table.items():     # (not `name`: that is the graph's name)
+            if t.role in (Role.INPUT, Role.PARAMETER) and tname in producers:
+                raise producers[tname].err(f"writes {tname!r}, which is a graph {t.role}")
 
         # Dependency order (networkx), refusing cycles and unknown tensors.
         dag = nx.DiGraph()
@@ -347,16 +347,20 @@ class Graph:
         return sum(self.flops(op) for op in self.ops)
 
     def roofline_cycles(self, target) -> float:
-        """FLOPs of every MatMul over (tiles x AMP peak for its input dtype).
+        """FLOPs of every MatMul over (tiles x AMP peak for its operand and partials types).
 
         Elementwise ops run on the vector units, not the AMP, and are left out
         of the bound (as in the reference figures this bound is compared with).
+        An FP16 MatMul with an FP32 output runs at the FP16-with-FP32-partials rate.
         """
         total = 0.0
         for op in self.ops:
             if isinstance(op, MatMul):
                 dt = self.tensors[op.inputs[0]].dtype
-                total += self.flops(op) / (target.tiles * target.amp_flops(dt))
+                peak = target.amp_flops(dt, partials=self.tensors[op.output].dtype)
+                if peak <= 0:
+                    raise op.err(f"target {target.name!r} has no {dt} AMP, so there is no roofline bound")
+                total += self.flops(op) / (target.tiles * peak)
         return total
 
     def to_networkx(self) -> nx.DiGraph:
