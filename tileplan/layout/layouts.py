@@ -1,0 +1,413 @@
+"""The layout vocabulary: small frozen values saying which tile holds which elements.
+
+Every layout is a hashable frozen dataclass with a one-line ``str`` (for plan
+printouts), a ``local_format`` (``"rows"``: row-major pieces, ``"panels"``: AMP
+panels) and ``owner_map(shape, dtype, tiles)``, a cached pure function giving the
+vectorised ``OwnerMap``. ``verify(shape, dtype, target)`` raises ``LayoutError``
+naming the layout and the problem.
+
+Conventions the planner relies on:
+- Tiles are numbered from 0. ``WholeRows``, ``Intervals`` and ``Packed`` use tiles
+  ``0..k-1`` (``WholeRows`` may start at ``first_tile``), where ``k`` is the owner
+  count after capping it so that no owner is empty; ``Explicit`` and ``Blocks``
+  name their tiles.
+- Splits are balanced: the first ``n % k`` owners get one unit more.
+- ``owner_map`` raises ``LayoutError`` if the layout names a tile at or beyond
+  ``tiles``.
+
+| layout | str | distribution |
+|---|---|---|
+| ``WholeRows(k)`` | ``Rows(k)`` | contiguous row ranges, one interval per owner |
+| ``Intervals(k, a)`` | ``Iv(k,a8)`` | contiguous flat ranges, byte boundaries multiples of ``a`` |
+| ``Packed(g, k)`` | ``Packed(g,k)`` | stream of AMP panel rows (``g`` columns), cut in ``k`` chunks |
+| ``Explicit(ivs)`` | ``Explicit(n)`` | (tile, start, stop) intervals pinned by the model file |
+| ``Imported(base)`` | ``Imp(base)`` | a host input; as ``base`` (``Imported.linear(k)``: ``Iv(k,a8)``) |
+| ``Blocks(rb, cb, t)`` | ``Blocks(4x2 r3)`` | a GEMM's private 2-D block grid (DESIGN's ``Grid``), replicated |
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import numpy as np
+
+from ..graph.dtypes import DType
+from ..target import Target
+from .owner_map import (LayoutError, OwnerMap, alignment_problem, capacity_problem, coverage_problem,
+                        exclusive_cumsum, local_problem, stacked_offsets)
+
+Shape = tuple[int, ...]
+
+
+def rows_cols(shape: Shape) -> tuple[int, int]:
+    """The 2-D view of a shape: all leading dimensions folded into rows."""
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def describe(shape: Shape, dtype: DType) -> str:
+    return f"{dtype}[{'x'.join(map(str, shape))}]"
+
+
+def balanced_bounds(n: int, k: int) -> np.ndarray:
+    """int64 [k + 1]: ``n`` units cut into ``k`` parts, the first ``n % k`` one larger."""
+    sizes = np.full(k, n // k, dtype=np.int64)
+    sizes[: n % k] += 1
+    return np.concatenate(([0], np.cumsum(sizes)))
+
+
+def _positive(layout: str, name: str, value) -> None:
+    if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0):
+        raise LayoutError(f"{layout}: {name} must be a positive integer, got {value!r}")
+
+
+def _shape(shape) -> Shape:
+    shape = tuple(int(d) for d in shape)
+    if not shape or min(shape) <= 0:
+        raise LayoutError(f"a layout needs a shape of positive dimensions, got {list(shape)}")
+    return shape
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_owner_map(layout: "Layout", shape: Shape, dtype: DType, tiles: int) -> OwnerMap:
+    om = layout._build(shape, dtype, tiles)
+    if len(om) and (om.max_tile() >= tiles or int(om.tile.min()) < 0):
+        bad = om.max_tile() if om.max_tile() >= tiles else int(om.tile.min())
+        raise LayoutError(f"{layout} on {describe(shape, dtype)}: uses tile {bad} "
+                          f"but the target has tiles 0..{tiles - 1}")
+    return om
+
+
+class Layout:
+    """Base of the vocabulary. Subclasses are frozen dataclasses implementing ``_build``."""
+
+    boundary: ClassVar[bool] = True      # may be offered at an op boundary (Blocks: no)
+
+    @property
+    def local_format(self) -> str:
+        return "rows"
+
+    def owner_map(self, shape: Shape, dtype: DType, tiles: int) -> OwnerMap:
+        """The owner map of a tensor of ``shape`` and ``dtype`` on ``tiles`` tiles (cached)."""
+        return _cached_owner_map(self, _shape(shape), dtype, int(tiles))
+
+    def effective(self, shape: Shape, dtype: DType) -> "Layout":
+        """The layout actually used for this tensor (``Packed`` may fall back to row-major)."""
+        return self
+
+    def verify(self, shape: Shape, dtype: DType, target: Target) -> OwnerMap:
+        """Check the layout against its tensor and target; the owner map, or ``LayoutError``.
+
+        Checks: the layout's own shape constraints, tile indices within the target,
+        coverage (every element exactly once, or exactly r times on distinct tiles),
+        no empty interval, dense local buffers, promised alignment, per-tile capacity.
+        """
+        shape = _shape(shape)
+        where = f"{self} on {describe(shape, dtype)}"
+        problem = self._shape_problem(shape)
+        if problem:
+            raise LayoutError(f"{where}: {problem}")
+        om = self.owner_map(shape, dtype, target.tiles)
+        for problem in (coverage_problem(om), local_problem(om),
+                        alignment_problem(om, self._unit(shape, dtype), dtype.itemsize),
+                        capacity_problem(om, target.tiles, dtype.itemsize, target.usable_bytes)):
+            if problem:
+                raise LayoutError(f"{where}: {problem}")
+        return om
+
+    # ---- overridden by subclasses --------------------------------------------
+
+    def _build(self, shape: Shape, dtype: DType, tiles: int) -> OwnerMap:
+        raise NotImplementedError
+
+    def _unit(self, shape: Shape, dtype: DType) -> int:
+        """Interval boundaries the layout promises, in elements (1: no promise)."""
+        return 1
+
+    def _shape_problem(self, shape: Shape) -> str | None:
+        return None
+
+
+@dataclass(frozen=True)
+class WholeRows(Layout):
+    """Contiguous balanced row ranges on tiles ``first_tile ..`` (at most one owner per row)."""
+
+    owners: int
+    first_tile: int = 0
+
+    def __post_init__(self):
+        _positive("WholeRows", "owners", self.owners)
+        if not (isinstance(self.first_tile, (int, np.integer)) and self.first_tile >= 0):
+            raise LayoutError(f"WholeRows: first_tile must be a non-negative integer, got {self.first_tile!r}")
+
+    def __str__(self) -> str:
+        return f"Rows({self.owners})" if not self.first_tile else f"Rows({self.owners}@{self.first_tile})"
+
+    def _build(self, shape, dtype, tiles):
+        rows, cols = rows_cols(shape)
+        k = min(self.owners, rows)
+        bounds = balanced_bounds(rows, k) * cols
+        return OwnerMap.build(self.first_tile + np.arange(k), bounds[:-1], bounds[1:], np.zeros(k),
+                              rows * cols)
+
+
+@dataclass(frozen=True)
+class Intervals(Layout):
+    """The flat element range in ``owners`` balanced contiguous intervals.
+
+    Byte boundaries are multiples of ``align``: element boundaries are multiples of
+    ``lcm(align, itemsize) / itemsize`` except the tensor's end (the tail). A tensor
+    too small for ``owners`` such units gets fewer owners; none is empty.
+    """
+
+    owners: int
+    align: int = 8
+
+    def __post_init__(self):
+        _positive("Intervals", "owners", self.owners)
+        _positive("Intervals", "align", self.align)
+
+    def __str__(self) -> str:
+        return f"Iv({self.owners},a{self.align})"
+
+    def _unit(self, shape, dtype):
+        return math.lcm(self.align, dtype.itemsize) // dtype.itemsize
+
+    def _build(self, shape, dtype, tiles):
+        size = math.prod(shape)
+        unit = self._unit(shape, dtype)
+        units = -(-size // unit)
+        k = min(self.owners, units)
+        bounds = np.minimum(balanced_bounds(units, k) * unit, size)
+        return OwnerMap.build(np.arange(k), bounds[:-1], bounds[1:], np.zeros(k), size)
+
+
+@dataclass(frozen=True)
+class Packed(Layout):
+    """The compact resident format of a GEMM parameter ``B[K, N]`` (rows = K).
+
+    Panel ``p`` holds columns ``[p*g, (p+1)*g)`` stored ``K x g`` row-major; the
+    panels in panel-major order form a stream of ``K * N/g`` panel rows of ``g``
+    elements, cut into ``owners`` balanced chunks of whole panel rows (tiles 0..k-1,
+    tile i holds chunk i in stream order). No replication.
+
+    If ``N % g != 0`` (a sub-word tail) the matrix is stored row-major as
+    ``Intervals(owners)`` instead: ``effective(shape, dtype)`` then returns
+    ``Packed(g, k, fallback=True)``, printed ``Packed(g,k->Iv)``.
+    """
+
+    grain: int
+    owners: int
+    fallback: bool = False     # row-major Intervals(owners); set by effective(), not by callers
+
+    def __post_init__(self):
+        _positive("Packed", "grain", self.grain)
+        _positive("Packed", "owners", self.owners)
+
+    def __str__(self) -> str:
+        return f"Packed({self.grain},{self.owners}{'->Iv' if self.fallback else ''})"
+
+    @property
+    def local_format(self) -> str:
+        return "rows" if self.fallback else "panels"
+
+    def effective(self, shape, dtype):
+        if not self.fallback and shape[-1] % self.grain:
+            return replace(self, fallback=True)
+        return self
+
+    def _row_major(self) -> Intervals:
+        return Intervals(self.owners)
+
+    def _unit(self, shape, dtype):
+        eff = self.effective(shape, dtype)
+        return eff._row_major()._unit(shape, dtype) if eff.fallback else self.grain
+
+    def _build(self, shape, dtype, tiles):
+        eff = self.effective(shape, dtype)
+        if eff.fallback:
+            return eff._row_major()._build(shape, dtype, tiles)
+        k_rows, n = rows_cols(shape)
+        g = self.grain
+        total = k_rows * (n // g)                     # panel rows in the stream
+        k = min(self.owners, total)
+        bounds = balanced_bounds(total, k)
+        stream = np.arange(total, dtype=np.int64)
+        panel, row = np.divmod(stream, k_rows)
+        owner = np.repeat(np.arange(k), np.diff(bounds))
+        start = row * n + panel * g
+        offset = (stream - bounds[owner]) * g
+        return OwnerMap.build(owner, start, start + g, offset, k_rows * n, local_format="panels")
+
+
+@dataclass(frozen=True)
+class Explicit(Layout):
+    """(tile, start, stop) element intervals pinned by a model file; a hard constraint.
+
+    Local offsets stack each tile's intervals in order of start. ``verify`` checks
+    that they cover the tensor exactly once.
+    """
+
+    intervals: tuple[tuple[int, int, int], ...]
+
+    def __post_init__(self):
+        try:
+            ivs = tuple((int(t), int(a), int(b)) for t, a, b in self.intervals)
+        except (TypeError, ValueError):
+            raise LayoutError(f"Explicit: intervals must be (tile, start, stop) integer triples, "
+                              f"got {self.intervals!r}"[:300]) from None
+        object.__setattr__(self, "intervals", ivs)
+        for i, (t, a, b) in enumerate(ivs):
+            if t < 0 or a < 0 or b <= a:
+                raise LayoutError(f"{self}: interval #{i} (tile {t}, [{a}, {b})) is "
+                                  f"{'empty' if b <= a else 'negative'}")
+
+    @classmethod
+    def from_arrays(cls, tile, start, stop) -> "Explicit":
+        return cls(tuple(zip(np.asarray(tile).tolist(), np.asarray(start).tolist(),
+                             np.asarray(stop).tolist())))
+
+    def __str__(self) -> str:
+        return f"Explicit({len(self.intervals)})"
+
+    def _build(self, shape, dtype, tiles):
+        a = np.array(self.intervals, dtype=np.int64).reshape(-1, 3)
+        by_start = np.argsort(a[:, 1], kind="stable")
+        tile, start, stop = a[by_start, 0], a[by_start, 1], a[by_start, 2]
+        offset = stacked_offsets(tile, stop - start)
+        return OwnerMap.build(tile, start, stop, offset, math.prod(shape))
+
+
+@dataclass(frozen=True)
+class Imported(Layout):
+    """The layout a host input arrives in; everything delegates to ``base``."""
+
+    base: Layout
+
+    def __post_init__(self):
+        if not isinstance(self.base, Layout) or not self.base.boundary:
+            raise LayoutError(f"Imported: the base must be a boundary layout, got {self.base}")
+
+    @classmethod
+    def linear(cls, owners: int, align: int = 8) -> "Imported":
+        """The default: a row-major host input in ``Intervals(owners, align)``."""
+        return cls(Intervals(owners, align))
+
+    def __str__(self) -> str:
+        return f"Imp({self.base})"
+
+    @property
+    def local_format(self) -> str:
+        return self.base.local_format
+
+    def effective(self, shape, dtype):
+        eff = self.base.effective(shape, dtype)
+        return self if eff == self.base else Imported(eff)
+
+    def _unit(self, shape, dtype):
+        return self.base._unit(shape, dtype)
+
+    def _shape_problem(self, shape):
+        return self.base._shape_problem(shape)
+
+    def _build(self, shape, dtype, tiles):
+        return self.base.owner_map(shape, dtype, tiles)
+
+
+@dataclass(frozen=True)
+class Blocks(Layout):
+    """A GEMM's private 2-D block grid (DESIGN's ``Grid``); never a boundary layout.
+
+    Block ``(i, j)`` covers rows ``[rb[i], rb[i+1])`` x cols ``[cb[j], cb[j+1])`` and
+    is held row-major (one interval per block row) on each tile of ``tiles[i][j]``
+    (``r`` distinct tiles, the same ``r`` for every block). A tile holding several
+    blocks stacks them in block order (row-major over ``(i, j)``).
+    """
+
+    row_bounds: tuple[int, ...]
+    col_bounds: tuple[int, ...]
+    tiles: tuple[tuple[tuple[int, ...], ...], ...]
+    boundary: ClassVar[bool] = False
+
+    def __post_init__(self):
+        rb = tuple(int(x) for x in self.row_bounds)
+        cb = tuple(int(x) for x in self.col_bounds)
+        object.__setattr__(self, "row_bounds", rb)
+        object.__setattr__(self, "col_bounds", cb)
+        for name, b in (("row", rb), ("col", cb)):
+            if len(b) < 2 or b[0] != 0 or any(y <= x for x, y in zip(b, b[1:])):
+                raise LayoutError(f"Blocks: {name} bounds must rise strictly from 0, got {list(b)}")
+        try:
+            t = np.array(self.tiles, dtype=np.int64)
+        except (TypeError, ValueError):
+            raise LayoutError("Blocks: tiles must be a [rows][cols][replicas] nest of tile numbers") from None
+        gr, gc = len(rb) - 1, len(cb) - 1
+        if t.ndim != 3 or t.shape[:2] != (gr, gc) or t.shape[2] < 1:
+            raise LayoutError(f"Blocks: tiles must have shape [{gr}][{gc}][replicas], got {list(t.shape)}")
+        if t.min() < 0:
+            raise LayoutError(f"Blocks: tile numbers must be non-negative, got {int(t.min())}")
+        same = np.sort(t, axis=2)
+        if (same[:, :, 1:] == same[:, :, :-1]).any():
+            i, j, _ = np.argwhere(same[:, :, 1:] == same[:, :, :-1])[0]
+            raise LayoutError(f"Blocks: block ({i}, {j}) names tile {same[i, j, 0]} twice among its replicas "
+                              f"{t[i, j].tolist()}")
+        object.__setattr__(self, "tiles", tuple(tuple(tuple(c) for c in row) for row in t.tolist()))
+
+    @classmethod
+    def even(cls, rows: int, cols: int, gr: int, gc: int, tile_of: np.ndarray) -> "Blocks":
+        """A ``gr x gc`` balanced grid (first blocks one larger); ``tile_of[i, j, r]`` (or ``[i, j]``)."""
+        if not (0 < gr <= rows and 0 < gc <= cols):
+            raise LayoutError(f"Blocks: a {gr}x{gc} grid does not fit a {rows}x{cols} matrix "
+                              "without empty blocks")
+        t = np.asarray(tile_of)
+        if t.ndim == 2:
+            t = t[:, :, None]
+        return cls(tuple(balanced_bounds(rows, gr).tolist()), tuple(balanced_bounds(cols, gc).tolist()),
+                   tuple(tuple(tuple(c) for c in row) for row in t.tolist()))
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return len(self.row_bounds) - 1, len(self.col_bounds) - 1
+
+    @property
+    def replicas(self) -> int:
+        return len(self.tiles[0][0])
+
+    def tile_array(self) -> np.ndarray:
+        """int32 [gr, gc, r]: the tiles of each block."""
+        return np.array(self.tiles, dtype=np.int32)
+
+    def __str__(self) -> str:
+        gr, gc = self.grid
+        return f"Blocks({gr}x{gc} r{self.replicas})"
+
+    def _shape_problem(self, shape):
+        rows, cols = rows_cols(shape)
+        if (self.row_bounds[-1], self.col_bounds[-1]) != (rows, cols):
+            return (f"the grid covers {self.row_bounds[-1]}x{self.col_bounds[-1]} but the tensor is "
+                    f"{rows}x{cols} (rows x cols)")
+        return None
+
+    def _build(self, shape, dtype, tiles):
+        rows, cols = rows_cols(shape)
+        problem = self._shape_problem(shape)
+        if problem:
+            raise LayoutError(f"{self} on {describe(shape, dtype)}: {problem}")
+        gr, gc = self.grid
+        r = self.replicas
+        rb, cb = np.array(self.row_bounds, dtype=np.int64), np.array(self.col_bounds, dtype=np.int64)
+        height, width = np.diff(rb), np.diff(cb)
+        # One entry per (block i, block j, replica), in block order.
+        bi, bj, _ = (a.reshape(-1) for a in np.indices((gr, gc, r)))
+        btile = self.tile_array().reshape(-1)
+        bh, bw = height[bi], width[bj]
+        base = stacked_offsets(btile, bh * bw)
+        # One interval per block row.
+        entry = np.repeat(np.arange(len(bi)), bh)
+        row_in = np.arange(len(entry), dtype=np.int64) - np.repeat(exclusive_cumsum(bh), bh)
+        start = (rb[bi][entry] + row_in) * cols + cb[bj][entry]
+        w = bw[entry]
+        return OwnerMap.build(btile[entry], start, start + w, base[entry] + row_in * w,
+                              rows * cols, replicas=r)
