@@ -141,7 +141,19 @@ def _resolve(spec: str, seen: tuple[str, ...]) -> dict:
         doc = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise TileplanError(f"malformed TOML: {exc}", source=str(path)) from None
-    base = _resolve(doc["inherits"], seen + (key,)) if "inherits" in doc else {}
+    base = {}
+    if "inherits" in doc:
+        parent = doc["inherits"]
+        if not isinstance(parent, str) or not parent:
+            raise TileplanError(f"inherits must be a preset name or a target file path, got {parent!r}",
+                                source=str(path))
+        # A relative path is looked up beside the inheriting file first (presets are names).
+        if parent not in preset_names() and (path.parent / parent).is_file():
+            parent = str(path.parent / parent)
+        try:
+            base = _resolve(parent, seen + (key,))
+        except TileplanError as exc:
+            raise exc.with_source(str(path)) from None
     return {**base, **_flatten(doc, str(path))}
 
 
@@ -152,7 +164,8 @@ def load_target(spec: "str | Target") -> Target:
     values = _resolve(str(spec), ())
     missing = sorted(set(_FIELDS) - set(values))
     if missing:
-        raise TileplanError(f"target {spec!r} is missing {', '.join(missing)}")
+        raise TileplanError(f"target {spec!r} is missing {', '.join(missing)} "
+                            f"(start it with inherits = \"<preset>\" to take the rest from a preset)")
     for name, v in values.items():
         want = _FIELDS[name].type
         if want in ("int", int) and not (isinstance(v, int) and not isinstance(v, bool)):
@@ -160,4 +173,7 @@ def load_target(spec: "str | Target") -> Target:
         if want in ("float", float) and not isinstance(v, (int, float)):
             raise TileplanError(f"target {spec!r}: {name} must be a number, got {v!r}")
     values["clock_hz"] = float(values["clock_hz"])
-    return Target(**values)
+    try:
+        return Target(**values)
+    except TileplanError as exc:              # name the file: the inherited name may be a preset's
+        raise exc.with_source(str(spec)) from None
