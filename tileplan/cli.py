@@ -1,0 +1,175 @@
+"""The ``tileplan`` command line.
+
+One ``typer`` app, one function per command. Commands raise ``TileplanError`` for
+anything the user can fix; ``main()`` is the only place that turns it into the
+one-line ``error: ...`` on stderr with exit status 2 (usage errors are typer's,
+also status 2). Add a command by writing one more ``@app.command()`` function.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import TileplanError
+from .graph.core import Graph, MatMul, Role
+from .graph.dtypes import DType
+from .target import Target, load_target, preset_names
+
+DEFAULT_TARGET = "ipu21"
+
+app = typer.Typer(
+    name="tileplan",
+    help="Plan and compile model graphs for IPU-style many-core accelerators.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+TargetOption = Annotated[Optional[str], typer.Option(
+    "--target", "-t", help="Preset name (see `tileplan machines`) or a target TOML file.")]
+
+
+def _console() -> Console:
+    """stdout console; wide when not a terminal so piped tables are not squeezed."""
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        return Console()
+    return Console(width=160)
+
+
+def _n(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _shape(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def resolve_target(spec: str | None, graph: Graph | None = None) -> tuple[Target, str]:
+    """The target to use and where the choice came from: --target, the model file, or the default."""
+    if spec:
+        return load_target(spec), "--target"
+    if graph is not None and graph.target:
+        return load_target(graph.target), "model file"
+    return load_target(DEFAULT_TARGET), "default"
+
+
+# ---- commands ----------------------------------------------------------------
+
+@app.command()
+def machines(
+    targets: Annotated[Optional[list[str]], typer.Argument(
+        help="Presets or target TOML files to list (default: every preset).", metavar="[TARGET]...")] = None,
+) -> None:
+    """List the machine targets: tiles, memory, clock, AMP and exchange figures."""
+    loaded = [load_target(t) for t in (targets or preset_names())]
+    rows = [
+        ("description", lambda t: t.description),
+        ("tiles", lambda t: _n(t.tiles)),
+        ("SRAM per tile (B)", lambda t: _n(t.sram_bytes)),
+        ("  standard region (B)", lambda t: _n(t.standard_bytes)),
+        ("  interleaved region (B)", lambda t: _n(t.interleaved_bytes)),
+        ("  reserve (B)", lambda t: _n(t.reserve_bytes)),
+        ("clock (GHz)", lambda t: f"{t.clock_hz / 1e9:.2f}"),
+        ("AMP fp32 (FLOP/tile/cycle)", lambda t: str(t.amp_fp32)),
+        ("AMP fp16", lambda t: str(t.amp_fp16)),
+        ("AMP fp16, fp32 partials", lambda t: str(t.amp_fp16_fp32)),
+        ("AMP fp8", lambda t: str(t.amp_fp8) if t.amp_fp8 else "-"),
+        ("peak fp16 (TFLOP/s)", lambda t: f"{t.peak_tflops(DType.FP16):.1f}"),
+        ("peak fp8 (TFLOP/s)", lambda t: f"{t.peak_tflops(DType.FP8):.1f}" if t.amp_fp8 else "-"),
+        ("exchange (B/cycle/tile)", lambda t: str(t.exchange_bytes_per_cycle)),
+        ("  paired exchange", lambda t: str(t.paired_bytes_per_cycle)),
+        ("sync (cycles)", lambda t: _n(t.sync_cycles)),
+    ]
+    table = Table(title="Targets")
+    table.add_column("", style="bold")
+    for t in loaded:
+        table.add_column(t.name, justify="right")
+    for label, value in rows:
+        table.add_row(label, *(value(t) for t in loaded))
+    _console().print(table)
+
+
+@app.command()
+def show(
+    model: Annotated[Path, typer.Argument(help="Model file (.toml).", metavar="MODEL")],
+    target: TargetOption = None,
+) -> None:
+    """Summarise a model graph: ops, tensors, FLOPs, bytes and the roofline bound."""
+    from .graph.loaders import load_model
+
+    graph = load_model(model)
+    tgt, chosen_by = resolve_target(target, graph)
+    from .graph.loaders import check_against_target
+    try:
+        check_against_target(graph, tgt)
+    except TileplanError as exc:
+        raise exc.with_source(str(model)) from None
+    roofline = graph.roofline_cycles(tgt)
+
+    console = _console()
+    console.print(f"[bold]{graph.name}[/bold]  ({model})")
+
+    ops = Table(title="Ops (in execution order)")
+    for col in ("#", "op", "kind", "inputs -> output", "shapes", "dtypes", "FLOPs", "bytes"):
+        ops.add_column(col, justify="right" if col in ("#", "FLOPs", "bytes") else "left")
+    for i, op in enumerate(graph.ops):
+        ins, out = graph.inputs_of(op), graph.output_of(op)
+        kind = op.kind + (f" ({op.approximate})" if op.kind == "gelu" else "")
+        if isinstance(op, MatMul) and (op.transpose_a or op.transpose_b):
+            kind += " (" + ", ".join(n for n, on in (("A^T", op.transpose_a), ("B^T", op.transpose_b)) if on) + ")"
+        ops.add_row(str(i), op.name, kind,
+                    f"{', '.join(op.inputs)} -> {op.output}",
+                    f"{', '.join(_shape(t.shape) for t in ins)} -> {_shape(out.shape)}",
+                    f"{', '.join(str(t.dtype) for t in ins)} -> {out.dtype}",
+                    _n(graph.flops(op)), _n(graph.op_bytes(op)))
+    console.print(ops)
+
+    tensors = Table(title="Tensors")
+    for col in ("tensor", "role", "shape", "dtype", "scale", "bytes", "layout"):
+        tensors.add_column(col, justify="right" if col in ("scale", "bytes") else "left")
+    for t in graph.tensors.values():
+        scale = f"2^{t.scale}" if t.dtype is DType.FP8 else ""
+        tensors.add_row(t.name, str(t.role), _shape(t.shape), str(t.dtype), scale, _n(t.nbytes),
+                        str(t.layout) if t.layout is not None else "")
+    console.print(tensors)
+
+    def role_bytes(role: Role) -> int:
+        return sum(t.nbytes for t in graph.by_role(role))
+
+    matmul_flops = sum(graph.flops(op) for op in graph.ops if isinstance(op, MatMul))
+    params = role_bytes(Role.PARAMETER)
+    sram = tgt.tiles * tgt.usable_bytes
+    console.print(
+        f"totals: {len(graph.ops)} ops, {_n(graph.total_flops())} FLOPs "
+        f"({_n(matmul_flops)} in MatMuls); inputs {_n(role_bytes(Role.INPUT))} B, "
+        f"parameters {_n(params)} B, outputs {_n(role_bytes(Role.OUTPUT))} B, "
+        f"intermediates {_n(role_bytes(Role.INTERMEDIATE))} B")
+    console.print(
+        f"target: {tgt.name} ({chosen_by}): {tgt.description}, {_n(tgt.tiles)} tiles, "
+        f"{tgt.clock_hz / 1e9:.2f} GHz; parameters fill {100 * params / sram:.1f}% of its usable SRAM")
+    console.print(
+        f"roofline bound: [bold]{_n(roofline)} cycles[/bold] = {roofline / tgt.clock_hz * 1e6:,.1f} us "
+        f"(MatMul FLOPs / ({_n(tgt.tiles)} tiles x AMP FLOP per tile per cycle))")
+
+
+# ---- entry point -------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; a ``TileplanError`` becomes one ``error:`` line on stderr and exit 2."""
+    try:
+        app(args=argv, prog_name="tileplan")
+    except TileplanError as exc:
+        message = " ".join(str(exc).split("\n"))
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
