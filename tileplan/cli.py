@@ -102,11 +102,10 @@ def show(
     target: TargetOption = None,
 ) -> None:
     """Summarise a model graph: ops, tensors, FLOPs, bytes and the roofline bound."""
-    from .graph.loaders import load_model
+    from .graph.loaders import check_against_target, load_model
 
     graph = load_model(model)
     tgt, chosen_by = resolve_target(target, graph)
-    from .graph.loaders import check_against_target
     try:
         check_against_target(graph, tgt)
     except TileplanError as exc:
