@@ -11,6 +11,7 @@ from tileplan.errors import TileplanError
 from tileplan.graph.dtypes import DType
 from tileplan.layout import (Blocks, Explicit, Imported, Intervals, LayoutError, OwnerMap, Packed, WholeRows,
                              balanced_bounds)
+from tileplan.layout.owner_map import alignment_problem, local_problem
 from tileplan.target import load_target
 
 IPU = load_target("ipu21")
@@ -239,7 +240,7 @@ def test_a_tile_holding_several_blocks_stacks_them_in_block_order():
 
 def test_blocks_naming_a_tile_twice_in_one_block_is_refused():
     with pytest.raises(LayoutError, match=r"block \(0, 1\) names tile 3 twice"):
-        Blocks((0, 2), (0, 1, 2), (((1, 2), (3, 3)),))
+        Blocks((0, 2), (0, 1, 2), (((1, 2, 5), (7, 3, 3)),))
 
 
 def test_blocks_that_do_not_match_the_tensor_shape_are_an_error():
@@ -282,3 +283,20 @@ def test_bytes_per_tile_is_the_local_buffer_size():
 
 def test_balanced_bounds_give_the_first_parts_one_more():
     assert balanced_bounds(10, 4).tolist() == [0, 3, 6, 8, 10]
+
+
+def test_a_misaligned_interval_boundary_is_reported_in_elements_and_bytes():
+    om = OwnerMap.build([0, 1], [0, 6], [6, 16], [0, 0], 16)
+    assert alignment_problem(om, 4, 2) == ("interval [0, 6) on tile 0 has a boundary at element 6 (byte 12), "
+                                           "not a multiple of 4 elements (8 bytes)")
+    assert alignment_problem(Intervals(2).owner_map((16,), FP16, 2), 4, 2) is None
+
+
+def test_a_local_buffer_with_a_gap_is_reported():
+    om = OwnerMap.build([0, 0], [0, 8], [4, 16], [0, 6], 16)
+    assert local_problem(om) == "intervals on tile 0 leave a gap in its local buffer at element offset 4"
+
+
+def test_an_imported_layout_past_the_target_names_itself():
+    with pytest.raises(LayoutError, match=r"Rows\(80\) on fp16\[80x4\]: uses tile 79"):
+        Imported(WholeRows(80)).verify((80, 4), FP16, load_target("ipu21-64"))

@@ -244,10 +244,13 @@ def _merged(s_tile, d_tile, start, stop, s_off, d_off, itemsize, size, fmt) -> C
     return CopyPlan(s_tile, d_tile, start, stop, s_off, d_off, itemsize, size, fmt)
 
 
-@functools.lru_cache(maxsize=256)
 def convert(src: Layout, dst: Layout, shape: Shape, dtype: DType, tiles: int) -> CopyPlan:
-    """The copy plan from ``src`` to ``dst`` for one tensor (cached)."""
-    shape = tuple(shape)
+    """The copy plan from ``src`` to ``dst`` for one tensor (cached: plans are read-only)."""
+    return _cached_convert(src, dst, tuple(int(d) for d in shape), dtype, int(tiles))
+
+
+@functools.lru_cache(maxsize=32)       # a plan may hold millions of fragments: keep few
+def _cached_convert(src: Layout, dst: Layout, shape: Shape, dtype: DType, tiles: int) -> CopyPlan:
     return plan_copy(src.owner_map(shape, dtype, tiles), dst.owner_map(shape, dtype, tiles), dtype.itemsize)
 
 

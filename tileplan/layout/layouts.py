@@ -70,7 +70,7 @@ def _shape(shape) -> Shape:
     return shape
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=128)      # a block grid's map can hold ~0.5M intervals: keep a bounded few
 def _cached_owner_map(layout: "Layout", shape: Shape, dtype: DType, tiles: int) -> OwnerMap:
     om = layout._build(shape, dtype, tiles)
     if len(om) and (om.max_tile() >= tiles or int(om.tile.min()) < 0):
@@ -349,9 +349,10 @@ class Blocks(Layout):
         if t.min() < 0:
             raise LayoutError(f"Blocks: tile numbers must be non-negative, got {int(t.min())}")
         same = np.sort(t, axis=2)
-        if (same[:, :, 1:] == same[:, :, :-1]).any():
-            i, j, _ = np.argwhere(same[:, :, 1:] == same[:, :, :-1])[0]
-            raise LayoutError(f"Blocks: block ({i}, {j}) names tile {same[i, j, 0]} twice among its replicas "
+        twice = same[:, :, 1:] == same[:, :, :-1]
+        if twice.any():
+            i, j, k = np.argwhere(twice)[0]
+            raise LayoutError(f"Blocks: block ({i}, {j}) names tile {same[i, j, k]} twice among its replicas "
                               f"{t[i, j].tolist()}")
         object.__setattr__(self, "tiles", tuple(tuple(tuple(c) for c in row) for row in t.tolist()))
 
