@@ -1,0 +1,136 @@
+"""Cycle formulas: integers, monotone in size, and the published worked values."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tileplan.graph.dtypes import DType
+from tileplan.kernels import (AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
+                              UnpackCall, default_registry)
+from tileplan.kernels import cycles as cy
+from tileplan.target import load_target
+
+FP8, FP16, FP32 = DType.FP8, DType.FP16, DType.FP32
+REG = default_registry()
+IPU21 = load_target("ipu21")
+
+# One accepted base call per variant, and the size fields to grow.
+BASE = {
+    "amp_fp32": (MatMulCall(32, 64, 64, FP32, FP32, b_format="panels", grain=8), ("m", "n", "k")),
+    "amp_fp16_fp16": (MatMulCall(32, 64, 64, FP16, FP16, b_format="panels", grain=16), ("m", "n", "k")),
+    "amp_fp16_fp32": (MatMulCall(32, 64, 64, FP16, FP32), ("m", "n", "k")),
+    "amp_fp8_fp16": (MatMulCall(32, 64, 64, FP8, FP16, weights_region="standard"), ("m", "n", "k")),
+    "vmac": (MatMulCall(3, 5, 7, FP16, FP16), ("m", "n", "k")),
+    "reduce_fp16": (ReduceCall(100, 3, FP16, FP16), ("n", "parts")),
+    "reduce_fp32": (ReduceCall(100, 3, FP32, FP32), ("n", "parts")),
+    "add_vector": (AddCall(4, 64, FP16, "row_broadcast"), ("rows", "cols")),
+    "add_pairs": (AddCall(4, 63, FP32, "dense"), ("rows", "cols")),
+    "gelu_fp16": (GeLUCall(100, FP16), ("n",)),
+    "gelu_fp32": (GeLUCall(96, FP32, "erf"), ("n",)),
+    "bias_gelu_fp16": (BiasGeLUCall(3, 40, FP16), ("rows", "cols")),
+    "bias_gelu_fp32": (BiasGeLUCall(3, 40, FP32), ("rows", "cols")),
+    "cast_fp16_fp8": (CastCall(100, FP16, FP8), ("n",)),
+    "cast_fp32_fp16": (CastCall(100, FP32, FP16), ("n",)),
+    "cast_convert": (CastCall(100, FP8, FP32), ("n",)),
+    "pack_panels": (PackCall(8, 32, FP16, 16), ("rows",)),
+    "unpack_panels": (UnpackCall(8, 32, FP16, 16), ("rows",)),
+    "copy_local": (CopyCall(100), ("nbytes",)),
+}
+
+
+def test_every_variant_has_a_base_call_it_accepts():
+    assert set(BASE) == {v.name for v in REG}
+    for name, (call, _) in BASE.items():
+        assert REG[name].accepts(call, IPU21), (name, REG[name].rejections(call, IPU21))
+
+
+@pytest.mark.parametrize("name", sorted(BASE))
+def test_cycles_are_positive_integers_and_monotone_in_every_size(name):
+    call, dims = BASE[name]
+    v = REG[name]
+    base = v.cycles(call, IPU21)
+    assert isinstance(base, int) and base > 0
+    assert v.cycles(call, IPU21) == base                       # deterministic
+    for dim in dims:
+        prev = base
+        for factor in (2, 3, 8):
+            grown = dataclasses.replace(call, **{dim: getattr(call, dim) * factor})
+            c = v.cycles(grown, IPU21)
+            assert isinstance(c, int) and c >= prev, (name, dim, factor, c, prev)
+            prev = c
+        assert prev > base, (name, dim)
+
+
+# Published IPU21 hardware samples (ipu-stack crates/ipu-codegen/src/kernel/cost.rs tests):
+# interleaved FP16 AMP GEMM (rows, inner, columns, measured cycles), modelled within 2%.
+AMP_SAMPLES = [(184, 288, 48, 48654), (182, 288, 48, 48180), (184, 288, 32, 32538),
+               (146, 576, 32, 53718), (120, 80, 272, 55344)]
+
+
+def test_amp_formula_reproduces_the_worked_value_and_hardware_samples():
+    call = MatMulCall(184, 48, 288, FP16, FP16, b_format="panels", grain=16)
+    # 294 + ceil(288/16) * ceil(48/16) * (4*184 + 160) = 294 + 18 * 3 * 896
+    assert REG["amp_fp16_fp16"].cycles(call, IPU21) == 48678
+    for m, k, n, measured in AMP_SAMPLES:
+        c = REG["amp_fp16_fp16"].cycles(MatMulCall(m, n, k, FP16, FP16, b_format="panels", grain=16), IPU21)
+        assert abs(c - measured) < 0.02 * measured, (m, k, n, c, measured)
+
+
+def test_fp8_amp_takes_k_over_two_and_fp32_partials_cost_twice_per_group():
+    fp16 = REG["amp_fp16_fp16"].cycles(MatMulCall(100, 64, 128, FP16, FP16, b_format="panels", grain=16), IPU21)
+    fp8 = REG["amp_fp8_fp16"].cycles(MatMulCall(100, 64, 256, FP8, FP16, b_format="panels", grain=32), IPU21)
+    wide = REG["amp_fp16_fp32"].cycles(MatMulCall(100, 64, 128, FP16, FP32, b_format="panels", grain=16), IPU21)
+    assert fp8 == fp16
+    assert wide - cy.AMP_SETUP == 2 * (fp16 - cy.AMP_SETUP)
+
+
+def test_standard_memory_weights_and_row_major_b_cost_more():
+    panels = MatMulCall(96, 64, 128, FP16, FP16, b_format="panels", grain=16)
+    standard = dataclasses.replace(panels, weights_region="standard")
+    rows = dataclasses.replace(panels, b_format="rows", grain=0)
+    c = REG["amp_fp16_fp16"].cycles
+    assert c(standard, IPU21) > c(panels, IPU21)
+    assert c(rows, IPU21) == c(panels, IPU21) + IPU21.kernel_launch_cycles + 128 * 64
+
+
+def test_fp32_amp_uses_the_standard_form_with_4r_and_2126():
+    call = MatMulCall(10, 32, 32, FP32, FP32, b_format="panels", grain=8)
+    # 294 + ceil(32/16) * (ceil(32 * 4*10 / 4) + ceil(ceil(32/16) * 2126 / 4))
+    assert REG["amp_fp32"].cycles(call, IPU21) == 294 + 2 * (320 + 1063)
+
+
+def test_reduction_matches_the_seven_hardware_samples():
+    samples = [(8, 2, 360), (56, 2, 438), (1472, 2, 2700), (2208, 4, 4974), (1472, 4, 3444),
+               (576, 15, 3090), (2208, 28, 18222)]
+    for n, parts, measured in samples:
+        assert REG["reduce_fp16"].cycles(ReduceCall(n, parts, FP16, FP16), IPU21) == measured
+
+
+def test_add_and_gelu_and_casts_reproduce_their_published_values():
+    assert REG["add_vector"].cycles(AddCall(1, 1728, FP16), IPU21) == 2220
+    assert REG["add_vector"].cycles(AddCall(3, 1152, FP16, "row_broadcast"), IPU21) == 4416
+    assert REG["add_pairs"].cycles(AddCall(1, 120, FP16), IPU21) == 450 + 54 * 10
+    assert REG["gelu_fp16"].cycles(GeLUCall(960, FP16), IPU21) == 330 + 462 * 10
+    assert REG["gelu_fp32"].cycles(GeLUCall(960, FP32), IPU21) == 330 + 2 * 462 * 10
+    assert REG["cast_fp16_fp8"].cycles(CastCall(480, FP16, FP8), IPU21) == 330 + 24 * 10
+    assert REG["cast_fp32_fp16"].cycles(CastCall(120, FP32, FP16), IPU21) == 330 + 48 * 10
+    assert REG["unpack_panels"].cycles(UnpackCall(4, 32, FP16, 16), IPU21) == 11 + 10 * 128
+
+
+def test_fused_bias_gelu_is_cheaper_than_add_then_gelu():
+    fused = REG["bias_gelu_fp16"].cycles(BiasGeLUCall(8, 96, FP16), IPU21)
+    apart = (REG["add_vector"].cycles(AddCall(8, 96, FP16, "row_broadcast"), IPU21)
+             + REG["gelu_fp16"].cycles(GeLUCall(8 * 96, FP16), IPU21))
+    assert fused < apart
+
+
+def test_machine_figures_come_from_the_target():
+    call = CopyCall(4096)
+    assert REG["copy_local"].cycles(call, IPU21) == 288 + 4096 // 8
+    faster = dataclasses.replace(IPU21, local_copy_bytes_per_cycle=16, local_copy_call_cycles=100)
+    assert REG["copy_local"].cycles(call, faster) == 100 + 4096 // 16
+    launch = dataclasses.replace(IPU21, kernel_launch_cycles=50)
+    pack = PackCall(8, 32, FP16, 16)
+    assert REG["pack_panels"].cycles(pack, launch) - REG["pack_panels"].cycles(pack, IPU21) == 39

@@ -1,0 +1,280 @@
+"""Tile-level kernel calls: what one vertex invocation on one tile computes.
+
+A call is a small frozen value naming a primitive and the shapes and types of
+its tile-local operands. The planner, the estimates, lowering and the IPU model
+all talk to the kernels through calls: ``dispatch(call, target)`` picks the
+variant, the variant prices the call (``cycles``), defines its numpy semantics
+(``reference``) and emits its Poplar codelet (``codelet``).
+
+Operands are flat, row-major tile buffers. Every call has:
+
+- ``primitive``: the registry key (``"matmul"``, ``"reduce"``, ...);
+- ``key()``: a short stable string naming the specialisation, that is, every
+  field that changes the generated C++ (types, formats, modes) but not the
+  shapes, which are vertex fields. Codelet files are named after it.
+
+Scales are powers of two (``2**scale``), as in ``tileplan.graph.dtypes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from typing import ClassVar
+
+from ..errors import check
+from ..graph.dtypes import DType
+
+WEIGHT_REGIONS = ("interleaved", "standard")
+B_FORMATS = ("rows", "panels")
+ADD_MODES = ("dense", "row_broadcast")
+GELU_FORMS = ("tanh", "erf")
+
+
+def _positive(call: object, **dims: int) -> None:
+    for name, value in dims.items():
+        check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+              f"{type(call).__name__}: {name} must be a positive integer, got {value!r}")
+
+
+def _dtype(call: object, **types: object) -> None:
+    for name, value in types.items():
+        check(isinstance(value, DType), f"{type(call).__name__}: {name} must be a DType, got {value!r}")
+
+
+def _one_of(call: object, name: str, value: str, allowed: tuple[str, ...]) -> None:
+    check(value in allowed, f"{type(call).__name__}: {name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def describe(call: object) -> str:
+    """One line: the primitive and every field that differs from its default,
+    e.g. ``matmul(m=184, n=48, k=288, in_dtype=fp8, partials=fp16)``."""
+    shown = [f"{f.name}={getattr(call, f.name)}" for f in fields(call)
+             if f.default is MISSING or getattr(call, f.name) != f.default]
+    return f"{call.primitive}({', '.join(shown)})"
+
+
+@dataclass(frozen=True)
+class MatMulCall:
+    """``C[m, n] = A[m, k] @ B[k, n]`` on one tile.
+
+    A is row-major. B is row-major (``b_format="rows"``, ``grain=0``) or AMP
+    panels (``"panels"``: ``ceil(n / grain)`` panels, each a ``k x grain``
+    row-major block). Products accumulate in FP32; the sum is multiplied by
+    ``2**out_scale`` and rounded to ``partials``.
+    """
+
+    m: int
+    n: int
+    k: int
+    in_dtype: DType
+    partials: DType
+    weights_region: str = "interleaved"   # where B lives: "interleaved" or "standard"
+    b_format: str = "rows"
+    out_scale: int = 0
+    grain: int = 0                        # panel width in elements; 0 when B is row-major
+    primitive: ClassVar[str] = "matmul"
+    __str__ = describe
+
+    def __post_init__(self):
+        _positive(self, m=self.m, n=self.n, k=self.k)
+        _dtype(self, in_dtype=self.in_dtype, partials=self.partials)
+        _one_of(self, "weights_region", self.weights_region, WEIGHT_REGIONS)
+        _one_of(self, "b_format", self.b_format, B_FORMATS)
+        if self.b_format == "panels":
+            check(isinstance(self.grain, int) and self.grain > 0,
+                  f"MatMulCall: b_format 'panels' needs a positive grain, got {self.grain!r}")
+        else:
+            check(self.grain == 0, f"MatMulCall: grain {self.grain} is only meaningful with b_format 'panels'")
+
+    @property
+    def panels(self) -> int:
+        """Number of B panels (``ceil(n / grain)``); 0 for row-major B."""
+        return -(-self.n // self.grain) if self.grain else 0
+
+    def key(self) -> str:
+        return f"matmul_{self.in_dtype}_{self.partials}_{self.b_format}"
+
+
+@dataclass(frozen=True)
+class ReduceCall:
+    """Sum ``parts`` partial arrays of ``n`` elements each (one contiguous buffer
+    ``[parts, n]``), accumulating in FP32 in part order; the sum is multiplied by
+    ``2**out_scale`` and rounded to ``out_dtype``."""
+
+    n: int
+    parts: int
+    in_dtype: DType
+    out_dtype: DType
+    out_scale: int = 0
+    primitive: ClassVar[str] = "reduce"
+    __str__ = describe
+
+    def __post_init__(self):
+        _positive(self, n=self.n, parts=self.parts)
+        _dtype(self, in_dtype=self.in_dtype, out_dtype=self.out_dtype)
+
+    def key(self) -> str:
+        return f"reduce_{self.in_dtype}_{self.out_dtype}"
+
+
+@dataclass(frozen=True)
+class AddCall:
+    """``a[rows, cols] + b`` with ``b`` of shape ``[rows, cols]`` (``"dense"``) or
+    ``[cols]`` (``"row_broadcast"``, a bias row); computed in FP32, rounded to
+    ``dtype``."""
+
+    rows: int
+    cols: int
+    dtype: DType
+    mode: str = "dense"
+    primitive: ClassVar[str] = "add"
+    __str__ = describe
+
+    def __post_init__(self):
+        _positive(self, rows=self.rows, cols=self.cols)
+        _dtype(self, dtype=self.dtype)
+        _one_of(self, "mode", self.mode, ADD_MODES)
+
+    @property
+    def size(self) -> int:
+        return self.rows * self.cols
+
+    def key(self) -> str:
+        return f"add_{self.dtype}_{self.mode}"
+
+
+@dataclass(frozen=True)
+class GeLUCall:
+    """GeLU of ``n`` elements (``tanh`` or exact ``erf`` form), computed in FP32,
+    rounded to ``dtype``."""
+
+    n: int
+    dtype: DType
+    approximate: str = "tanh"
+    primitive: ClassVar[str] = "gelu"
+    __str__ = describe
+
+    def __post_init__(self):
+        _positive(self, n=self.n)
+        _dtype(self, dtype=self.dtype)
+        _one_of(self, "approximate", self.approximate, GELU_FORMS)
+
+    def key(self) -> str:
+        return f"gelu_{self.dtype}_{self.approximate}"
+
+
+@dataclass(frozen=True)
+class BiasGeLUCall:
+    """Fused ``gelu(a[rows, cols] + bias[cols])`` in one pass; the sum stays in
+    FP32 (it is not rounded to ``dtype`` before the GeLU)."""
+
+    rows: int
+    cols: int
+    dtype: DType
+    approximate: str = "tanh"
+    primitive: ClassVar[str] = "bias_gelu"
+    __str__ = describe
+
+    def __post_init__(self):
+        _positive(self, rows=self.rows, cols=self.cols)
+        _dtype(self, dtype=self.dtype)
+        _one_of(self, "approximate", self.approximate, GELU_FORMS)
+
+    @property
+    def size(self) -> int:
+        return self.rows * self.cols
+
+    def key(self) -> str:
+        return f"bias_gelu_{self.dtype}_{self.approximate}"
+
+
+@dataclass(frozen=True)
+class CastCall:
+    """Convert ``n`` elements. The value is ``stored * 2**in_scale``; into FP8 it
+    is divided by ``2**out_scale`` and saturated to +-240 (NaN stays NaN, 0x80).
+    Scales apply to FP8 sides only (as ``dtypes.quantise``/``dequantise``), so a
+    non-zero scale on an FP16/FP32 side is refused rather than ignored."""
+
+    n: int
+    in_dtype: DType
+    out_dtype: DType
+    in_scale: int = 0
+    out_scale: int = 0
+    primitive: ClassVar[str] = "cast"
+    __str__ = describe
+
+    def __post_init__(self):
+        _positive(self, n=self.n)
+        _dtype(self, in_dtype=self.in_dtype, out_dtype=self.out_dtype)
+        check(self.in_scale == 0 or self.in_dtype is DType.FP8,
+              f"CastCall: in_scale {self.in_scale} given for a {self.in_dtype} input (scales are FP8 only)")
+        check(self.out_scale == 0 or self.out_dtype is DType.FP8,
+              f"CastCall: out_scale {self.out_scale} given for a {self.out_dtype} output (scales are FP8 only)")
+
+    def key(self) -> str:
+        return f"cast_{self.in_dtype}_{self.out_dtype}"
+
+
+@dataclass(frozen=True)
+class PackCall:
+    """Row-major ``[rows, cols]`` -> AMP panels: ``ceil(cols / grain)`` panels,
+    each a ``rows x grain`` row-major block, panels one after another."""
+
+    rows: int
+    cols: int
+    dtype: DType
+    grain: int
+    primitive: ClassVar[str] = "pack"
+    __str__ = describe
+
+    def __post_init__(self):
+        _positive(self, rows=self.rows, cols=self.cols, grain=self.grain)
+        _dtype(self, dtype=self.dtype)
+
+    @property
+    def size(self) -> int:
+        return self.rows * self.cols
+
+    def key(self) -> str:
+        return f"pack_{self.dtype}"
+
+
+@dataclass(frozen=True)
+class UnpackCall:
+    """AMP panels -> row-major ``[rows, cols]``; the inverse of ``PackCall``."""
+
+    rows: int
+    cols: int
+    dtype: DType
+    grain: int
+    primitive: ClassVar[str] = "unpack"
+    __str__ = describe
+
+    def __post_init__(self):
+        _positive(self, rows=self.rows, cols=self.cols, grain=self.grain)
+        _dtype(self, dtype=self.dtype)
+
+    @property
+    def size(self) -> int:
+        return self.rows * self.cols
+
+    def key(self) -> str:
+        return f"unpack_{self.dtype}"
+
+
+@dataclass(frozen=True)
+class CopyCall:
+    """Copy ``nbytes`` bytes from one tile-local buffer to another."""
+
+    nbytes: int
+    primitive: ClassVar[str] = "copy"
+    __str__ = describe
+
+    def __post_init__(self):
+        _positive(self, nbytes=self.nbytes)
+
+    def key(self) -> str:
+        return "copy"
+
+
+Call = MatMulCall | ReduceCall | AddCall | GeLUCall | BiasGeLUCall | CastCall | PackCall | UnpackCall | CopyCall

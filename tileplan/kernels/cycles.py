@@ -1,0 +1,293 @@
+"""Cycle formulas of the tile kernels: one tile-level call, all six workers.
+
+Every formula is a deterministic integer function of the call's shapes and of
+the ``Target``; the planner's estimates, lowering and the IPU model all use
+these same functions. Machine figures (AMP rate, copy bandwidth, launch cycles)
+come from the ``Target``. The fitted coefficients below are properties of the
+kernel *loops* (setup, per-group overhead) as published with their sources; each
+is a named constant, and each formula says whether it is published or derived.
+
+Sources (see the project's REFERENCES.md):
+
+- ipu-stack, ``crates/ipu-codegen/src/kernel/cost.rs`` and
+  ``crates/ipu-codegen/src/estimate/primitive.rs``: IPU21 hardware-fitted AMP
+  GEMM, GeLU, Add, reduction, cast, pack and unpack models;
+- ipu-stack, ``ipu-target/src/ipu21/costs.rs``: local copy, kernel launch;
+- poplibs, ``lib/popops/popopsCycleEstimators.cpp`` and popnn's NonLinearity
+  estimator: GELU costs 5 cycles per half vector op and 10 per float one, the
+  ratio used to derive the FP32 GeLU;
+- platformxlab/elk ``TensorExpression.py``: a fitted FP16 matmul of the same
+  shape (``... 514*ceil(k/16)*ceil(n/16) ...``), a cross-check of the per-group
+  overhead.
+
+Notation: R rows of the output on the tile (m), C output columns (n), K the
+local inner dimension, K' = K for FP32/FP16 and K/2 for FP8 (the FP8 AMP
+consumes 32 K elements with the instruction sequence the FP16 kernel uses
+for 16).
+"""
+
+from __future__ import annotations
+
+from ..graph.dtypes import DType
+from ..target import Target
+from .calls import AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall, UnpackCall
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---- AMP matmul -------------------------------------------------------------------
+
+AMP_SETUP = 294                  # kernel setup incl. worker launch: ipu-stack kernel/cost.rs
+AMP_GROUP_K = 16                 # K' per AMP group (16 FP16 / 32 FP8 / 16 FP32 elements)
+AMP_GROUP_C = 16                 # output columns per AMP group
+AMP_INTERLEAVED_GROUP = 160      # per-group worker/weight-feed overhead, interleaved weights
+AMP_STANDARD_GROUP = 1063        # per-group overhead (in quarter cycles) for standard-memory weights
+AMP_FP32_STANDARD_GROUP = 2126   # the same for FP32 (twice: FP32 words feed at half the rate)
+AMP_STANDARD_ROW_DIVISOR = 4     # "ceil(C*R/4)" and "ceil(ceil(C/16)*1063/4)" in primitive.rs
+
+
+def amp_row_cycles(target: Target, in_dtype: DType, partials: DType) -> int:
+    """Cycles one output row costs per AMP group (16 K' x 16 C), from the AMP rate.
+
+    A group row is ``16 * 16`` MACs on FP16 (``32 * 16`` on FP8, where K' = K/2),
+    i.e. 512 (1024) FLOP, at ``target.amp_flops`` per cycle: FP16.16 and FP8 give
+    the published 4 cycles per row (the ``4R`` of ipu-stack's fitted formula),
+    FP32 16, and FP16 with FP32 partials 8 (half the FP16.16 rate).
+    """
+    k_elems = AMP_GROUP_K * (2 if in_dtype is DType.FP8 else 1)
+    flop = 2 * k_elems * AMP_GROUP_C
+    return ceil_div(flop, target.amp_flops(in_dtype, partials))
+
+
+def amp_interleaved_cycles(m: int, k_prime: int, n: int, row_cycles: int, group_overhead: int) -> int:
+    """``294 + ceil(K'/16) * ceil(C/16) * (row_cycles * R + group_overhead)``.
+
+    Published (ipu-stack ``kernel/cost.rs``, ``interleaved_f16_gemm_cycles``,
+    used for FP16 and FP8 by ``estimate/primitive.rs``) with ``row_cycles = 4``
+    and ``group_overhead = 160``; it matched five IPU21 hardware samples within 2%
+    (e.g. R=184, K=288, C=48: 48,654 measured, 48,678 modelled).
+    """
+    return AMP_SETUP + ceil_div(k_prime, AMP_GROUP_K) * ceil_div(n, AMP_GROUP_C) * (row_cycles * m + group_overhead)
+
+
+def amp_standard_cycles(m: int, k_prime: int, n: int, row_cycles: int, group_quarters: int) -> int:
+    """``294 + ceil(K'/16) * (ceil(C * row_cycles * R / 16) + ceil(ceil(C/16) * G / 4))``.
+
+    Published (ipu-stack ``estimate/primitive.rs``) for weights in standard
+    memory: FP16/FP8 ``294 + ceil(K'/16) * (ceil(C*R/4) + ceil(ceil(C/16)*1063/4))``.
+    "FP32: as above with 4R and 2,126" we read as: R becomes 4R in the row term,
+    ``ceil(C*4R/4) = C*R``, and G = 2126, so an FP32 group row (16 K x 16 C)
+    costs 16 cycles, a quarter of the FP16 rate (32 vs 128 FLOP/cycle). Written
+    with ``row_cycles`` per group row (4 FP16/FP8, 16 FP32) the row term is
+    ``ceil(C * row_cycles * R / 16)``, which is both published forms.
+    """
+    row_term = ceil_div(n * row_cycles * m, AMP_GROUP_C)
+    group_term = ceil_div(ceil_div(n, AMP_GROUP_C) * group_quarters, AMP_STANDARD_ROW_DIVISOR)
+    return AMP_SETUP + ceil_div(k_prime, AMP_GROUP_K) * (row_term + group_term)
+
+
+def matmul_cycles(call: MatMulCall, target: Target) -> int:
+    """AMP matmul of one call.
+
+    - FP16 (FP16 partials) and FP8 (FP16 partials): published, interleaved or
+      standard-memory form by ``weights_region``.
+    - FP32: published standard-memory form with 4R and 2,126, whatever the
+      region (ipu-stack applies the interleaved model to FP16/FP8 only).
+    - FP16 with FP32 partials: DERIVED, twice the FP16.16 per-group cost
+      (``8R + 320`` interleaved, ``G = 2126`` standard), consistent with half
+      the FP16.16 AMP rate (``target.amp_fp16_fp32``); no public measurement.
+    - Row-major B (``b_format="rows"``): DERIVED, the kernel first rearranges B
+      into panels in-kernel, priced as ``pack_cycles`` of the ``k x n`` block;
+      the published formulas are for packed weights.
+    """
+    k_prime = ceil_div(call.k, 2) if call.in_dtype is DType.FP8 else call.k
+    rows = amp_row_cycles(target, call.in_dtype, call.partials)
+    # FP16 with FP32 partials runs at a fraction of the FP16.16 rate; its per-group
+    # overhead is scaled by the same factor (2 on every preset).
+    slowdown = ceil_div(rows, amp_row_cycles(target, DType.FP16, DType.FP16)) if call.in_dtype is DType.FP16 else 1
+    if call.in_dtype is DType.FP32:
+        cycles = amp_standard_cycles(call.m, k_prime, call.n, rows, AMP_FP32_STANDARD_GROUP)
+    elif call.weights_region == "interleaved":
+        cycles = amp_interleaved_cycles(call.m, k_prime, call.n, rows, slowdown * AMP_INTERLEAVED_GROUP)
+    else:
+        cycles = amp_standard_cycles(call.m, k_prime, call.n, rows, slowdown * AMP_STANDARD_GROUP)
+    if call.b_format == "rows":
+        cycles += pack_elements_cycles(call.k * call.n, target)
+    return cycles
+
+
+# Vector-unit fallback (no AMP): DERIVED. One 64-bit vector multiply-accumulate
+# (2 FP32 or 4 FP16 lanes; FP8 decoded to FP16) with its paired 64-bit load per
+# two issue cycles per worker; six barrel-scheduled workers issue one
+# instruction per tile cycle between them, plus a horizontal sum, scale and
+# store per output.
+VMAC_ISSUE_PER_VECTOR = 2
+VMAC_OUTPUT_CYCLES = 8
+
+
+def vmac_cycles(call: MatMulCall, target: Target) -> int:
+    """``launch + m * n * (2 * ceil(k / lanes) + 8)``: DERIVED (see above). It
+    reads row-major or panel B directly, so the format does not change the price."""
+    lanes = 8 // max(2, call.in_dtype.itemsize)
+    per_output = VMAC_ISSUE_PER_VECTOR * ceil_div(call.k, lanes) + VMAC_OUTPUT_CYCLES
+    return target.kernel_launch_cycles + call.m * call.n * per_output
+
+
+# ---- reduction --------------------------------------------------------------------
+
+REDUCE_SETUP = 282            # incl. supervisor rendezvous: ipu-stack kernel/cost.rs
+REDUCE_ELEMS_PER_WAVE = 48    # six workers x eight FP16 elements per iteration
+REDUCE_ISSUE = 11             # issue groups per iteration, incl. repeat alignment
+REDUCE_ISSUE_PER_PART = 2     # extra issue groups per further partial
+
+
+def reduce_cycles(call: ReduceCall, target: Target) -> int:
+    """``282 + 6 * ceil(n/48) * (11 + 2(P-1))`` for FP16 partials: published
+    (ipu-stack ``f16_reduction_cycles``, matched seven IPU21 samples exactly).
+
+    FP32 partials: DERIVED, a 64-bit load carries half as many elements, so a
+    six-worker wave covers 24 elements: ``282 + 6 * ceil(n/24) * (11 + 2(P-1))``.
+    """
+    wave = REDUCE_ELEMS_PER_WAVE // 2 if call.in_dtype is DType.FP32 else REDUCE_ELEMS_PER_WAVE
+    per_wave = target.workers * (REDUCE_ISSUE + REDUCE_ISSUE_PER_PART * (call.parts - 1))
+    return REDUCE_SETUP + ceil_div(call.n, wave) * per_wave
+
+
+# ---- add --------------------------------------------------------------------------
+
+ADD_VECTOR_SETUP = 492        # ipu-stack f16_add_cycles, aligned path
+ADD_VECTOR_STEP = 24          # elements per row step (six workers x four halves)
+ADD_ROW_RESET = 234           # pointer reset per repeated broadcast row
+ADD_PAIR_SETUP = 450          # irregular widths: pair loop
+ADD_PAIR_STEP = 12            # elements per pair-loop wave (six workers x two halves)
+ADD_PAIR_CYCLES = 54          # cycles per pair-loop wave
+
+
+def add_vector_cycles(call: AddCall, target: Target) -> int:
+    """FP16: ``492 + R * ceil(C/24) * 24 + 234 * (R - 1)``: published (ipu-stack
+    ``f16_add_cycles``, aligned dense or row broadcast; dense counts as one row of
+    all elements).
+
+    FP32: DERIVED, a 64-bit vector holds 2 floats instead of 4 halves, so the
+    per-element term doubles: ``492 + R * ceil(2C/24) * 24 + 234 * (R - 1)``.
+    """
+    rows, cols = (1, call.size) if call.mode == "dense" else (call.rows, call.cols)
+    width = cols * (2 if call.dtype is DType.FP32 else 1)
+    return ADD_VECTOR_SETUP + rows * ceil_div(width, ADD_VECTOR_STEP) * ADD_VECTOR_STEP + ADD_ROW_RESET * (rows - 1)
+
+
+def add_pair_work(call: AddCall | BiasGeLUCall) -> int:
+    per = 2 if call.dtype is DType.FP32 else 1
+    return ceil_div(call.size, ADD_PAIR_STEP) * ADD_PAIR_CYCLES * per
+
+
+def add_scalar_cycles(call: AddCall, target: Target) -> int:
+    """FP16: ``450 + 54 * ceil(n/12)``: published (ipu-stack ``f16_add_cycles``,
+    irregular widths). FP32: DERIVED, twice the per-element term (one float per
+    32-bit op instead of a pair of halves)."""
+    return ADD_PAIR_SETUP + add_pair_work(call)
+
+
+# ---- GeLU -------------------------------------------------------------------------
+
+GELU_SETUP = 330              # ipu-stack kernel/cost.rs, gelu_f16.S
+GELU_BLOCK = 16               # fast path: whole 16-element blocks
+GELU_WAVE = 96                # elements per six-worker wave of the block loop
+GELU_WAVE_CYCLES = 462        # cycles per wave: REFERENCES.md (ipu-stack docs/EXCHANGE_COST_AND_GELU);
+                              # an earlier cost.rs revision fitted 510
+GELU_PAIR_CYCLES = 120        # scalar-pair tail, per pair (ipu-stack f16_gelu_cycles)
+GELU_FP32_FACTOR = 2          # poplibs NonLinearity GELU: 10 cycles per float vs 5 per half vector op
+
+
+def gelu_work(dtype: DType, n: int) -> int:
+    """The GeLU loop without its setup, for ``n`` elements."""
+    factor = GELU_FP32_FACTOR if dtype is DType.FP32 else 1
+    head = n - n % GELU_BLOCK
+    tail = n % GELU_BLOCK
+    return factor * (ceil_div(head, GELU_WAVE) * GELU_WAVE_CYCLES + ceil_div(tail, 2) * GELU_PAIR_CYCLES)
+
+
+def gelu_cycles(call: GeLUCall, target: Target) -> int:
+    """FP16, ``n % 16 == 0``: ``330 + 462 * ceil(n/96)``: published (ipu-stack).
+
+    A tail of ``n % 16`` elements: DERIVED, the block loop on the head plus the
+    published 120 cycles per scalar pair for the tail (the tail runs on one
+    worker, after the blocks). FP32: DERIVED, twice the FP16 loop (poplibs'
+    NonLinearity GELU costs 10 cycles per float vs 5 per half vector op). The
+    erf form is priced as the tanh form: one transcendental per element either
+    way, and no public measurement separates them (assumption).
+    """
+    return GELU_SETUP + gelu_work(call.dtype, call.n)
+
+
+def bias_gelu_cycles(call: BiasGeLUCall, target: Target) -> int:
+    """DERIVED: the GeLU loop on ``rows * cols`` elements plus the Add kernel's
+    row-broadcast work (its per-element and per-row terms without the Add's own
+    setup): the fused pass re-reads the bias row and adds it before the GeLU.
+    Cheaper than Add then GeLU by the Add's launch and the intermediate's round
+    trip through memory; an upper bound, no public measurement."""
+    add = AddCall(call.rows, call.cols, call.dtype, "row_broadcast")
+    vector_lanes = 8 // call.dtype.itemsize
+    if call.cols % vector_lanes == 0:
+        bias = add_vector_cycles(add, target) - ADD_VECTOR_SETUP
+    else:
+        bias = add_pair_work(add)
+    return GELU_SETUP + gelu_work(call.dtype, call.size) + bias
+
+
+# ---- casts ------------------------------------------------------------------------
+
+CAST_SETUP = 330
+CAST_FP16_FP8_WAVE = 48       # ipu-stack estimate/primitive.rs cast_cycles (flat)
+CAST_FP16_FP8_CYCLES = 24
+CAST_FP32_FP16_WAVE = 12
+CAST_FP32_FP16_CYCLES = 48
+
+
+def cast_fp16_fp8_cycles(call: CastCall, target: Target) -> int:
+    """``330 + 24 * ceil(n/48)``: published (ipu-stack ``cast_cycles``, flat FP16 -> FP8)."""
+    return CAST_SETUP + ceil_div(call.n, CAST_FP16_FP8_WAVE) * CAST_FP16_FP8_CYCLES
+
+
+def cast_fp32_fp16_cycles(call: CastCall, target: Target) -> int:
+    """``330 + 48 * ceil(n/12)``: published (ipu-stack ``cast_cycles``, FP32 -> FP16)."""
+    return CAST_SETUP + ceil_div(call.n, CAST_FP32_FP16_WAVE) * CAST_FP32_FP16_CYCLES
+
+
+def cast_convert_cycles(call: CastCall, target: Target) -> int:
+    """``launch + ceil(n * (in + out bytes) / local_copy_bytes_per_cycle)``: the
+    fallback ipu-stack's ``cast_cycles`` uses for every other pair (DERIVED
+    there, not measured): a conversion is priced as streaming both buffers."""
+    moved = call.n * (call.in_dtype.itemsize + call.out_dtype.itemsize)
+    return target.kernel_launch_cycles + ceil_div(moved, target.local_copy_bytes_per_cycle)
+
+
+# ---- rearrangement and copies -----------------------------------------------------
+
+PACK_CYCLES_PER_ELEMENT = 1      # AMP-left pack, "about 1 cycle per element": ipu-stack
+UNPACK_CYCLES_PER_ELEMENT = 10   # unpack to row-major, "about 10 per element": primitive.rs
+
+
+def pack_elements_cycles(elements: int, target: Target) -> int:
+    return target.kernel_launch_cycles + PACK_CYCLES_PER_ELEMENT * elements
+
+
+def pack_cycles(call: PackCall, target: Target) -> int:
+    """``launch + rows * cols``: published approximation (ipu-stack, about one
+    cycle per element for the AMP-left pack)."""
+    return pack_elements_cycles(call.size, target)
+
+
+def unpack_cycles(call: UnpackCall, target: Target) -> int:
+    """``launch + 10 * rows * cols``: published (ipu-stack ``estimate/primitive.rs``,
+    rearrangement to row-major)."""
+    return target.kernel_launch_cycles + UNPACK_CYCLES_PER_ELEMENT * call.size
+
+
+def copy_cycles(call: CopyCall, target: Target) -> int:
+    """``local_copy_call_cycles + ceil(nbytes / local_copy_bytes_per_cycle)``:
+    ipu-stack ``ipu-target/src/ipu21/costs.rs`` (8 B/cycle; a six-worker call
+    about 288 cycles including rendezvous), both figures from the target."""
+    return target.local_copy_call_cycles + ceil_div(call.nbytes, target.local_copy_bytes_per_cycle)

@@ -1,0 +1,231 @@
+"""Numpy semantics of the tile kernels: exactly what one vertex call computes.
+
+Operands are the flat tile buffers of a call (``x.shape[-1]`` is the operand's
+element count); a leading batch axis (one row per tile, say) is allowed and
+carried through, so the IPU model can run one call over many tiles at once.
+FP8 operands are ``ml_dtypes.float8_e4m3fnuz`` arrays or their raw ``uint8``
+bytes. Results are flat arrays of the output type (FP8 as float8_e4m3fnuz).
+
+Arithmetic follows the tile: inputs widen to FP32, arithmetic is FP32,
+transcendentals are evaluated in float64 and rounded to FP32 (a correctly
+rounded stand-in for the tile's FP32 library functions), and the result is
+rounded once to the output type. FP8 outputs saturate to +-240 and keep NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import TileplanError
+from ..graph.dtypes import DType, dequantise, quantise
+from .calls import AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall, UnpackCall
+
+
+def operand(x: np.ndarray, dtype: DType, size: int, what: str) -> np.ndarray:
+    """``x`` as a ``[batch, size]`` array of ``dtype`` (uint8 bytes view as FP8)."""
+    x = np.asarray(x)
+    if dtype is DType.FP8 and x.dtype == np.uint8:
+        x = x.view(dtype.numpy)
+    if x.dtype != dtype.numpy:
+        raise TileplanError(f"kernel operand {what}: expected {dtype} ({dtype.numpy}), got {x.dtype}")
+    if x.ndim == 0 or x.shape[-1] != size:
+        raise TileplanError(f"kernel operand {what}: expected {size} elements on the last axis, got shape {x.shape}")
+    return x.reshape(-1, size)
+
+
+def _result(y: np.ndarray, batch_shape: tuple[int, ...]) -> np.ndarray:
+    return y.reshape(batch_shape + y.shape[-1:])
+
+
+def round_to(values32: np.ndarray, dtype: DType, scale_exp: int = 0) -> np.ndarray:
+    """Round FP32 values, times ``2**scale_exp``, into ``dtype`` (FP8 saturating)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = np.ldexp(values32.astype(np.float32), np.int32(scale_exp)).astype(np.float32)
+        return quantise(scaled, dtype)
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32)
+
+
+# ---- matmul / reduce --------------------------------------------------------------
+
+def panels_to_rows(b: np.ndarray, k: int, n: int, grain: int) -> np.ndarray:
+    """``[batch, panels*k*grain]`` panel buffers -> ``[batch, k, n]`` row-major."""
+    p = -(-n // grain)
+    return b.reshape(-1, p, k, grain).transpose(0, 2, 1, 3).reshape(-1, k, p * grain)[:, :, :n]
+
+
+def matmul(call: MatMulCall, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """FP32 products and accumulation (numpy/BLAS order), ``* 2**out_scale``,
+    rounded to ``call.partials``. Products of FP16 or FP8 values are exact in
+    FP32; only the summation order can differ from the tile's."""
+    b_size = call.panels * call.k * call.grain if call.b_format == "panels" else call.k * call.n
+    a2 = operand(a, call.in_dtype, call.m * call.k, "A")
+    b2 = operand(b, call.in_dtype, b_size, "B")
+    batch = np.asarray(a).shape[:-1]
+    bm = panels_to_rows(b2, call.k, call.n, call.grain) if call.b_format == "panels" else b2.reshape(-1, call.k, call.n)
+    c = np.matmul(_f32(a2).reshape(-1, call.m, call.k), _f32(bm))
+    return _result(round_to(c, call.partials, call.out_scale).reshape(-1, call.m * call.n), batch)
+
+
+def reduce(call: ReduceCall, partials: np.ndarray) -> np.ndarray:
+    """Sum in part order in FP32, ``* 2**out_scale``, round to ``out_dtype``."""
+    x = operand(partials, call.in_dtype, call.parts * call.n, "partials").reshape(-1, call.parts, call.n)
+    acc = np.zeros((x.shape[0], call.n), np.float32)
+    for p in range(call.parts):
+        acc += _f32(x[:, p])
+    return _result(round_to(acc, call.out_dtype, call.out_scale), np.asarray(partials).shape[:-1])
+
+
+# ---- elementwise ------------------------------------------------------------------
+
+def add(call: AddCall, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a2 = operand(a, call.dtype, call.size, "a")
+    b2 = operand(b, call.dtype, call.size if call.mode == "dense" else call.cols, "b")
+    if call.mode == "row_broadcast":
+        b2 = np.tile(b2, (1, call.rows))
+    return _result(round_to(_f32(a2) + _f32(b2), call.dtype), np.asarray(a).shape[:-1])
+
+
+# W. J. Cody, "Rational Chebyshev approximations for the error function",
+# Math. Comp. 23 (1969); coefficients as in netlib specfun CALERF. Relative error
+# below 1e-15 in float64, vectorised (math.erf per element is too slow for the
+# IPU model's full-size runs).
+_ERF_A = (3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
+          3.20937758913846947e03, 1.85777706184603153e-1)
+_ERF_B = (2.36012909523441209e01, 2.44024637934444173e02, 1.28261652607737228e03,
+          2.84423683343917062e03)
+_ERF_C = (5.64188496988670089e-1, 8.88314979438837594e00, 6.61191906371416295e01,
+          2.98635138197400131e02, 8.81952221241769090e02, 1.71204761263407058e03,
+          2.05107837782607147e03, 1.23033935479799725e03, 2.15311535474403846e-8)
+_ERF_D = (1.57449261107098347e01, 1.17693950891312499e02, 5.37181101862009858e02,
+          1.62138957456669019e03, 3.29079923573345963e03, 4.36261909014324716e03,
+          3.43936767414372164e03, 1.23033935480374942e03)
+_ERF_P = (3.05326634961232344e-1, 3.60344899949804439e-1, 1.25781726111229246e-1,
+          1.60837851487422766e-2, 6.58749161529837803e-4, 1.63153871373020978e-2)
+_ERF_Q = (2.56852019228982242e00, 1.87295284992346725e00, 5.27905102951428412e-1,
+          6.05183413124413191e-2, 2.33520497626869185e-3)
+_SQRT_1_PI = 5.6418958354775628695e-1
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """float64 erf by Cody's three rational approximations (|x| <= 0.5, <= 4, > 4)."""
+    x = np.asarray(x, np.float64)
+    y = np.abs(x)
+    out = np.empty_like(x)
+
+    small = y <= 0.5
+    ys = y[small]
+    ysq = ys * ys
+    num, den = _ERF_A[4] * ysq, ysq
+    for i in range(3):
+        num, den = (num + _ERF_A[i]) * ysq, (den + _ERF_B[i]) * ysq
+    out[small] = x[small] * (num + _ERF_A[3]) / (den + _ERF_B[3])
+
+    def erfc_tail(yy: np.ndarray, r: np.ndarray) -> np.ndarray:
+        ysq16 = np.trunc(yy * 16.0) / 16.0
+        delta = (yy - ysq16) * (yy + ysq16)
+        return np.exp(-ysq16 * ysq16) * np.exp(-delta) * r
+
+    mid = (y > 0.5) & (y <= 4.0)
+    ym = y[mid]
+    num, den = _ERF_C[8] * ym, ym
+    for i in range(7):
+        num, den = (num + _ERF_C[i]) * ym, (den + _ERF_D[i]) * ym
+    erfc_mid = erfc_tail(ym, (num + _ERF_C[7]) / (den + _ERF_D[7]))
+    out[mid] = np.copysign(1.0 - erfc_mid, x[mid])
+
+    big = y > 4.0
+    yb = y[big]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        inv = 1.0 / (yb * yb)
+        num, den = _ERF_P[5] * inv, inv
+        for i in range(4):
+            num, den = (num + _ERF_P[i]) * inv, (den + _ERF_Q[i]) * inv
+        r = inv * (num + _ERF_P[4]) / (den + _ERF_Q[4])
+        r = (_SQRT_1_PI - r) / yb
+        erfc_big = np.where(yb < 27.0, erfc_tail(yb, r), 0.0)
+    out[big] = np.copysign(1.0 - erfc_big, x[big])
+    nan = np.isnan(x)
+    out[nan] = np.nan
+    return out
+
+
+_SQRT_2_PI = np.float32(math.sqrt(2.0 / math.pi))
+_GELU_CUBIC = np.float32(0.044715)
+_INV_SQRT2 = np.float32(1.0 / math.sqrt(2.0))
+
+
+def gelu32(x: np.ndarray, approximate: str) -> np.ndarray:
+    """GeLU of FP32 values in FP32 arithmetic (transcendental in float64 -> FP32).
+
+    tanh: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``;
+    erf:  ``0.5 x (1 + erf(x / sqrt 2))``.
+    """
+    x = x.astype(np.float32)
+    half, one = np.float32(0.5), np.float32(1.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if approximate == "tanh":
+            inner = _SQRT_2_PI * (x + _GELU_CUBIC * x * x * x)
+            t = np.tanh(inner.astype(np.float64)).astype(np.float32)
+        else:
+            t = erf((x * _INV_SQRT2).astype(np.float64)).astype(np.float32)
+        return half * x * (one + t)
+
+
+def gelu(call: GeLUCall, x: np.ndarray) -> np.ndarray:
+    x2 = operand(x, call.dtype, call.n, "in")
+    return _result(round_to(gelu32(_f32(x2), call.approximate), call.dtype), np.asarray(x).shape[:-1])
+
+
+def bias_gelu(call: BiasGeLUCall, a: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """``gelu(a + bias)`` with the sum kept in FP32 (one pass, one rounding)."""
+    a2 = operand(a, call.dtype, call.size, "a")
+    b2 = np.tile(operand(bias, call.dtype, call.cols, "bias"), (1, call.rows))
+    return _result(round_to(gelu32(_f32(a2) + _f32(b2), call.approximate), call.dtype), np.asarray(a).shape[:-1])
+
+
+def cast(call: CastCall, x: np.ndarray) -> np.ndarray:
+    """``quantise(dequantise(x, in, in_scale), out, out_scale)``: exact for every
+    pair here, since the float64 intermediate holds any FP32/FP16/FP8 value
+    times a power of two exactly."""
+    x2 = operand(x, call.in_dtype, call.n, "in")
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = quantise(dequantise(x2, call.in_dtype, call.in_scale), call.out_dtype, call.out_scale)
+    return _result(y, np.asarray(x).shape[:-1])
+
+
+# ---- rearrangement ----------------------------------------------------------------
+
+def _check_whole_panels(rows: int, cols: int, grain: int) -> int:
+    if cols % grain:
+        raise TileplanError(f"panels of grain {grain} need cols % grain == 0, got cols {cols}")
+    return cols // grain
+
+
+def pack(call: PackCall, x: np.ndarray) -> np.ndarray:
+    """Row-major ``[rows, cols]`` -> panels ``[cols/grain, rows, grain]``."""
+    x2 = operand(x, call.dtype, call.size, "in")
+    p = _check_whole_panels(call.rows, call.cols, call.grain)
+    y = x2.reshape(-1, call.rows, p, call.grain).transpose(0, 2, 1, 3).reshape(-1, call.size)
+    return _result(y, np.asarray(x).shape[:-1])
+
+
+def unpack(call: UnpackCall, x: np.ndarray) -> np.ndarray:
+    """Panels ``[cols/grain, rows, grain]`` -> row-major ``[rows, cols]``."""
+    x2 = operand(x, call.dtype, call.size, "in")
+    p = _check_whole_panels(call.rows, call.cols, call.grain)
+    y = x2.reshape(-1, p, call.rows, call.grain).transpose(0, 2, 1, 3).reshape(-1, call.size)
+    return _result(y, np.asarray(x).shape[:-1])
+
+
+def copy(call: CopyCall, x: np.ndarray) -> np.ndarray:
+    """Bytes in, the same bytes out (``uint8``)."""
+    x = np.asarray(x)
+    if x.dtype != np.uint8 or x.shape[-1] != call.nbytes:
+        raise TileplanError(f"kernel operand in: expected {call.nbytes} uint8 bytes on the last axis, "
+                            f"got {x.dtype} shape {x.shape}")
+    return x.copy()

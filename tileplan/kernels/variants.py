@@ -1,0 +1,136 @@
+"""The variant table: every registered kernel, one row each, registered by a loop.
+
+Each row names the variant, its primitive, families, priority, predicates (a
+reason string per test), cycle formula (``cycles.py``), numpy semantics
+(``reference.py``) and codelet emitter (``codelets.py``). Priorities: a
+specialised kernel 10, a general fallback 0 (ties on cycles only).
+"""
+
+from __future__ import annotations
+
+from ..graph.dtypes import DType
+from . import codelets as cl
+from . import cycles as cy
+from . import reference as ref
+from .registry import Predicate, Registry, Variant
+
+BOTH = ("ipu2", "ipu21")
+SPECIAL, FALLBACK = 10, 0
+FP8, FP16, FP32 = DType.FP8, DType.FP16, DType.FP32
+
+
+# ---- predicate builders (each returns a Predicate with its human reason) -------
+
+def is_(field: str, value) -> Predicate:
+    return Predicate(f"{field} is {value}", lambda c, t: getattr(c, field) == value)
+
+
+def in_(field: str, values: tuple) -> Predicate:
+    return Predicate(f"{field} is {' or '.join(map(str, values))}", lambda c, t: getattr(c, field) in values)
+
+
+def target_has_amp(dtype: DType, partials: DType) -> Predicate:
+    name = f"amp_{dtype}" + (f"_{partials}" if (dtype, partials) == (FP16, FP32) else "")
+    return Predicate(f"target has {dtype}->{partials} AMP ({name} > 0)",
+                     lambda c, t: t.amp_flops(dtype, partials) > 0)
+
+
+TARGET_HAS_FP8 = Predicate("target has FP8 (amp_fp8 > 0)", lambda c, t: t.amp_fp8 > 0)
+
+
+def k_fills_64bit_loads(dtype: DType) -> Predicate:
+    lanes = 8 // dtype.itemsize
+    return Predicate(f"k % {lanes} == 0 (A rows start 64-bit aligned for AMP loads)",
+                     lambda c, t: c.k % lanes == 0)
+
+
+PANELS_MATCH_GRAIN = Predicate("panels: grain == target grain for in_dtype",
+                               lambda c, t: c.b_format != "panels" or c.grain == t.grain(c.in_dtype))
+PANELS_WHOLE = Predicate("panels: n % grain == 0", lambda c, t: c.b_format != "panels" or c.n % c.grain == 0)
+
+
+def amp_matmul(name: str, dtype: DType, partials: DType) -> Variant:
+    preds = [is_("in_dtype", dtype), is_("partials", partials), target_has_amp(dtype, partials),
+             k_fills_64bit_loads(dtype), PANELS_MATCH_GRAIN, PANELS_WHOLE]
+    return Variant(name, "matmul", BOTH, SPECIAL, tuple(preds), cy.matmul_cycles, ref.matmul,
+                   cl.matmul_codelet, doc=f"AMP {dtype} x {dtype} -> {partials}")
+
+
+VMAC_PAIRS = ((FP32, FP32), (FP16, FP16), (FP16, FP32), (FP8, FP16))
+VMAC_TYPES = Predicate("(in_dtype, partials) is fp32->fp32, fp16->fp16, fp16->fp32 or fp8->fp16",
+                       lambda c, t: (c.in_dtype, c.partials) in VMAC_PAIRS)
+FP8_NEEDS_TARGET = Predicate("fp8 operands need a target with FP8 (amp_fp8 > 0)",
+                             lambda c, t: c.in_dtype is not FP8 or t.amp_fp8 > 0)
+
+
+def elementwise(name: str, primitive: str, dtype: DType, cycles, reference, codelet) -> Variant:
+    return Variant(name, primitive, BOTH, SPECIAL, (is_("dtype", dtype),), cycles, reference, codelet)
+
+
+ADD_ALIGNED = Predicate("dense: rows*cols, row_broadcast: cols fills whole 64-bit vectors",
+                        lambda c, t: (c.size if c.mode == "dense" else c.cols) * c.dtype.itemsize % 8 == 0)
+FITTED_CASTS = ((FP16, FP8), (FP32, FP16))
+CAST_SIDES_FP8 = Predicate("an fp8 side needs a target with FP8 (amp_fp8 > 0)",
+                           lambda c, t: FP8 not in (c.in_dtype, c.out_dtype) or t.amp_fp8 > 0)
+CAST_NOT_FITTED = Predicate("not fp16->fp8 or fp32->fp16 (those have fitted kernels)",
+                            lambda c, t: (c.in_dtype, c.out_dtype) not in FITTED_CASTS)
+CAST_CHANGES = Predicate("changes the type or the scale (else it is a copy)",
+                         lambda c, t: c.in_dtype is not c.out_dtype or c.in_scale != c.out_scale)
+PANEL_GRAIN = Predicate("grain == target grain for dtype (the AMP panel width)",
+                        lambda c, t: c.grain == t.grain(c.dtype))
+WHOLE_PANELS = Predicate("cols % grain == 0 (whole panels)", lambda c, t: c.cols % c.grain == 0)
+REDUCE_OUT = in_("out_dtype", (FP16, FP32))
+
+
+def _table() -> list[Variant]:
+    return [
+        # AMP matmul: one variant per operand/partials pair; FP8 only where the target has it.
+        amp_matmul("amp_fp32", FP32, FP32),
+        amp_matmul("amp_fp16_fp16", FP16, FP16),
+        amp_matmul("amp_fp16_fp32", FP16, FP32),
+        amp_matmul("amp_fp8_fp16", FP8, FP16),
+        # Vector-unit fallback: any k, far slower; keeps odd local shapes plannable.
+        Variant("vmac", "matmul", BOTH, FALLBACK, (VMAC_TYPES, FP8_NEEDS_TARGET, PANELS_WHOLE),
+                cy.vmac_cycles, ref.matmul, cl.matmul_codelet, doc="vector-unit multiply-accumulate"),
+        # Partial reductions: the fitted FP16 loop, the FP32 one derived from it.
+        Variant("reduce_fp16", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP16), REDUCE_OUT),
+                cy.reduce_cycles, ref.reduce, cl.reduce_codelet),
+        Variant("reduce_fp32", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP32), REDUCE_OUT),
+                cy.reduce_cycles, ref.reduce, cl.reduce_codelet),
+        # Add: 64-bit vector loop when aligned, pair loop otherwise (dispatch takes the cheaper).
+        Variant("add_vector", "add", BOTH, SPECIAL, (in_("dtype", (FP16, FP32)), ADD_ALIGNED),
+                cy.add_vector_cycles, ref.add, cl.add_codelet),
+        Variant("add_pairs", "add", BOTH, FALLBACK, (in_("dtype", (FP16, FP32)),),
+                cy.add_scalar_cycles, ref.add, cl.add_codelet),
+        # GeLU and the fused bias-GeLU, per element type.
+        elementwise("gelu_fp16", "gelu", FP16, cy.gelu_cycles, ref.gelu, cl.gelu_codelet),
+        elementwise("gelu_fp32", "gelu", FP32, cy.gelu_cycles, ref.gelu, cl.gelu_codelet),
+        elementwise("bias_gelu_fp16", "bias_gelu", FP16, cy.bias_gelu_cycles, ref.bias_gelu,
+                    cl.bias_gelu_codelet),
+        elementwise("bias_gelu_fp32", "bias_gelu", FP32, cy.bias_gelu_cycles, ref.bias_gelu,
+                    cl.bias_gelu_codelet),
+        # Casts: two fitted kernels, a streaming conversion for every other pair.
+        Variant("cast_fp16_fp8", "cast", BOTH, SPECIAL,
+                (is_("in_dtype", FP16), is_("out_dtype", FP8), CAST_SIDES_FP8),
+                cy.cast_fp16_fp8_cycles, ref.cast, cl.cast_codelet),
+        Variant("cast_fp32_fp16", "cast", BOTH, SPECIAL, (is_("in_dtype", FP32), is_("out_dtype", FP16)),
+                cy.cast_fp32_fp16_cycles, ref.cast, cl.cast_codelet),
+        Variant("cast_convert", "cast", BOTH, FALLBACK, (CAST_NOT_FITTED, CAST_CHANGES, CAST_SIDES_FP8),
+                cy.cast_convert_cycles, ref.cast, cl.cast_codelet),
+        # Rearrangement between row-major and AMP panels, and the local copy.
+        Variant("pack_panels", "pack", BOTH, SPECIAL, (PANEL_GRAIN, WHOLE_PANELS),
+                cy.pack_cycles, ref.pack, cl.pack_codelet),
+        Variant("unpack_panels", "unpack", BOTH, SPECIAL, (PANEL_GRAIN, WHOLE_PANELS),
+                cy.unpack_cycles, ref.unpack, cl.unpack_codelet),
+        Variant("copy_local", "copy", BOTH, SPECIAL, (), cy.copy_cycles, ref.copy, cl.copy_codelet),
+    ]
+
+
+def build_default_registry() -> Registry:
+    registry = Registry()
+    for variant in _table():
+        registry.register(variant)
+    return registry
+
+
+DEFAULT_REGISTRY = build_default_registry()
