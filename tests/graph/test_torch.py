@@ -1,0 +1,156 @@
+"""PyTorch import through torch.export (torch is an optional extra: skipped without it)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+from tileplan.errors import TileplanError  # noqa: E402
+from tileplan.graph.core import Add, Cast, GeLU, Graph, MatMul, Role  # noqa: E402
+from tileplan.graph.dtypes import DType  # noqa: E402
+from tileplan.graph.torch import (from_module, import_exported, import_module,  # noqa: E402
+                                  load_python_factory)
+
+
+class Mlp(nn.Module):
+    def __init__(self, d=16, hidden=32, approximate="tanh"):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+        self.approximate = approximate
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
+
+
+class ResidualHalf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x):
+        return x + self.fc(x).half().float()
+
+
+def evaluate(graph: Graph, params: dict, inputs: dict) -> dict:
+    """A float64 numpy reading of the graph's semantics (enough to check an import)."""
+    env = {k: np.asarray(v, np.float64) for k, v in {**params, **inputs}.items()}
+    erf = np.vectorize(math.erf)
+    for op in graph.ops:
+        ins = [env[i] for i in op.inputs]
+        if isinstance(op, MatMul):
+            a, b = ins
+            a = np.swapaxes(a, -1, -2) if op.transpose_a else a
+            b = np.swapaxes(b, -1, -2) if op.transpose_b else b
+            env[op.output] = a @ b
+        elif isinstance(op, Add):
+            env[op.output] = ins[0] + ins[1]
+        elif isinstance(op, GeLU):
+            x = ins[0]
+            env[op.output] = (0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))))\
+                if op.approximate == "tanh" else 0.5 * x * (1 + erf(x / math.sqrt(2)))
+        elif isinstance(op, Cast):
+            env[op.output] = ins[0].astype(graph.tensors[op.output].dtype.numpy).astype(np.float64)
+    return env
+
+
+def test_linear_gelu_tanh_linear_imports_as_matmuls_with_transposed_weights():
+    torch.manual_seed(0)
+    module = Mlp()
+    x = torch.randn(2, 5, 16)
+    model = import_module(module, (x,))
+    g = model.graph
+    assert g.name == "Mlp"
+    assert [op.kind for op in g.ops] == ["matmul", "add", "gelu", "matmul", "add"]
+    assert g.ops[0] == MatMul("linear", ("x", "fc1.weight"), "linear.matmul", transpose_b=True)
+    assert g.ops[1] == Add("linear.bias", ("linear.matmul", "fc1.bias"), "linear")
+    assert g.ops[2] == GeLU("gelu", ("linear",), "gelu", approximate="tanh")
+    assert g.tensors["x"].role is Role.INPUT and g.tensors["x"].shape == (2, 5, 16)
+    assert g.tensors["fc1.weight"].role is Role.PARAMETER and g.tensors["fc1.weight"].shape == (32, 16)
+    (out,) = g.by_role(Role.OUTPUT)
+    assert out.shape == (2, 5, 16) and out.dtype is DType.FP32
+    for key, value in module.state_dict().items():
+        np.testing.assert_array_equal(model.params[key], value.numpy())
+    got = evaluate(g, model.params, {"x": x.numpy()})[out.name]
+    np.testing.assert_allclose(got, module(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_decomposed_program_folds_permute_and_views_into_the_same_ops():
+    torch.manual_seed(1)
+    module = Mlp(approximate="none").eval()
+    x = torch.randn(3, 4, 16)
+    program = torch.export.export(module, (x,)).run_decompositions()
+    model = import_exported(program, name="decomposed")
+    g = model.graph
+    assert [op.kind for op in g.ops] == ["matmul", "add", "gelu", "matmul", "add"]
+    mm = g.ops[0]
+    assert mm.inputs == ("x", "fc1.weight") and mm.transpose_b and not mm.transpose_a
+    assert g.ops[2].approximate == "erf"
+    (out,) = g.by_role(Role.OUTPUT)
+    assert out.shape == (3, 4, 16)       # the dropped views keep the leading dimensions
+    got = evaluate(g, model.params, {"x": x.numpy()})[out.name]
+    np.testing.assert_allclose(got, module(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_residual_add_and_half_casts():
+    g = from_module(ResidualHalf(), (torch.randn(4, 8),))
+    assert [op.kind for op in g.ops] == ["matmul", "cast", "cast", "add"]
+    casts = [op for op in g.ops if isinstance(op, Cast)]
+    assert [g.tensors[c.output].dtype for c in casts] == [DType.FP16, DType.FP32]
+    residual = g.ops[-1]
+    assert residual.inputs[0] == "x" and g.tensors[residual.output].role is Role.OUTPUT
+
+
+def test_fp16_module_keeps_fp16_tensors():
+    g = from_module(Mlp().half(), (torch.randn(4, 16, dtype=torch.float16),))
+    assert {t.dtype for t in g.tensors.values()} == {DType.FP16}
+
+
+def test_batched_matmul_of_two_activations():
+    class Bmm(nn.Module):
+        def forward(self, a, b):
+            return torch.matmul(a, b.transpose(-1, -2))
+
+    g = from_module(Bmm(), (torch.randn(2, 6, 4), torch.randn(2, 5, 4)))
+    assert g.ops == [MatMul("matmul", ("a", "b"), "matmul", transpose_b=True)]
+    assert g.tensors["matmul"].shape == (2, 6, 5)
+
+
+def test_unsupported_aten_op_names_the_node_and_target():
+    class Soft(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, dim=-1)
+
+    with pytest.raises(TileplanError, match=r"node '\w+' \(aten\._?softmax\.\w+\): unsupported op"):
+        from_module(Soft(), (torch.randn(2, 3),))
+
+
+def test_adding_a_python_number_is_refused():
+    class AddOne(nn.Module):
+        def forward(self, x):
+            return x + 1.0
+
+    with pytest.raises(TileplanError, match=r"node 'add' \(aten\.add\.Tensor\).*not a tensor"):
+        from_module(AddOne(), (torch.randn(2, 3),))
+
+
+def test_load_python_factory_imports_the_module_the_file_makes(tmp_path):
+    path = tmp_path / "tiny_mlp.py"
+    path.write_text(
+        "import torch\n"
+        "def factory():\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.GELU(), torch.nn.Linear(12, 8))\n"
+        "    return m, (torch.randn(3, 8),)\n")
+    model = load_python_factory(f"{path}:factory")
+    assert model.graph.name == "tiny_mlp"
+    assert [op.kind for op in model.graph.ops] == ["matmul", "add", "gelu", "matmul", "add"]
+    assert set(model.params) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    with pytest.raises(TileplanError, match=rf"^{path}: has no function 'missing'"):
+        load_python_factory(f"{path}:missing")
+    with pytest.raises(TileplanError, match="path/to/model.py:factory"):
+        load_python_factory(str(path))
