@@ -1,0 +1,187 @@
+"""Every variant's emitted Poplar codelet, compiled with g++ against the stand-in
+headers in tests/poplar and run on sample data, agrees with its numpy semantics.
+
+Agreement: bit-exact for casts, copies, pack/unpack, adds and reductions (the
+same FP32 operations in the same order, one rounding); for matmul within one
+ulp of the output type plus the FP32 accumulation-order bound
+``k * 2**-23 * sum|a*b|`` (numpy's BLAS sums in a different order than the
+vertex's sequential K loop); for GeLU within one ulp of the output type plus
+``|x| * 2**-22`` (the C library's tanhf/erff are within an ulp or two of the
+float64 value the reference rounds, and ``1 + t`` magnifies that absolutely by
+at most |x|/2 ulp of 1).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tileplan.graph.dtypes import DType
+from tileplan.kernels import (AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
+                              UnpackCall, default_registry)
+
+from codelet_harness import GXX, Case, run_codelets
+
+FP8, FP16, FP32 = DType.FP8, DType.FP16, DType.FP32
+pytestmark = pytest.mark.skipif(GXX is None, reason="g++ is not installed")
+
+
+def random(rng, dtype: DType, size: int, std: float = 1.0) -> np.ndarray:
+    x = rng.normal(0.0, std, size)
+    if dtype is FP8:
+        return np.clip(x, -240, 240).astype(np.float32).astype(ml_dtypes.float8_e4m3fnuz)
+    return x.astype(dtype.numpy)
+
+
+def all_fp16_values() -> np.ndarray:
+    return np.arange(65536, dtype=np.uint16).view(np.float16)
+
+
+def fp8_specials() -> np.ndarray:
+    return np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fnuz)
+
+
+def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
+    """(variant, call, inputs, comparison) for every variant, several specialisations each."""
+    cases = []
+
+    def add(variant, call, comparison="exact", **inputs):
+        cases.append((variant, call, inputs, comparison))
+
+    # AMP / vector matmul: row-major and panel B, every dtype pair, odd shapes, scales.
+    for variant, dt, part, grain in (("amp_fp32", FP32, FP32, 8), ("amp_fp16_fp16", FP16, FP16, 16),
+                                     ("amp_fp16_fp32", FP16, FP32, 16), ("amp_fp8_fp16", FP8, FP16, 32)):
+        m, k, n = 13, 64, 2 * grain
+        for call in (MatMulCall(m, n, k, dt, part, out_scale=-1),
+                     MatMulCall(m, n, k, dt, part, b_format="panels", grain=grain)):
+            b = random(rng, dt, call.panels * k * grain if call.grain else k * n, 1 / np.sqrt(k))
+            add(variant, call, "matmul", a=random(rng, dt, m * k, 2.0 if dt is FP8 else 0.5), b=b)
+    call = MatMulCall(7, 5, 3, FP16, FP16)
+    add("vmac", call, "matmul", a=random(rng, FP16, 21), b=random(rng, FP16, 15))
+    call = MatMulCall(5, 32, 9, FP8, FP16, b_format="panels", grain=32, out_scale=2)
+    add("vmac", call, "matmul", a=random(rng, FP8, 45, 4.0), b=random(rng, FP8, 9 * 32, 4.0))
+
+    # Reductions, including FP16 overflow to inf on the way out.
+    add("reduce_fp16", ReduceCall(50, 3, FP16, FP16), partials=random(rng, FP16, 150, 4.0))
+    add("reduce_fp16", ReduceCall(8, 2, FP16, FP32, out_scale=3),
+        partials=np.array([60000] * 8 + [40000] * 8, np.float16))
+    add("reduce_fp16", ReduceCall(8, 2, FP16, FP16),
+        partials=np.array([60000] * 8 + [40000] * 8, np.float16))
+    add("reduce_fp32", ReduceCall(37, 4, FP32, FP16, out_scale=-2), partials=random(rng, FP32, 148, 100.0))
+
+    # Adds, dense and row broadcast, aligned and not.
+    for variant, dt in (("add_vector", FP16), ("add_vector", FP32), ("add_pairs", FP16), ("add_pairs", FP32)):
+        add(variant, AddCall(3, 8, dt, "dense"), a=random(rng, dt, 24), b=random(rng, dt, 24))
+        add(variant, AddCall(5, 12, dt, "row_broadcast"), a=random(rng, dt, 60), b=random(rng, dt, 12))
+    add("add_pairs", AddCall(3, 7, FP16, "row_broadcast"), a=random(rng, FP16, 21), b=random(rng, FP16, 7))
+    add("add_vector", AddCall(1, 4, FP16), a=np.array([65504, -65504, 1, np.nan], np.float16),
+        b=np.array([65504, -65504, np.inf, 1], np.float16))
+
+    # GeLU and bias-GeLU, both forms, both types; inputs over [-10, 10] plus specials.
+    for dt in (FP16, FP32):
+        xs = np.concatenate([np.linspace(-10, 10, 1001), [0.0, -0.0, 1e-5, -1e-5, 6e4, -6e4]]).astype(dt.numpy)
+        for form in ("tanh", "erf"):
+            add(f"gelu_{dt}", GeLUCall(xs.size, dt, form), "gelu", **{"in": xs})
+            add(f"bias_gelu_{dt}", BiasGeLUCall(9, 16, dt, form), "gelu",
+                a=random(rng, dt, 144, 3.0), bias=random(rng, dt, 16))
+
+    # Casts: every FP16 value into FP8 (rounding ties, subnormals, saturation, NaN);
+    # every FP8 byte out of FP8; FP32 -> FP16 overflow and ties.
+    halves = all_fp16_values()
+    add("cast_fp16_fp8", CastCall(halves.size, FP16, FP8), **{"in": halves})
+    add("cast_fp16_fp8", CastCall(halves.size, FP16, FP8, out_scale=3), **{"in": halves})
+    add("cast_convert", CastCall(halves.size, FP32, FP8, out_scale=-4), **{"in": halves.astype(np.float32)})
+    for out, scale in ((FP16, 0), (FP16, 5), (FP32, -3)):
+        add("cast_convert", CastCall(256, FP8, out, in_scale=scale), **{"in": fp8_specials()})
+    add("cast_convert", CastCall(256, FP8, FP8, in_scale=1, out_scale=-1), **{"in": fp8_specials()})
+    add("cast_convert", CastCall(halves.size, FP16, FP32), **{"in": halves})
+    with np.errstate(invalid="ignore"):
+        nudged = halves.astype(np.float32) * np.float32(1.0009765625)
+    f32 = np.concatenate([nudged, rng.normal(0, 1e4, 4000),
+                          [7e4, -7e4, np.inf, np.nan, 2.0 ** -25, 2.0 ** -24 * 1.5]]).astype(np.float32)
+    add("cast_fp32_fp16", CastCall(f32.size, FP32, FP16), **{"in": f32})
+
+    # Pack/unpack (FP8 as raw bytes) and the local copy.
+    for dt, grain in ((FP16, 16), (FP8, 32), (FP32, 8)):
+        rows, cols = 5, 3 * grain
+        add("pack_panels", PackCall(rows, cols, dt, grain), **{"in": random(rng, dt, rows * cols)})
+        add("unpack_panels", UnpackCall(rows, cols, dt, grain), **{"in": random(rng, dt, rows * cols)})
+    add("copy_local", CopyCall(37), **{"in": rng.integers(0, 256, 37, dtype=np.uint8)})
+    return cases
+
+
+def _ulp(values: np.ndarray, dtype: DType) -> np.ndarray:
+    v = np.abs(values.astype(dtype.numpy))
+    return np.abs(np.spacing(v)).astype(np.float64)
+
+
+def compare(variant, call, inputs, comparison, got: np.ndarray, out_dtype: DType) -> None:
+    want = variant.reference(call, *inputs.values())
+    if comparison == "exact" or out_dtype is FP8:
+        # Bit-exact, except that any NaN matches any NaN for FP16/FP32 (payloads differ).
+        want_bits, got_bits = np.ascontiguousarray(want), np.ascontiguousarray(got).view(want.dtype)
+        both_nan = np.zeros(want.shape, bool)
+        if out_dtype in (FP16, FP32):
+            both_nan = np.isnan(want_bits) & np.isnan(got_bits)
+        uint = np.dtype(f"u{want.dtype.itemsize}")
+        bad = np.flatnonzero((want_bits.view(uint) != got_bits.view(uint)) & ~both_nan)
+        assert bad.size == 0, (f"{variant.name} {call}: {bad.size} elements differ, e.g. at {bad[:5]}: "
+                               f"want {want_bits[bad[:5]]} got {got_bits[bad[:5]]}")
+        return
+    w = want.astype(np.float64)
+    g = got.view(out_dtype.numpy).astype(np.float64)
+    if comparison == "matmul":
+        bound_call = MatMulCall(call.m, call.n, call.k, FP32, FP32, b_format=call.b_format, grain=call.grain)
+        mags = {name: np.abs(x.astype(np.float32)) for name, x in inputs.items()}
+        sum_abs = default_registry()["amp_fp32"].reference(bound_call, mags["a"], mags["b"]).astype(np.float64)
+        tol = _ulp(w, out_dtype) + call.k * 2.0 ** -23 * sum_abs * 2.0 ** call.out_scale
+    else:
+        if "bias" in inputs:
+            bias = np.tile(inputs["bias"].astype(np.float64), w.size // inputs["bias"].size)
+            x = np.abs(inputs["a"].astype(np.float64) + bias)
+        else:
+            x = np.abs(inputs["in"].astype(np.float64))
+        tol = _ulp(w, out_dtype) + x * 2.0 ** -22
+    same = (w == g) | (np.isnan(w) & np.isnan(g))
+    with np.errstate(invalid="ignore"):
+        close = np.abs(w - g) <= tol
+    bad = np.flatnonzero(~(same | close))
+    assert bad.size == 0, (f"{variant.name} {call}: {bad.size} elements out of tolerance, e.g. "
+                           f"want {w[bad[:3]]} got {g[bad[:3]]}")
+
+
+def test_every_codelet_matches_its_numpy_semantics(tmp_path):
+    registry = default_registry()
+    cases = build_cases(np.random.default_rng(7))
+    covered = {name for name, *_ in cases}
+    assert covered == {v.name for v in registry}, "each variant needs a codelet case"
+    runs = [Case(registry[name].codelet(call), inputs) for name, call, inputs, _ in cases]
+    results = run_codelets(runs, tmp_path)
+    for (name, call, inputs, comparison), run, result in zip(cases, runs, results):
+        (out_field,) = run.codelet.outputs
+        compare(registry[name], call, inputs, comparison, result[out_field.name], out_field.dtype)
+
+
+def test_one_codelet_source_serves_every_shape_of_a_specialisation():
+    v = default_registry()["amp_fp8_fp16"]
+    small = v.codelet(MatMulCall(4, 32, 8, FP8, FP16, b_format="panels", grain=32))
+    large = v.codelet(MatMulCall(400, 64, 256, FP8, FP16, b_format="panels", grain=32, out_scale=-3))
+    assert small.key == large.key == "amp_fp8_fp16_panels"
+    assert small.vertex == "AmpFp8Fp16Panels" and small.filename == "amp_fp8_fp16_panels.cpp"
+    assert small.source == large.source
+    assert large.params == {"m": 400, "n": 64, "k": 256, "grain": 32, "outScale": -3}
+    assert [(f.name, f.ctype, f.size) for f in large.fields if f.is_vector] == [
+        ("a", "unsigned char", 400 * 256), ("b", "unsigned char", 2 * 256 * 32), ("c", "half", 400 * 64)]
+    assert "class AmpFp8Fp16Panels : public poplar::MultiVertex" in large.source
+    assert "bool compute(unsigned workerId)" in large.source
+
+
+def test_codelet_keys_are_unique_across_specialisations():
+    registry = default_registry()
+    cases = build_cases(np.random.default_rng(0))
+    by_key = {}
+    for name, call, _, _ in cases:
+        cs = registry[name].codelet(call)
+        by_key.setdefault(cs.key, set()).add(cs.source)
+    assert all(len(sources) == 1 for sources in by_key.values())
