@@ -349,3 +349,9 @@ def test_to_onnx_round_trips_transposes_partials_and_scales():
 def test_fp8_element_type_constant_matches_onnx():
     from tileplan.graph import onnx as tp_onnx
     assert tp_onnx._FP8 == TensorProto.FLOAT8E4M3FNUZ
+
+
+def test_load_model_dispatches_onnx_files():
+    from tileplan.graph.loaders import load_model
+    g = load_model(FIXTURES / "onnx_mixed.onnx")
+    assert g.name == "onnx_mixed" and [op.kind for op in g.ops] == ["matmul", "add", "gelu", "matmul", "add"]

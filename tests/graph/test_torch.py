@@ -150,6 +150,8 @@ def test_load_python_factory_imports_the_module_the_file_makes(tmp_path):
     assert model.graph.name == "tiny_mlp"
     assert [op.kind for op in model.graph.ops] == ["matmul", "add", "gelu", "matmul", "add"]
     assert set(model.params) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    from tileplan.graph.loaders import load_model
+    assert load_model(f"{path}:factory").ops == model.graph.ops
     with pytest.raises(TileplanError, match=rf"^{path}: has no function 'missing'"):
         load_python_factory(f"{path}:missing")
     with pytest.raises(TileplanError, match="path/to/model.py:factory"):

@@ -1,7 +1,8 @@
 """Model loading: one entry point, ``load_model(path, target=None) -> Graph``.
 
 Dispatches on the file extension: ``.toml`` (``tileplan.graph.toml``) and ``.onnx``
-(``tileplan.graph.onnx``); a torch.export importer plugs in here the same way.
+(``tileplan.graph.onnx``); ``path/to/model.py:factory`` imports a torch module through
+torch.export (``tileplan.graph.torch.load_python_factory``; needs the torch extra).
 Every error is a ``TileplanError`` prefixed with the file path. With a ``target``
 at hand (the CLI always has one) the graph is also checked against it: every
 MatMul's operand type must have an AMP on the target, and pinned layouts must fit
@@ -21,15 +22,19 @@ def load_model(path: str | Path, target=None) -> Graph:
     path = Path(path)
     source = str(path)
     try:
-        if not path.is_file():
+        if not path.is_file() and not path.suffix.startswith(".py:"):
             raise TileplanError("no such model file")
         if path.suffix == ".toml":
             from .toml import load_toml
             graph = load_toml(path)
         elif path.suffix == ".onnx":
             graph = _load_onnx(path)
+        elif path.suffix.startswith(".py:"):
+            from .torch import load_python_factory
+            graph = load_python_factory(source).graph
         else:
-            raise TileplanError(f"unknown model file type {path.suffix!r} (expected .toml or .onnx)")
+            raise TileplanError(f"unknown model file type {path.suffix!r} "
+                                "(expected .toml, .onnx or model.py:factory)")
         if target is not None:
             check_against_target(graph, target)
     except TileplanError as exc:
