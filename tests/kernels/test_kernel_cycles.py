@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from tileplan.errors import TileplanError
 from tileplan.graph.dtypes import DType
 from tileplan.kernels import (AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
@@ -124,6 +125,12 @@ def test_fused_bias_gelu_is_cheaper_than_add_then_gelu():
     apart = (REG["add_vector"].cycles(AddCall(8, 96, FP16, "row_broadcast"), IPU21)
              + REG["gelu_fp16"].cycles(GeLUCall(8 * 96, FP16), IPU21))
     assert fused < apart
+
+
+def test_amp_row_cycles_refuse_a_target_without_that_amp():
+    with pytest.raises(TileplanError, match="no fp8->fp16 AMP"):
+        cy.amp_row_cycles(load_target("ipu2"), FP8, FP16)
+    assert cy.amp_row_cycles(IPU21, FP32, FP32) == 16
 
 
 def test_machine_figures_come_from_the_target():

@@ -28,6 +28,7 @@ for 16).
 
 from __future__ import annotations
 
+from ..errors import TileplanError
 from ..graph.dtypes import DType
 from ..target import Target
 from .calls import AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall, UnpackCall
@@ -56,9 +57,11 @@ def amp_row_cycles(target: Target, in_dtype: DType, partials: DType) -> int:
     the published 4 cycles per row (the ``4R`` of ipu-stack's fitted formula),
     FP32 16, and FP16 with FP32 partials 8 (half the FP16.16 rate).
     """
+    rate = target.amp_flops(in_dtype, partials)
+    if rate <= 0:
+        raise TileplanError(f"target {target.name!r} has no {in_dtype}->{partials} AMP")
     k_elems = AMP_GROUP_K * (2 if in_dtype is DType.FP8 else 1)
-    flop = 2 * k_elems * AMP_GROUP_C
-    return ceil_div(flop, target.amp_flops(in_dtype, partials))
+    return ceil_div(2 * k_elems * AMP_GROUP_C, rate)
 
 
 def amp_interleaved_cycles(m: int, k_prime: int, n: int, row_cycles: int, group_overhead: int) -> int:
