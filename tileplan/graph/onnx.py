@@ -65,7 +65,6 @@ ONNX graph's name.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
