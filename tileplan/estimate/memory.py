@@ -1,0 +1,106 @@
+"""Memory liveness per tile and class.
+
+A buffer is live from the first step that touches it to the last, except:
+``parameter`` buffers (resident, written once by the host) live throughout;
+``input`` buffers (host inputs) from the start; ``output`` buffers to the end.
+Each buffer's bytes on a tile are rounded up to the 8-byte alignment the
+allocator keeps.
+
+Classes: buffers that prefer the interleaved region (AMP weight operands,
+resident parameters) count there; the rest count in the standard region until
+its usable part (standard less the reserve) is full, and spill into the
+interleaved region after that. This is the allocator's policy
+(``lowering.allocate``), so estimate and allocation agree.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .program import ComputeStep, ExchangeStep, Program
+
+
+@dataclass(frozen=True, eq=False)
+class Memory:
+    standard: np.ndarray      # int64 [tiles]: peak bytes in the standard region
+    interleaved: np.ndarray   # int64 [tiles]: peak bytes in the interleaved region
+    total: np.ndarray         # int64 [tiles]: peak bytes over both
+    by_kind: dict             # kind -> int64 [tiles]: peak bytes of that kind (resident, transient, ...)
+
+
+def buffer_tile_bytes(buf, tiles: int, alignment: int = 8) -> np.ndarray:
+    return _tile_bytes(buf.layout, tuple(buf.shape), buf.dtype, tiles, alignment)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tile_bytes(layout, shape, dtype, tiles, alignment):
+    if hasattr(layout, "bytes_per_tile"):
+        b = layout.bytes_per_tile(shape, dtype, tiles)
+    else:
+        b = layout.owner_map(shape, dtype, tiles).bytes_per_tile(tiles, dtype.itemsize)
+    out = -(-np.asarray(b, dtype=np.int64) // alignment) * alignment
+    out.flags.writeable = False
+    return out
+
+
+def buffer_lifetimes(program: Program) -> dict[str, tuple[int, int]]:
+    """Buffer name -> (first step, last step) by use, before the kind rules."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+
+    def touch(name, i):
+        first.setdefault(name, i)
+        last[name] = i
+
+    for i, step in enumerate(program.steps):
+        if isinstance(step, ComputeStep):
+            for v in step.vertices:
+                for op in v.ins + v.outs:
+                    touch(op.buffer, i)
+        elif isinstance(step, ExchangeStep):
+            for c in step.copies:
+                touch(c.src, i)
+                touch(c.dst, i)
+    n = max(len(program.steps), 1)
+    spans = {}
+    for name, buf in program.buffers.items():
+        a, b = first.get(name, 0), last.get(name, 0)
+        if buf.kind == "parameter":
+            a, b = 0, n - 1
+        elif buf.kind == "input":
+            a = 0
+        elif buf.kind == "output":
+            b = n - 1
+        spans[name] = (a, b)
+    return spans
+
+
+def program_memory(program: Program, target) -> Memory:
+    tiles = target.tiles
+    nsteps = max(len(program.steps), 1)
+    spans = buffer_lifetimes(program)
+    # Difference arrays over steps: [steps + 1, tiles] per class.
+    il = np.zeros((nsteps + 1, tiles), dtype=np.int64)
+    st = np.zeros((nsteps + 1, tiles), dtype=np.int64)
+    kinds: dict[str, np.ndarray] = {}
+    for name, buf in program.buffers.items():
+        a, b = spans[name]
+        tb = buffer_tile_bytes(buf, tiles, target.alignment)
+        arr = il if buf.region == "interleaved" else st
+        arr[a] += tb
+        arr[b + 1] -= tb
+        kd = kinds.setdefault(buf.kind, np.zeros((nsteps + 1, tiles), dtype=np.int64))
+        kd[a] += tb
+        kd[b + 1] -= tb
+    il = np.cumsum(il, axis=0)[:-1]
+    st = np.cumsum(st, axis=0)[:-1]
+    cap = target.usable_standard_bytes
+    spill = np.maximum(st - cap, 0)
+    std = st - spill
+    inter = il + spill
+    total = std + inter
+    by_kind = {k: np.cumsum(v, axis=0)[:-1].max(axis=0) for k, v in sorted(kinds.items())}
+    return Memory(std.max(axis=0), inter.max(axis=0), total.max(axis=0), by_kind)

@@ -1,0 +1,97 @@
+"""Fragment programs: buffers, exchange steps and compute steps.
+
+Every candidate implementation (a GEMM on a grid, an elementwise op on a
+layout, a conversion between two layouts) is built as a small bulk-synchronous
+program over *buffers*: distributed arrays with a layout. The detailed
+estimate costs these programs per tile; lowering allocates their buffers and
+turns their steps into per-tile vertices and transfers; the IPU model executes
+what lowering made. Because all three start from the same program, the
+estimate and the simulated cycles differ only by what the low passes change.
+
+- ``Buffer``: one distributed array. ``kind`` says what it is: ``tensor`` (a
+  graph tensor at an op boundary), ``parameter`` (resident, written by the host
+  once), ``transient`` (preparation, partials; lives inside one fragment).
+- ``ExchangeStep``: copies between buffers, all in one exchange phase.
+- ``ComputeStep``: vertices, at most a few per tile, in one compute set.
+- A ``Vertex`` runs one kernel ``call`` on one tile with operands that are
+  contiguous element runs of buffers on that tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..graph.dtypes import DType
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    layout: Any                  # a tileplan.layout Layout (or anything with owner_map(shape, dtype, tiles))
+    shape: tuple[int, ...]       # logical shape; rows = prod(shape[:-1]), cols = shape[-1]
+    dtype: DType
+    kind: str = "transient"      # "input" | "output" | "tensor" | "parameter" | "transient"
+    region: str = "standard"     # preferred region: "interleaved" for AMP weight operands and parameters
+    scale: int = 0               # FP8 power-of-two scale of the stored values
+    tensor: str | None = None    # the graph tensor whose values it holds, where it holds one
+    transpose: bool = False      # holds the tensor's values transposed (a parameter stored as W^T)
+
+    def owner_map(self, tiles: int):
+        return self.layout.owner_map(self.shape, self.dtype, tiles)
+
+
+@dataclass(frozen=True)
+class Operand:
+    buffer: str                  # buffer name
+    offset: int                  # element offset of the run in the buffer's local piece on the vertex's tile
+    count: int                   # elements
+
+
+@dataclass(frozen=True)
+class Vertex:
+    tile: int
+    call: Any                    # a tileplan.kernels call (MatMulCall, AddCall, ...)
+    ins: tuple[Operand, ...]
+    outs: tuple[Operand, ...]
+    variant: str = ""            # the kernel variant dispatch chose (filled by the builder)
+    cycles: int = 0              # that variant's cycles for this call on the target
+
+
+@dataclass(frozen=True)
+class Copy:
+    src: str                     # buffer name
+    dst: str                     # buffer name
+
+
+@dataclass(frozen=True)
+class ExchangeStep:
+    name: str
+    copies: tuple[Copy, ...]
+
+
+@dataclass(frozen=True)
+class ComputeStep:
+    name: str
+    vertices: tuple[Vertex, ...]
+
+
+@dataclass
+class Program:
+    """A list of steps over named buffers; fragments concatenate into the whole-graph program."""
+
+    buffers: dict[str, Buffer] = field(default_factory=dict)
+    steps: list = field(default_factory=list)
+
+    def add_buffer(self, buf: Buffer) -> Buffer:
+        old = self.buffers.get(buf.name)
+        if old is not None and old != buf:
+            raise ValueError(f"buffer {buf.name!r} defined twice with different contents")
+        self.buffers[buf.name] = buf
+        return buf
+
+    def extend(self, other: "Program") -> "Program":
+        for b in other.buffers.values():
+            self.add_buffer(b)
+        self.steps.extend(other.steps)
+        return self

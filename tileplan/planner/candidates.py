@@ -1,0 +1,40 @@
+"""``Candidate``: one implementation of one op, with its costs and its story.
+
+A candidate keeps its boundary layouts, a one-line description, its coarse and
+detailed estimates, the fragment program it was costed from, its transient
+per-tile bytes, and (filled by the catalogue) why it did not survive, so that
+``tileplan report`` can say why a runner-up lost without recomputing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..estimate.cost import Estimate
+from ..estimate.program import Program
+from .select import Fused  # noqa: F401  (re-exported: candidates carry it)
+
+
+@dataclass(eq=False)
+class Candidate:
+    op: str
+    ins: tuple                    # layouts of the activation inputs, in input order
+    out: Any                      # layout of the output (a Fused marker for a fused bias Add)
+    desc: str                     # one line: the private implementation
+    coarse: Estimate
+    estimate: Estimate            # detailed, or the coarse one for a runner-up never detailed
+    program: Program | None
+    transient: np.ndarray         # int64 [tiles]
+    fused: str | None = None      # the GeLU this bias Add fuses with
+    absorbed: bool = False        # a GeLU whose work its bias Add does
+    choice: Any = None            # GemmChoice for GEMMs
+    lost: str = ""                # why it was dropped (runner-ups only)
+    detailed: bool = True
+
+    def __str__(self) -> str:
+        names = "AB"
+        ins = " ".join(f"{names[i] if i < 2 else i}:{lay}" for i, lay in enumerate(self.ins))
+        return f"{ins + ' ' if ins else ''}{self.desc} -> {self.out}"

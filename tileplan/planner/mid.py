@@ -1,0 +1,73 @@
+"""The MidGraph: chosen fragments plus explicit conversion nodes, whole-device.
+
+``MidGraph.build`` walks the ops in order; before each op, every activation
+input not already in the layout the chosen candidate reads gets a conversion
+node (an exchange of the tensor into that layout; a converted copy made once is
+reused by later consumers). The concatenated program of all nodes is what the
+detailed estimate costs for the whole graph and what lowering compiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..estimate.detailed import cost_program
+from ..estimate.program import Program
+from ..graph.core import Role
+
+
+@dataclass
+class MidNode:
+    kind: str                 # "op" | "conversion"
+    name: str
+    op: str | None
+    candidate: Any            # Candidate for ops
+    tensor: str | None = None
+    src: Any = None
+    dst: Any = None
+    program: Program | None = None
+    estimate: Any = None
+
+
+@dataclass
+class MidGraph:
+    nodes: list[MidNode]
+    program: Program
+    layouts: dict[str, list]   # tensor -> layouts it is materialised in (first: where it is born)
+
+    @classmethod
+    def build(cls, ctx, cands, picks: dict[str, int]) -> "MidGraph":
+        from .plan import activation_inputs, input_layout
+        g = ctx.graph
+        where: dict[str, list] = {}
+        for name, t in g.tensors.items():
+            if t.role is Role.INPUT:
+                where[name] = [input_layout(t, ctx.target.tiles)]
+            elif name in ctx.storage and not ctx.storage[name].private:
+                where[name] = [ctx.storage[name].layout]
+        nodes: list[MidNode] = []
+        program = Program()
+        for op in g.ops:
+            cand = cands[op.name][picks[op.name]]
+            for tensor, want in zip(activation_inputs(ctx, op), () if cand.absorbed else cand.ins):
+                have = where[tensor]
+                if want in have:
+                    continue
+                conv = ctx.conversion_program(tensor, have[0], want)
+                est = cost_program(conv, ctx.target).estimate
+                nodes.append(MidNode("conversion", f"convert {tensor}: {have[0]} -> {want}", op.name, None,
+                                     tensor, have[0], want, conv, est))
+                program.extend(conv)
+                have.append(want)
+            out_layout = cand.out
+            if cand.fused:
+                gelu = g.op(cand.fused)
+                where[gelu.output] = [out_layout.layout]
+            elif not cand.absorbed:
+                where[op.output] = [out_layout]
+            nodes.append(MidNode("op", op.name, op.name, cand, op.output, None, out_layout, cand.program,
+                                 cand.estimate))
+            if cand.program is not None:
+                program.extend(cand.program)
+        return cls(nodes, program, where)

@@ -1,0 +1,259 @@
+"""The planner's entry point: ``plan(graph, target) -> Plan``.
+
+1. Storage of parameters (fixed, not searched): a GEMM's B operand is resident
+   ``Packed`` over all tiles (row-major ``Intervals`` when its rows end in a
+   sub-word tail), a GEMM's parameter A operand is resident ``Intervals``, a
+   bias row is replicated on every tile; any other parameter is a value born
+   in ``Intervals`` and converted where its consumer wants it.
+2. Candidates per op: GEMMs through the catalogue (``catalogue.gemm_candidates``:
+   coarse rows, bounded frontiers, detailed survivors); elementwise ops one per
+   activation layout, plus fused bias-GeLU.
+3. Selection (``select.solve_dp``, or CP-SAT with ``solver="cpsat"``).
+4. The ``MidGraph``: chosen fragments and explicit conversions as one program,
+   costed in detail; the ``Plan`` wraps it with the report data.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import TileplanError
+from ..estimate.cost import Estimate
+from ..estimate.detailed import cost_program
+from ..estimate.memory import buffer_tile_bytes
+from ..estimate.program import Buffer, Copy, ExchangeStep, Program
+from ..graph.core import Add, Graph, MatMul, Role
+from ..graph.dtypes import DType
+from ..layout import Imported, Intervals, Packed
+from . import elementwise as ew
+from .candidates import Candidate, Fused
+from .catalogue import gemm_candidates
+from .gemm import GemmShape
+from .mid import MidGraph, MidNode
+from .select import Choice, Problem, no_fit_error, solve_dp
+
+
+@dataclass(frozen=True)
+class Storage:
+    """How a parameter is kept: ``private`` (resident buffer an op reads directly) or a fixed-layout value."""
+
+    layout: Any
+    private: bool
+    transpose: bool = False
+
+
+def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
+    tiles = target.tiles
+    out: dict[str, Storage] = {}
+    for op in graph.ops:
+        ins = graph.inputs_of(op)
+        for idx, t in enumerate(ins):
+            if t.role is not Role.PARAMETER or t.name in out:
+                continue
+            if isinstance(op, MatMul) and idx == 1:
+                lay = Packed(target.grain(t.dtype), tiles)
+                out[t.name] = Storage(lay, True, op.transpose_b)
+            elif isinstance(op, MatMul):
+                out[t.name] = Storage(Intervals(tiles), True, op.transpose_a)
+            elif isinstance(op, Add) and ew.is_row_broadcast(graph, op) == idx:
+                out[t.name] = Storage(ew.replicated(t.cols, tiles), True)
+            else:
+                out[t.name] = Storage(ew.intervals(tiles, t.dtype), False)
+    return out
+
+
+def input_layout(t, tiles: int):
+    """Host inputs arrive linear (row-major Intervals) unless the model file pins a layout."""
+    return t.layout if t.layout is not None else Imported(ew.intervals(tiles, t.dtype))
+
+
+def buffer_name(tensor: str, layout) -> str:
+    return f"{tensor}@{layout}"
+
+
+class Context:
+    """Shared state of one planning run: graph, target, storage, buffer factory, caches."""
+
+    def __init__(self, graph: Graph, target, jobs: int = 1, frontier_bound: int = 32, progress=None):
+        self.graph, self.target, self.jobs = graph, target, jobs
+        self.frontier_bound = frontier_bound
+        self.progress = progress
+        self.storage = parameter_storage(graph, target)
+        self._conv: dict = {}
+
+    def kind_of(self, tensor: str) -> str:
+        role = self.graph.tensors[tensor].role
+        return {Role.INPUT: "input", Role.OUTPUT: "output", Role.PARAMETER: "parameter"}.get(role, "tensor")
+
+    def tensor_buffer(self, tensor: str, layout) -> Buffer:
+        t = self.graph.tensors[tensor]
+        st = self.storage.get(tensor)
+        if st is not None and st.private:
+            return Buffer(tensor, st.layout, _stored_shape(t, st), t.dtype, "parameter",
+                          "interleaved" if isinstance(st.layout, Packed) else "standard", t.scale, tensor,
+                          st.transpose)
+        kind = self.kind_of(tensor)
+        if st is not None and layout != st.layout:
+            kind = "tensor"          # a converted copy of a parameter value
+        return Buffer(buffer_name(tensor, layout), layout, t.shape, t.dtype, kind, "standard", t.scale, tensor)
+
+    def tile_bytes(self, tensor: str, layout) -> np.ndarray:
+        if isinstance(layout, Fused):
+            return np.zeros(self.target.tiles, dtype=np.int64)
+        return buffer_tile_bytes(self.tensor_buffer(tensor, layout), self.target.tiles, self.target.alignment)
+
+    def conversion_program(self, tensor: str, src, dst) -> Program:
+        p = Program()
+        a, b = self.tensor_buffer(tensor, src), self.tensor_buffer(tensor, dst)
+        p.add_buffer(a)
+        p.add_buffer(b)
+        p.steps.append(ExchangeStep(f"convert.{tensor}", (Copy(a.name, b.name),)))
+        return p
+
+    def conversion(self, tensor: str, src, dst) -> tuple[int, np.ndarray]:
+        key = (tensor, src, dst)
+        if key not in self._conv:
+            d = cost_program(self.conversion_program(tensor, src, dst), self.target)
+            self._conv[key] = (d.estimate.cycles, np.zeros(self.target.tiles, dtype=np.int64))
+        return self._conv[key]
+
+
+def _stored_shape(t, st: Storage) -> tuple[int, ...]:
+    if st.transpose:
+        return t.shape[:-2] + (t.shape[-1], t.shape[-2])
+    return t.shape
+
+
+def activation_inputs(ctx: Context, op) -> list[str]:
+    """The inputs of an op that are values in the selection (not private parameter storage)."""
+    out = []
+    for name in op.inputs:
+        st = ctx.storage.get(name)
+        if st is not None and st.private:
+            continue
+        out.append(name)
+    return out
+
+
+def elementwise_candidates(ctx: Context, op) -> list[Candidate]:
+    g, target = ctx.graph, ctx.target
+    ew.check_supported(g, op)
+    out_t = g.output_of(op)
+    acts = activation_inputs(ctx, op)
+    cands = []
+    for lay in ew.activation_layouts(out_t, target.tiles):
+        cands.append(_elementwise(ctx, op, lay, acts, fused=None))
+    gelu = ew.fusable_gelu(g, op)
+    if gelu is not None and out_t.layout is None:
+        for lay in ew.activation_layouts(g.output_of(gelu), target.tiles):
+            cands.append(_elementwise(ctx, op, lay, acts, fused=gelu))
+    return cands
+
+
+def _elementwise(ctx: Context, op, lay, acts, fused) -> Candidate:
+    g = ctx.graph
+    in_lays = [ew.same_elements(lay, g.tensors[n].dtype) for n in op.inputs]
+    in_bufs = [ctx.tensor_buffer(n, l) for n, l in zip(op.inputs, in_lays)]
+    out_name = fused.output if fused is not None else op.output
+    out_buf = ctx.tensor_buffer(out_name, lay)
+    prog = ew.build_program(g, op, lay, in_bufs, out_buf, ctx.target, fused_gelu=fused)
+    d = cost_program(prog, ctx.target)
+    transient = np.zeros(ctx.target.tiles, dtype=np.int64)
+    if fused is not None:
+        transient = ctx.tile_bytes(out_name, lay)
+    desc = f"{'bias-gelu ' if fused is not None else ''}{op.kind} on {lay}"
+    out_layout = Fused(lay) if fused is not None else lay
+    by_name = dict(zip(op.inputs, in_lays))
+    return Candidate(op.name, tuple(by_name[n] for n in acts), out_layout, desc, d.estimate, d.estimate, prog, transient,
+                     fused=fused.name if fused is not None else None)
+
+
+def absorbed_candidates(ctx: Context, gelu, fused_layouts) -> list[Candidate]:
+    """The GeLU's side of a fusion: reads nothing, costs nothing; its output was written by the bias Add."""
+    out = []
+    for lay in fused_layouts:
+        out.append(Candidate(gelu.name, (Fused(lay),), lay, f"fused into the bias Add on {lay}", Estimate(),
+                             Estimate(), Program(), np.zeros(ctx.target.tiles, dtype=np.int64), absorbed=True))
+    return out
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    target: Any
+    mid: MidGraph
+    candidates: dict[str, list[Candidate]]
+    picks: dict[str, int]
+    estimate: Estimate
+    detailed: Any
+    roofline: float
+    plan_seconds: float = 0.0
+    solver: str = "dp"
+
+    @property
+    def ratio(self) -> float:
+        return self.estimate.cycles / self.roofline if self.roofline else float("nan")
+
+
+def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
+         dp_paths: int | None = 16, progress=None) -> Plan:
+    t0 = time.perf_counter()
+    ctx = Context(graph, target, jobs, frontier_bound, progress)
+    for name, t in graph.tensors.items():
+        if t.layout is not None:
+            t.layout.verify(t.shape, t.dtype, target)
+    cands: dict[str, list[Candidate]] = {}
+    for op in graph.ops:
+        if isinstance(op, MatMul):
+            cands[op.name] = gemm_candidates(ctx, op)
+        elif op.name in {c.fused for cs in cands.values() for c in cs if c.fused}:
+            fused_layouts = [c.out.layout for cs in cands.values() for c in cs if c.fused == op.name]
+            cands[op.name] = elementwise_candidates(ctx, op) + absorbed_candidates(ctx, op, fused_layouts)
+        else:
+            cands[op.name] = elementwise_candidates(ctx, op)
+        if not cands[op.name]:
+            raise TileplanError(f"op {op.name!r} ({op.kind}): no candidate fits the target {target.name!r}")
+    problem = build_problem(ctx, cands)
+    if solver == "cpsat":
+        from .cpsat import solve_cpsat
+        sol = solve_cpsat(problem)
+    else:
+        sol = solve_dp(problem, paths=dp_paths)
+    if sol is None:
+        raise no_fit_error(problem)
+    mid = MidGraph.build(ctx, cands, sol.picks)
+    detailed = cost_program(mid.program, target)
+    return Plan(graph, target, mid, cands, sol.picks, detailed.estimate, detailed, graph.roofline_cycles(target),
+                time.perf_counter() - t0, solver)
+
+
+def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
+    g, target = ctx.graph, ctx.target
+    fixed = {}
+    for name, t in g.tensors.items():
+        if t.role is Role.INPUT:
+            fixed[name] = input_layout(t, target.tiles)
+        elif name in ctx.storage and not ctx.storage[name].private:
+            fixed[name] = ctx.storage[name].layout
+    resident = np.zeros(target.tiles, dtype=np.int64)
+    for name, st in ctx.storage.items():
+        if st.private:
+            resident += ctx.tile_bytes(name, st.layout)
+    choices = {op: [Choice(c.ins, c.out, c.estimate.cycles, c.transient, str(c)) for c in cs]
+               for op, cs in cands.items()}
+    return Problem(
+        ops=[op.name for op in g.ops],
+        inputs={op.name: activation_inputs(ctx, op) for op in g.ops},
+        output={op.name: op.output for op in g.ops},
+        choices=choices,
+        fixed=fixed,
+        outputs={t.name for t in g.by_role(Role.OUTPUT)},
+        tile_bytes=ctx.tile_bytes,
+        conversion=ctx.conversion,
+        resident=resident,
+        capacity=target.usable_bytes,
+    )

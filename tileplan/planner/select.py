@@ -1,0 +1,231 @@
+"""Whole-graph selection: pick one candidate per op, fewest cycles within tile memory.
+
+The problem (``Problem``) is solver-neutral: ops in a fixed order; per op its
+candidates, each with the layouts it needs for its activation inputs, the
+layout it gives its output, its cycles and its transient per-tile bytes;
+tensors with a fixed layout (host inputs, parameters read as values); a
+conversion price for every (tensor, from, to); per-tile bytes of every
+(tensor, layout); resident bytes per tile; the capacity.
+
+Memory at op i, per tile: resident + every live tensor in its layout + the
+converted copies op i reads + op i's transients + its output. A tensor is
+live from its production (or the start) to its last use (outputs: the end).
+A path's peak is the largest such total over ops, worst tile.
+
+Solvers:
+- ``solve_dp``: a DP over the op order whose state is the layouts of the live
+  values, keeping per state at most ``paths`` (cycles, peak) Pareto paths
+  (dominance pruning); exact when ``paths`` is None (unbounded).
+- ``solve_exhaustive``: the oracle for tests (every combination).
+- ``planner.cpsat.solve_cpsat``: the same problem as a CP-SAT model.
+
+The ``Fused`` layout marks a value that was never stored because its producer
+fused with its consumer; it converts to nothing else.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import TileplanError
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class Fused:
+    """The layout marker of a value that was never stored: its producer fused with its consumer,
+    which finds its own output already written in ``layout``. It converts to nothing else."""
+
+    layout: Any
+
+    def __str__(self) -> str:
+        return f"Fused({self.layout})"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One candidate as the selection sees it."""
+
+    ins: tuple[Any, ...]          # required layout per activation input (same order as Problem.inputs[op])
+    out: Any                      # layout of the output
+    cycles: int
+    transient: np.ndarray         # int64 [tiles] bytes the op needs besides its boundary values
+    label: str = ""
+
+
+@dataclass
+class Problem:
+    ops: list[str]
+    inputs: dict[str, list[str]]              # op -> activation input tensors (in order)
+    output: dict[str, str]                    # op -> output tensor
+    choices: dict[str, list[Choice]]
+    fixed: dict[str, Any]                     # tensor -> layout it is born in (host inputs, parameters)
+    outputs: set[str]                         # graph outputs (live to the end)
+    tile_bytes: Callable[[str, Any], np.ndarray]                  # (tensor, layout) -> int64 [tiles]
+    conversion: Callable[[str, Any, Any], tuple[int, np.ndarray]]  # (tensor, from, to) -> (cycles, transient)
+    resident: np.ndarray                      # int64 [tiles]
+    capacity: int
+
+    def last_use(self) -> dict[str, int]:
+        last: dict[str, int] = {}
+        for i, op in enumerate(self.ops):
+            for t in self.inputs[op]:
+                last[t] = i
+        for t in self.outputs:
+            last[t] = len(self.ops)
+        for op in self.ops:
+            last.setdefault(self.output[op], self.ops.index(op))
+        return last
+
+    def convert(self, tensor: str, src, dst) -> tuple[float, np.ndarray | None]:
+        if src == dst:
+            return 0, None
+        if isinstance(src, Fused) or isinstance(dst, Fused):
+            return INF, None
+        return self.conversion(tensor, src, dst)
+
+
+@dataclass
+class Solution:
+    picks: dict[str, int]                     # op -> index into its choices
+    cycles: int
+    peak: int                                 # worst tile, worst op
+    peak_op: str = ""
+    peak_tile: int = -1
+    exact: bool = True
+
+
+def evaluate(problem: Problem, picks: dict[str, int]) -> Solution:
+    """Cycles and memory peak of one complete assignment (the reference semantics)."""
+    layout: dict[str, Any] = dict(problem.fixed)
+    last = problem.last_use()
+    live = set(problem.fixed) & set(last)
+    cycles = 0
+    peak, peak_op, peak_tile = -1, "", -1
+    for i, op in enumerate(problem.ops):
+        ch = problem.choices[op][picks[op]]
+        mem = problem.resident.astype(np.int64).copy()
+        for t in live:
+            mem += problem.tile_bytes(t, layout[t])
+        for t, want in zip(problem.inputs[op], ch.ins):
+            c, tr = problem.convert(t, layout[t], want)
+            cycles += c
+            if c and tr is not None:
+                mem += tr
+                mem += problem.tile_bytes(t, want)
+        cycles += ch.cycles
+        mem += ch.transient
+        out = problem.output[op]
+        layout[out] = ch.out
+        if not isinstance(ch.out, Fused):
+            mem += problem.tile_bytes(out, ch.out)
+        tile = int(np.argmax(mem))
+        if mem[tile] > peak:
+            peak, peak_op, peak_tile = int(mem[tile]), op, tile
+        live.add(out)
+        live = {t for t in live if last.get(t, -1) > i}
+    return Solution(dict(picks), int(cycles) if cycles != INF else INF, peak, peak_op, peak_tile)
+
+
+def solve_exhaustive(problem: Problem) -> Solution | None:
+    """Every combination; the oracle for tests (small problems only)."""
+    best = None
+    for combo in itertools.product(*(range(len(problem.choices[op])) for op in problem.ops)):
+        s = evaluate(problem, dict(zip(problem.ops, combo)))
+        if s.cycles == INF or s.peak > problem.capacity:
+            continue
+        if best is None or (s.cycles, s.peak) < (best.cycles, best.peak):
+            best = s
+    return best
+
+
+@dataclass
+class _Path:
+    cycles: float
+    peak: int
+    picks: tuple[int, ...]
+
+
+def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
+    """DP over the op order; state = layouts of the values live after the op."""
+    last = problem.last_use()
+    states: dict[tuple, list[_Path]] = {}
+    init = tuple(sorted((t, problem.fixed[t]) for t in problem.fixed if t in last))
+    states[_key(init)] = [(_Path(0, 0, ()), init)]
+    exact = paths is None
+    for i, op in enumerate(problem.ops):
+        nxt: dict[tuple, list] = {}
+        for entries in states.values():
+            for path, live in entries:
+                layout = dict(live)
+                base = problem.resident.astype(np.int64).copy()
+                for t, lay in live:
+                    base += problem.tile_bytes(t, lay)
+                for ci, ch in enumerate(problem.choices[op]):
+                    cyc = path.cycles + ch.cycles
+                    mem = base + ch.transient
+                    ok = True
+                    for t, want in zip(problem.inputs[op], ch.ins):
+                        c, tr = problem.convert(t, layout[t], want)
+                        if c == INF:
+                            ok = False
+                            break
+                        cyc += c
+                        if c and tr is not None:
+                            mem = mem + tr + problem.tile_bytes(t, want)
+                    if not ok:
+                        continue
+                    out = problem.output[op]
+                    if not isinstance(ch.out, Fused):
+                        mem = mem + problem.tile_bytes(out, ch.out)
+                    peak = max(path.peak, int(mem.max()))
+                    if peak > problem.capacity:
+                        continue
+                    new_live = tuple(sorted([(t, l) for t, l in live if last.get(t, -1) > i]
+                                            + ([(out, ch.out)] if last.get(out, -1) > i else [])))
+                    _insert(nxt.setdefault(_key(new_live), []), (_Path(cyc, peak, path.picks + (ci,)), new_live), paths)
+        if not nxt:
+            return None
+        states = nxt
+    best = min((p for entries in states.values() for p, _ in entries), key=lambda p: (p.cycles, p.peak, p.picks))
+    picks = dict(zip(problem.ops, best.picks))
+    sol = evaluate(problem, picks)
+    sol.exact = exact
+    return sol
+
+
+def _key(live) -> tuple:
+    return tuple((t, str(l), hash(l)) for t, l in live)
+
+
+def _insert(bucket: list, entry, bound: int | None) -> None:
+    """Keep the bucket a Pareto set over (cycles, peak), at most ``bound`` entries (fastest kept)."""
+    p = entry[0]
+    for q, _ in bucket:
+        if q.cycles <= p.cycles and q.peak <= p.peak:
+            return
+    bucket[:] = [e for e in bucket if not (p.cycles <= e[0].cycles and p.peak <= e[0].peak)]
+    bucket.append(entry)
+    if bound is not None and len(bucket) > bound:
+        bucket.sort(key=lambda e: (e[0].cycles, e[0].peak, e[0].picks))
+        keep_low_mem = min(bucket, key=lambda e: (e[0].peak, e[0].cycles, e[0].picks))
+        bucket[:] = bucket[:bound - 1] + ([keep_low_mem] if keep_low_mem not in bucket[:bound - 1] else
+                                          bucket[bound - 1:bound])
+
+
+def no_fit_error(problem: Problem) -> TileplanError:
+    """Why nothing fits: the least-overflowing assignment (greedy, fewest-memory choices)."""
+    picks = {}
+    for op in problem.ops:
+        ch = problem.choices[op]
+        picks[op] = min(range(len(ch)), key=lambda c: int(ch[c].transient.max()))
+    s = evaluate(problem, picks)
+    over = s.peak - problem.capacity
+    return TileplanError(f"nothing fits: at op {s.peak_op!r} tile {s.peak_tile} needs {s.peak:,} bytes "
+                         f"(resident parameters, live values and the op's transients), "
+                         f"{over:,} bytes over its {problem.capacity:,} usable bytes")
