@@ -43,30 +43,36 @@ class Detailed:
     memory: object = None                     # estimate.memory.Memory: per tile, per class and kind
 
 
-def exchange_transfers(program: Program, step: ExchangeStep, tiles: int, buf_ids: dict[str, int] | None = None):
-    """All transfers of one exchange step, and per-tile local-copy bytes (same-tile fragments)."""
-    parts, local = [], np.zeros(tiles, dtype=np.int64)
-    local_frags = []
+def step_traffic(program: Program, step: ExchangeStep, tiles: int, buf_ids: dict[str, int] | None = None,
+                 *, merge: bool = True) -> tuple[Transfers, Transfers]:
+    """(exchange transfers, on-tile copy runs) of one exchange step; offsets are buffer-relative bytes.
+
+    A copy whose every fragment stays at its offset on its tile is an identity:
+    the destination buffer aliases the source and nothing runs. Otherwise
+    same-tile fragments are on-tile copy runs (the ``copy`` kernel, one vertex
+    per run) and the rest are exchange transfers.
+    """
+    ex_parts, loc_parts = [], []
     for cp in step.copies:
         src, dst = program.buffers[cp.src], program.buffers[cp.dst]
         item = src.dtype.itemsize
         plan = plan_for(src, dst, tiles)
-        if len(plan.start) == 0:
-            continue
+        if len(plan.start) == 0 or (plan.is_identity and not plan.needs_rearrangement):
+            continue           # the destination aliases the source (lowering.passes.eliminate_noop_copies)
         nbytes = (plan.stop - plan.start) * item
         so, do = plan.src_offset * item, plan.dst_offset * item
+        sid = buf_ids[cp.src] if buf_ids else 0
+        did = buf_ids[cp.dst] if buf_ids else 0
         loc = plan.src_tile == plan.dst_tile
-        moved = loc & (so != do)
+        moved = loc
         if moved.any():
-            np.add.at(local, plan.src_tile[moved], nbytes[moved])
-            local_frags.append((cp, np.flatnonzero(moved)))
+            loc_parts.append(fragments_to_transfers(plan.src_tile[moved], so[moved], plan.dst_tile[moved],
+                                                    do[moved], nbytes[moved], sid, did, multicast=False))
         ex = ~loc
         if ex.any():
-            sid = buf_ids[cp.src] if buf_ids else 0
-            did = buf_ids[cp.dst] if buf_ids else 0
-            parts.append(fragments_to_transfers(plan.src_tile[ex], so[ex], plan.dst_tile[ex], do[ex],
-                                                nbytes[ex], sid, did))
-    return Transfers.concat(parts), local, local_frags
+            ex_parts.append(fragments_to_transfers(plan.src_tile[ex], so[ex], plan.dst_tile[ex], do[ex],
+                                                   nbytes[ex], sid, did, merge=merge))
+    return Transfers.concat(ex_parts), Transfers.concat(loc_parts)
 
 
 def plan_for(src, dst, tiles: int):
@@ -81,14 +87,16 @@ def _plan_cached(src_layout, dst_layout, src_shape, dst_shape, dtype, tiles):
                      dst_layout.owner_map(dst_shape, dtype, tiles), dtype.itemsize)
 
 
-def local_copy_cycles(local_bytes: np.ndarray, target) -> np.ndarray:
-    """Per tile cycles of the on-tile copies of one exchange step (the ``copy`` kernel)."""
+def local_copy_cycles(runs: Transfers, target) -> np.ndarray:
+    """Per tile cycles of on-tile copy runs: one ``copy`` kernel call per run."""
     from ..kernels import dispatch
     from ..kernels.calls import CopyCall
-    out = np.zeros(local_bytes.shape, dtype=np.int64)
-    for t in np.flatnonzero(local_bytes):
-        call = CopyCall(int(local_bytes[t]))
-        out[t] = dispatch(call, target).cycles(call, target)
+    out = np.zeros(target.tiles, dtype=np.int64)
+    if len(runs) == 0:
+        return out
+    sizes, inv = np.unique(runs.nbytes, return_inverse=True)
+    cyc = np.array([dispatch(CopyCall(int(n)), target).cycles(CopyCall(int(n)), target) for n in sizes])
+    np.add.at(out, runs.src_tile, cyc[inv.reshape(-1)])
     return out
 
 
@@ -105,7 +113,7 @@ def cost_program(program: Program, target) -> Detailed:
             compute += c
             steps.append(StepCost(step.name, "compute", c, 0, 0))
         elif isinstance(step, ExchangeStep):
-            tr, local, _ = exchange_transfers(program, step, tiles)
+            tr, local = step_traffic(program, step, tiles)
             if len(tr):
                 send, recv = tile_exchange_cycles(tr, target)
                 c = int(np.maximum(send, recv).max())
@@ -114,10 +122,10 @@ def cost_program(program: Program, target) -> Detailed:
                 sync += target.sync_cycles
                 moved += b
                 steps.append(StepCost(step.name, "exchange", c, target.sync_cycles, b))
-            if local.any():
+            if len(local):
                 lc = int(local_copy_cycles(local, target).max())
                 compute += lc
-                steps.append(StepCost(step.name + ".local", "local_copy", lc, 0, int(local.sum())))
+                steps.append(StepCost(step.name + ".local", "local_copy", lc, 0, int(local.nbytes.sum())))
         else:
             raise TypeError(f"unknown step {step!r}")
     mem = program_memory(program, target)

@@ -91,18 +91,22 @@ def fragments_to_transfers(src_tile, src_off, dst_tile, dst_off, nbytes, src_buf
     if n.size == 0:
         return Transfers.empty()
     if merge:
-        order = np.lexsort((so, db, sb, dt, st))
-        st, sb, so, dt, db, do, n = (a[order] for a in (st, sb, so, dt, db, do, n))
+        pair = (st << 32) | (dt << 16) | (sb << 8) | db      # tiles < 2**16, buffer ids < 2**8 per step
+        order = np.lexsort((so, pair))
+        st, sb, so, dt, db, do, n, pair = (a[order] for a in (st, sb, so, dt, db, do, n, pair))
         cont = np.zeros(n.size, dtype=bool)
-        cont[1:] = ((st[1:] == st[:-1]) & (dt[1:] == dt[:-1]) & (sb[1:] == sb[:-1]) & (db[1:] == db[:-1])
-                    & (so[1:] == so[:-1] + n[:-1]) & (do[1:] == do[:-1] + n[:-1]))
+        cont[1:] = (pair[1:] == pair[:-1]) & (so[1:] == so[:-1] + n[:-1]) & (do[1:] == do[:-1] + n[:-1])
         heads = np.flatnonzero(~cont)
         n = np.add.reduceat(n, heads)
         st, sb, so, dt, db, do = (a[heads] for a in (st, sb, so, dt, db, do))
     if multicast:
-        key = np.stack([st, sb, so, n])
-        _, group = np.unique(key, axis=1, return_inverse=True)
-        group = group.reshape(-1).astype(np.int64)
+        src = (st << 8) | sb
+        order = np.lexsort((n, so, src))
+        new = np.ones(n.size, dtype=bool)
+        new[1:] = (src[order][1:] != src[order][:-1]) | (so[order][1:] != so[order][:-1]) | \
+            (n[order][1:] != n[order][:-1])
+        group = np.empty(n.size, dtype=np.int64)
+        group[order] = np.cumsum(new) - 1
     else:
         group = np.arange(n.size, dtype=np.int64)
     order = np.lexsort((dt, group))
@@ -116,14 +120,16 @@ def paired_mask(tr: Transfers) -> np.ndarray:
         return np.zeros(0, dtype=bool)
     aligned = (tr.src_off % 8 == 0) & (tr.dst_off % 8 == 0) & (tr.nbytes % 8 == 0)
     # Destinations in complete pairs: each group holds both 2p and 2p+1 for every pair it touches.
+    # Rows are sorted by (group, destination tile), so a complete pair is two neighbouring rows.
     pair = tr.dst_tile.astype(np.int64) // 2
-    key = tr.group * (1 << 32) + pair
-    uniq, counts = np.unique(key, return_counts=True)
-    complete_pair = counts[np.searchsorted(uniq, key)] == 2
+    same_prev = np.zeros(len(tr), dtype=bool)
+    same_prev[1:] = (tr.group[1:] == tr.group[:-1]) & (pair[1:] == pair[:-1])
+    complete_pair = same_prev | np.concatenate((same_prev[1:], [False]))
     ok = aligned & complete_pair
     # A group is paired only if every row of it is.
-    bad_groups = np.unique(tr.group[~ok])
-    return ~np.isin(tr.group, bad_groups)
+    bad = np.zeros(int(tr.group.max()) + 1, dtype=bool)
+    bad[tr.group[~ok]] = True
+    return ~bad[tr.group]
 
 
 def tile_exchange_cycles(tr: Transfers, target, tiles: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -141,8 +147,9 @@ def tile_exchange_cycles(tr: Transfers, target, tiles: int | None = None) -> tup
     first[1:] = tr.group[1:] != tr.group[:-1]
     s_cyc = cyc[first] + target.send_control_cycles
     np.add.at(send, tr.src_tile[first], s_cyc)
-    borrowed = paired[first]
-    np.add.at(send, tr.src_tile[first][borrowed] ^ 1, s_cyc[borrowed])
+    partner = tr.src_tile[first] ^ 1
+    borrowed = paired[first] & (partner < tiles)
+    np.add.at(send, partner[borrowed], s_cyc[borrowed])
     return send, recv
 
 

@@ -1,0 +1,1 @@
+"""Lowering: MidGraph -> TileProgram (allocation, passes, vertices and transfers) -> package on disk."""

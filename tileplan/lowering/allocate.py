@@ -1,0 +1,108 @@
+"""SRAM allocation per tile: addresses for every buffer, honouring lifetimes and regions.
+
+Tile memory is ``[0, sram_bytes)``: the reserve (runtime, code, vertex state)
+sits at the bottom of the standard region ``[0, standard_bytes)``, the
+interleaved region is ``[standard_bytes, sram_bytes)``. Buffers that prefer the
+interleaved region (AMP weight operands, resident parameters) go there first
+and fall back to the standard region; the others go to the standard region
+first and spill into the interleaved one, as ``estimate.memory`` assumes.
+
+Per tile, buffers are placed first-fit in order of (first step, larger first,
+name) at 8-byte aligned addresses, where they overlap no buffer that is live
+at the same time. Tiles with the same buffer sizes get the same placement, so
+the placement is computed once per distinct size profile. Aliased buffers
+(a copy that moves nothing, a cast that takes over its dead input) share
+their root buffer's address and extend its lifetime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import TileplanError
+from ..estimate.memory import buffer_lifetimes, buffer_tile_bytes
+
+
+@dataclass
+class Allocation:
+    names: list[str]
+    addr: np.ndarray          # int64 [nbuf, tiles], -1 where the buffer has no bytes on the tile
+    size: np.ndarray          # int64 [nbuf, tiles]
+    peak: np.ndarray          # int64 [tiles]: highest address used + 1, less the reserve
+
+
+def allocate(program, target, aliases: dict[str, str] | None = None,
+             sizes: dict[str, np.ndarray] | None = None) -> Allocation:
+    aliases = dict(aliases or {})
+    names = sorted(program.buffers)
+    tiles = target.tiles
+    spans = buffer_lifetimes(program)
+    size = np.zeros((len(names), tiles), dtype=np.int64)
+    for i, n in enumerate(names):
+        size[i] = sizes[n] if sizes and n in sizes else buffer_tile_bytes(program.buffers[n], tiles, target.alignment)
+
+    def root(n):
+        while n in aliases:
+            n = aliases[n]
+        return n
+
+    roots = [n for n in names if root(n) == n]
+    ridx = {n: i for i, n in enumerate(roots)}
+    rsize = np.zeros((len(roots), tiles), dtype=np.int64)
+    rspan = {n: list(spans[n]) for n in roots}
+    for i, n in enumerate(names):
+        r = root(n)
+        rsize[ridx[r]] = np.maximum(rsize[ridx[r]], size[i])
+        a, b = spans[n]
+        rspan[r][0] = min(rspan[r][0], a)
+        rspan[r][1] = max(rspan[r][1], b)
+    prefer_il = np.array([program.buffers[n].region == "interleaved" for n in roots])
+    order = sorted(range(len(roots)), key=lambda i: (rspan[roots[i]][0], -int(rsize[i].max()), roots[i]))
+    raddr = np.full((len(roots), tiles), -1, dtype=np.int64)
+    # One placement per distinct size profile.
+    profiles, inverse = np.unique(rsize.T, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    regions = {"standard": (target.reserve_bytes, target.standard_bytes),
+               "interleaved": (target.standard_bytes, target.sram_bytes)}
+    for p, prof in enumerate(profiles):
+        tile = int(np.flatnonzero(inverse == p)[0])
+        placed: list[tuple[int, int, int, int]] = []
+        addrs = np.full(len(roots), -1, dtype=np.int64)
+        for i in order:
+            n = int(prof[i])
+            if n == 0:
+                continue
+            a, b = rspan[roots[i]]
+            tries = ("interleaved", "standard") if prefer_il[i] else ("standard", "interleaved")
+            for reg in tries:
+                lo, hi = regions[reg]
+                at = _first_fit(placed, lo, hi, n, a, b, target.alignment)
+                if at is not None:
+                    break
+            else:
+                live = sum(q - o for o, q, s, e in placed if s <= b and a <= e)
+                raise TileplanError(
+                    f"tile {tile}: buffer {roots[i]!r} ({n:,} bytes, {'interleaved' if prefer_il[i] else 'standard'} "
+                    f"preferred) does not fit: {live:,} bytes are live beside it and the tile has "
+                    f"{target.usable_bytes:,} usable bytes ({n + live - target.usable_bytes:,} over)")
+            placed.append((at, at + n, a, b))
+            addrs[i] = at
+        raddr[:, inverse == p] = addrs[:, None]
+    addr = np.full((len(names), tiles), -1, dtype=np.int64)
+    for i, n in enumerate(names):
+        addr[i] = np.where(size[i] > 0, raddr[ridx[root(n)]], -1)
+    top = np.where(raddr >= 0, raddr + rsize, 0).max(axis=0) if len(roots) else np.zeros(tiles, np.int64)
+    return Allocation(names, addr, size, top)
+
+
+def _first_fit(placed, lo: int, hi: int, n: int, a: int, b: int, align: int) -> int | None:
+    """Lowest aligned address in [lo, hi) for n bytes clear of every placed buffer live during [a, b]."""
+    busy = sorted((o, q) for o, q, s, e in placed if s <= b and a <= e and q > lo and o < hi)
+    at = -(-lo // align) * align
+    for o, q in busy:
+        if at + n <= o:
+            break
+        at = max(at, -(-q // align) * align)
+    return at if at + n <= hi else None

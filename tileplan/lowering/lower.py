@@ -1,0 +1,149 @@
+"""MidGraph -> TileProgram: passes, allocation, expansion into vertices and transfers.
+
+1. The program-level low passes (``passes.PASSES``, stage "program").
+2. Every conversion that changes a local format (row-major <-> AMP panels)
+   must have its rearrangement kernel registered (``pack``/``unpack``); the
+   check runs before any copy is expanded, so a missing kernel is one clear
+   error, not a program of per-element copies.
+3. ``allocate`` places every buffer on every tile.
+4. Expansion: compute steps become vertex groups (one kernel call, one
+   variant, many tiles) with absolute operand addresses; exchange steps become
+   transfer tables (one row per fragment and destination) plus, for same-tile
+   fragments, a compute set of ``copy`` vertices right after the exchange.
+5. The tile-level passes (stage "tiles"), e.g. merging adjacent transfers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from ..errors import TileplanError
+from ..estimate.detailed import plan_for, step_traffic
+from ..estimate.program import ComputeStep, ExchangeStep, Program
+from ..kernels import NoVariantError, default_registry, dispatch
+from ..kernels.calls import CopyCall, PackCall, UnpackCall
+from .allocate import allocate
+from .passes import PASSES
+from .passes.state import LoweringState
+from .tile_program import BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
+
+
+def lower(program: Program, target, *, registry=None, passes=None) -> LoweringState:
+    """Lower a whole-graph program; returns the state holding ``tile_program`` and the pass log."""
+    registry = registry or default_registry()
+    chosen = PASSES if passes is None else [p for p in PASSES if p[0] in passes]
+    state = LoweringState(program, target)
+    for name, stage, fn, _why in chosen:
+        if stage == "program":
+            state = fn(state)
+    check_rearrangements(state.program, target, registry)
+    alloc = allocate(state.program, target, state.aliases, state.sizes)
+    state.tile_program = expand(state.program, alloc, target, registry)
+    for name, stage, fn, _why in chosen:
+        if stage == "tiles":
+            state = fn(state)
+    state.tile_program.passes = [p[0] for p in chosen]
+    return state
+
+
+def check_rearrangements(program: Program, target, registry) -> None:
+    """Every copy between row-major and panel formats needs its pack/unpack kernel."""
+    for step in program.steps:
+        if not isinstance(step, ExchangeStep):
+            continue
+        for cp in step.copies:
+            src, dst = program.buffers[cp.src], program.buffers[cp.dst]
+            plan = plan_for(src, dst, target.tiles)
+            if not plan.needs_rearrangement or plan.is_identity:
+                continue
+            sfmt, dfmt = plan.needs_rearrangement
+            rows, cols = int(np.prod(src.shape[:-1])), src.shape[-1]
+            grain = target.grain(src.dtype)
+            call = (PackCall if dfmt == "panels" else UnpackCall)(rows, cols, src.dtype, grain)
+            try:
+                dispatch(call, target, registry=registry)
+            except NoVariantError as exc:
+                raise TileplanError(
+                    f"conversion of {src.tensor or src.name!r} from {src.layout} ({sfmt}) to {dst.layout} ({dfmt}) "
+                    f"needs the {call.primitive!r} rearrangement kernel, which the registry for target family "
+                    f"{target.family!r} lacks: {str(exc).splitlines()[0]}") from None
+
+
+def expand(program: Program, alloc, target, registry) -> TileProgram:
+    tiles = target.tiles
+    index = {n: i for i, n in enumerate(alloc.names)}
+    infos = []
+    for n in alloc.names:
+        b = program.buffers[n]
+        infos.append(BufferInfo(n, b.dtype.value, list(b.shape), b.kind, b.region, str(b.layout), b.tensor,
+                                bool(b.transpose), int(b.scale)))
+    steps = []
+    for step in program.steps:
+        if isinstance(step, ComputeStep):
+            steps.append(ComputeSet(step.name, _groups(program, step.vertices, alloc, index)))
+        else:
+            ex, local = step_traffic(program, step, tiles, index, merge=False)
+            tr = _absolute(ex, alloc)
+            if len(tr):
+                steps.append(Exchange(step.name, tr))
+            if len(local):
+                steps.append(ComputeSet(step.name + ".local", _copy_groups(_absolute(local, alloc), target, registry)))
+    io_maps = {}
+    for n in alloc.names:
+        b = program.buffers[n]
+        if b.kind in ("input", "parameter", "output"):
+            om = b.owner_map(tiles)
+            io_maps[n] = (om.tile, om.start, om.stop, om.offset)
+    return TileProgram(tiles, infos, alloc.addr, alloc.size, steps, io_maps)
+
+
+def _absolute(tr, alloc):
+    """Buffer-relative transfer offsets -> absolute byte addresses on the tiles."""
+    from ..estimate.exchange import Transfers
+    if len(tr) == 0:
+        return tr
+    src = alloc.addr[tr.src_buf, tr.src_tile] + tr.src_off
+    dst = alloc.addr[tr.dst_buf, tr.dst_tile] + tr.dst_off
+    zero = np.zeros(len(tr), dtype=np.int32)
+    return Transfers(tr.group, tr.src_tile, zero, src, tr.dst_tile, zero, dst, tr.nbytes)
+
+
+def _groups(program, vertices, alloc, index) -> list[VertexGroup]:
+    buckets: dict = defaultdict(list)
+    for v in vertices:
+        key = (v.call, v.variant, tuple(o.count for o in v.ins), tuple(o.count for o in v.outs),
+               tuple(program.buffers[o.buffer].dtype.itemsize for o in v.ins + v.outs))
+        buckets[key].append(v)
+    groups = []
+    for key in sorted(buckets, key=lambda k: (k[0].primitive, str(k[0]), k[1], k[2], k[3])):
+        vs = buckets[key]
+        call, variant = key[0], key[1]
+
+        def addr(op, tile):
+            b = program.buffers[op.buffer]
+            base = alloc.addr[index[op.buffer], tile]
+            if base < 0:
+                raise TileplanError(f"vertex on tile {tile} reads {op.buffer!r}, which has no bytes there")
+            return base + op.offset * b.dtype.itemsize
+
+        tiles = np.array([v.tile for v in vs], dtype=np.int32)
+        ins = np.array([[addr(o, v.tile) for o in v.ins] for v in vs], dtype=np.int64).reshape(len(vs), -1)
+        outs = np.array([[addr(o, v.tile) for o in v.outs] for v in vs], dtype=np.int64).reshape(len(vs), -1)
+        size = lambda o: o.count * program.buffers[o.buffer].dtype.itemsize  # noqa: E731
+        groups.append(VertexGroup(call, variant, vs[0].cycles, tuple(size(o) for o in vs[0].ins),
+                                  tuple(size(o) for o in vs[0].outs), tiles, ins, outs))
+    return groups
+
+
+def _copy_groups(runs, target, registry) -> list[VertexGroup]:
+    groups = []
+    for n in np.unique(runs.nbytes).tolist():
+        sel = np.flatnonzero(runs.nbytes == n)
+        call = CopyCall(int(n))
+        v = dispatch(call, target, registry=registry)
+        groups.append(VertexGroup(call, v.name, v.cycles(call, target), (int(n),), (int(n),),
+                                  runs.src_tile[sel].astype(np.int32), runs.src_off[sel][:, None],
+                                  runs.dst_off[sel][:, None]))
+    return groups

@@ -1,0 +1,25 @@
+"""Merge adjacent fragments into one transfer.
+
+Expansion emits one transfer per logical fragment of each copy plan. Runs
+that continue each other in both the source and the destination tile's
+memory, between the same two tiles, become one transfer (and identical runs
+to several tiles one multicast), which saves the per-transfer control cycles.
+"""
+
+from __future__ import annotations
+
+from ...estimate.exchange import fragments_to_transfers
+from ..tile_program import Exchange
+
+
+def run(state):
+    tp = state.tile_program
+    for i, step in enumerate(tp.steps):
+        if not isinstance(step, Exchange) or len(step.transfers) == 0:
+            continue
+        t = step.transfers
+        merged = fragments_to_transfers(t.src_tile, t.src_off, t.dst_tile, t.dst_off, t.nbytes, merge=True)
+        if len(merged) < len(t):
+            state.log.append(f"merge_transfers: {step.name}: {len(t)} fragments -> {len(merged)} transfers")
+        tp.steps[i] = Exchange(step.name, merged)
+    return state

@@ -1,0 +1,19 @@
+"""The state the low passes rewrite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...estimate.program import Program
+
+
+@dataclass
+class LoweringState:
+    program: Program
+    target: object
+    aliases: dict[str, str] = field(default_factory=dict)      # buffer -> buffer whose memory it shares
+    sizes: dict[str, np.ndarray] = field(default_factory=dict)  # buffer -> per tile bytes (overrides)
+    tile_program: object = None                                # set after expansion
+    log: list[str] = field(default_factory=list)               # one line per change a pass made

@@ -1,0 +1,175 @@
+"""``TileProgram``: per tile allocations, compute sets and exchange transfers.
+
+What lowering produces and the IPU model executes. Everything per tile is a
+numpy array; the small index (buffers, calls, step names) is JSON.
+
+- Buffers: ``addr[b, t]`` (byte address on tile t, -1 where the buffer has
+  nothing there) and ``size[b, t]`` (bytes). Host I/O buffers (inputs,
+  parameters, outputs) keep their owner maps so the host can write and read
+  them through their layouts.
+- A compute set is a list of vertex *groups*: one kernel call (same variant,
+  same operand sizes) on many tiles; per group ``tile[n]``, ``ins[n, k]`` and
+  ``outs[n, k]`` byte addresses; operand byte sizes are per group.
+- An exchange is a transfer table: ``group`` (one id per multicast send),
+  ``src_tile, src_addr, dst_tile, dst_addr, nbytes``.
+
+Cycles of every step follow the cycle model of ``estimate.exchange`` and the
+kernels' formulas, so the IPU model counts the same way the estimate does.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import TileplanError
+from ..estimate.exchange import Transfers
+
+
+@dataclass
+class BufferInfo:
+    name: str
+    dtype: str
+    shape: list
+    kind: str
+    region: str
+    layout: str
+    tensor: str | None
+    transpose: bool
+    scale: int
+
+
+@dataclass
+class VertexGroup:
+    call: Any                     # a kernels call (frozen dataclass)
+    variant: str
+    cycles: int                   # per vertex
+    in_bytes: tuple[int, ...]
+    out_bytes: tuple[int, ...]
+    tile: np.ndarray              # int32 [n]
+    ins: np.ndarray               # int64 [n, len(in_bytes)] byte addresses
+    outs: np.ndarray              # int64 [n, len(out_bytes)]
+
+
+@dataclass
+class ComputeSet:
+    name: str
+    groups: list[VertexGroup]
+
+
+@dataclass
+class Exchange:
+    name: str
+    transfers: Transfers          # offsets are absolute byte addresses here
+
+
+@dataclass
+class TileProgram:
+    tiles: int
+    buffers: list[BufferInfo]
+    addr: np.ndarray              # int64 [nbuf, tiles]
+    size: np.ndarray              # int64 [nbuf, tiles]
+    steps: list = field(default_factory=list)        # ComputeSet | Exchange
+    io_maps: dict[str, tuple] = field(default_factory=dict)   # buffer name -> (tile, start, stop, offset) arrays
+    passes: list[str] = field(default_factory=list)  # the low passes that ran, in order
+
+    def buffer_index(self, name: str) -> int:
+        for i, b in enumerate(self.buffers):
+            if b.name == name:
+                return i
+        raise KeyError(name)
+
+    # ---- serialisation: one npz of arrays plus a JSON index ------------------------------
+
+    def to_files(self) -> tuple[bytes, dict]:
+        arrays: dict[str, np.ndarray] = {"addr": self.addr, "size": self.size}
+        steps = []
+        for si, st in enumerate(self.steps):
+            if isinstance(st, ComputeSet):
+                groups = []
+                for gi, g in enumerate(st.groups):
+                    p = f"s{si}g{gi}"
+                    arrays[p + "_tile"], arrays[p + "_ins"], arrays[p + "_outs"] = g.tile, g.ins, g.outs
+                    groups.append({"call": call_to_json(g.call), "variant": g.variant, "cycles": g.cycles,
+                                   "in_bytes": list(g.in_bytes), "out_bytes": list(g.out_bytes)})
+                steps.append({"kind": "compute", "name": st.name, "groups": groups})
+            else:
+                p = f"s{si}x"
+                tr = st.transfers
+                for f in ("group", "src_tile", "src_off", "dst_tile", "dst_off", "nbytes"):
+                    arrays[f"{p}_{f}"] = getattr(tr, f)
+                steps.append({"kind": "exchange", "name": st.name})
+        for name, (t, s, e, o) in sorted(self.io_maps.items()):
+            for k, a in zip(("tile", "start", "stop", "offset"), (t, s, e, o)):
+                arrays[f"io:{name}:{k}"] = a
+        index = {"tiles": self.tiles, "buffers": [b.__dict__ for b in self.buffers], "steps": steps,
+                 "io": sorted(self.io_maps), "passes": self.passes}
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **{k: arrays[k] for k in sorted(arrays)})
+        return _deterministic_npz(buf.getvalue()), index
+
+    @classmethod
+    def from_files(cls, npz_bytes: bytes, index: dict) -> "TileProgram":
+        with np.load(io.BytesIO(npz_bytes), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        steps = []
+        for si, st in enumerate(index["steps"]):
+            if st["kind"] == "compute":
+                groups = []
+                for gi, g in enumerate(st["groups"]):
+                    p = f"s{si}g{gi}"
+                    groups.append(VertexGroup(call_from_json(g["call"]), g["variant"], int(g["cycles"]),
+                                              tuple(g["in_bytes"]), tuple(g["out_bytes"]),
+                                              arrays[p + "_tile"], arrays[p + "_ins"], arrays[p + "_outs"]))
+                steps.append(ComputeSet(st["name"], groups))
+            else:
+                p = f"s{si}x"
+                z = {f: arrays[f"{p}_{f}"] for f in ("group", "src_tile", "src_off", "dst_tile", "dst_off", "nbytes")}
+                zeros = np.zeros(len(z["group"]), dtype=np.int32)
+                steps.append(Exchange(st["name"], Transfers(z["group"], z["src_tile"], zeros, z["src_off"],
+                                                            z["dst_tile"], zeros, z["dst_off"], z["nbytes"])))
+        io_maps = {n: tuple(arrays[f"io:{n}:{k}"] for k in ("tile", "start", "stop", "offset")) for n in index["io"]}
+        return cls(index["tiles"], [BufferInfo(**b) for b in index["buffers"]], arrays["addr"], arrays["size"],
+                   steps, io_maps, list(index.get("passes", [])))
+
+
+def _deterministic_npz(data: bytes) -> bytes:
+    """Rewrite an npz (a zip) with fixed timestamps so equal programs give equal bytes."""
+    import zipfile
+    src = zipfile.ZipFile(io.BytesIO(data))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for name in sorted(src.namelist()):
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            dst.writestr(info, src.read(name))
+    return out.getvalue()
+
+
+def call_to_json(call) -> dict:
+    from dataclasses import fields
+    d = {"primitive": call.primitive}
+    for f in fields(call):
+        v = getattr(call, f.name)
+        d[f.name] = v.value if hasattr(v, "value") and not isinstance(v, (int, str)) else v
+    return d
+
+
+def call_from_json(d: dict):
+    from dataclasses import fields
+    from ..graph.dtypes import DType
+    from ..kernels import calls as C
+    classes = {cls.primitive: cls for cls in (C.MatMulCall, C.ReduceCall, C.AddCall, C.GeLUCall, C.BiasGeLUCall,
+                                              C.CastCall, C.PackCall, C.UnpackCall, C.CopyCall)}
+    cls = classes.get(d.get("primitive"))
+    if cls is None:
+        raise TileplanError(f"unknown kernel primitive {d.get('primitive')!r} in the tile program")
+    kw = {}
+    for f in fields(cls):
+        v = d[f.name]
+        kw[f.name] = DType(v) if "dtype" in f.name or f.name in ("partials",) else v
+    return cls(**kw)

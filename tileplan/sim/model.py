@@ -1,0 +1,265 @@
+"""The IPU model: executes a ``TileProgram`` on all tiles' SRAM as one numpy array.
+
+Memory is ``uint8 [tiles, sram_bytes]``. The host writes inputs and parameters
+through their layouts (owner maps); each step then runs:
+
+- a compute set: every vertex group's kernel semantics (the variant's numpy
+  ``reference``) on views of tile memory, batched over the group's tiles;
+- an exchange: vectorised byte copies between tiles.
+
+Every access is checked: an operand or transfer outside the tile's memory or
+inside the reserve; two writers of one byte in a compute set or an exchange;
+a read of a byte that another vertex writes in the same compute set; an
+exchange that writes a byte it also reads. Cycles come from the actual program:
+a compute set lasts as long as its slowest tile (the sum of the cycles of the
+vertices on it), an exchange as long as its slowest tile's max(send, receive)
+under ``estimate.exchange``'s model, plus one sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import TileplanError
+from ..estimate.exchange import tile_exchange_cycles
+from ..graph.dtypes import DType
+from ..kernels import default_registry
+from ..lowering.tile_program import ComputeSet, Exchange, TileProgram
+
+CHUNK_BYTES = 32 << 20        # bytes gathered at once when executing a step
+
+
+class SimError(TileplanError):
+    """The program did something the hardware would not allow (a conflict, an access out of bounds)."""
+
+
+@dataclass
+class StepProfile:
+    name: str
+    kind: str                   # "compute" | "exchange"
+    cycles: int                 # slowest tile (exchange: without the sync)
+    sync: int
+    tile_cycles: np.ndarray     # int64 [tiles]
+    bytes: int = 0
+
+
+@dataclass
+class Profile:
+    steps: list[StepProfile] = field(default_factory=list)
+    memory_peak: np.ndarray | None = None     # int64 [tiles]: highest byte used + 1 (addresses)
+
+    @property
+    def compute(self) -> int:
+        return sum(s.cycles for s in self.steps if s.kind == "compute")
+
+    @property
+    def exchange(self) -> int:
+        return sum(s.cycles for s in self.steps if s.kind == "exchange")
+
+    @property
+    def sync(self) -> int:
+        return sum(s.sync for s in self.steps)
+
+    @property
+    def cycles(self) -> int:
+        return self.compute + self.exchange + self.sync
+
+
+class IPUModel:
+    def __init__(self, program: TileProgram, target, registry=None):
+        self.program, self.target = program, target
+        self.registry = registry or default_registry()
+        self.mem = np.zeros((program.tiles, target.sram_bytes), dtype=np.uint8)
+        self.high = np.zeros(program.tiles, dtype=np.int64)
+        used = program.addr >= 0
+        if used.any():
+            top = np.where(used, program.addr + program.size, 0).max(axis=0)
+            self.high = top.astype(np.int64)
+            bad = (program.addr[used] < target.reserve_bytes).any() or top.max() > target.sram_bytes
+            if bad:
+                raise SimError("the allocation places a buffer in the reserve or past the end of tile memory")
+
+    # ---- host I/O through layouts --------------------------------------------------------
+
+    def _io(self, name: str):
+        if name not in self.program.io_maps:
+            raise TileplanError(f"buffer {name!r} is not a host input, parameter or output of the package")
+        b = self.program.buffers[self.program.buffer_index(name)]
+        return b, self.program.io_maps[name], self.program.buffer_index(name)
+
+    def write(self, name: str, stored: np.ndarray) -> None:
+        """Write a tensor's stored values (already in its dtype) through its layout."""
+        b, (tile, start, stop, offset), bi = self._io(name)
+        item = DType(b.dtype).itemsize
+        flat = np.ascontiguousarray(stored).reshape(-1).view(np.uint8)
+        for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
+            a = int(self.program.addr[bi, t]) + o * item
+            self.mem[t, a:a + (e - s) * item] = flat[s * item:e * item]
+
+    def read(self, name: str) -> np.ndarray:
+        """A tensor's stored values read back through its layout (flat, the buffer's dtype)."""
+        b, (tile, start, stop, offset), bi = self._io(name)
+        dt = DType(b.dtype)
+        item = dt.itemsize
+        size = int(np.prod(b.shape))
+        out = np.zeros(size * item, dtype=np.uint8)
+        for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
+            a = int(self.program.addr[bi, t]) + o * item
+            out[s * item:e * item] = self.mem[t, a:a + (e - s) * item]
+        return out.view(dt.numpy)
+
+    # ---- execution -------------------------------------------------------------------------
+
+    def run(self) -> Profile:
+        prof = Profile()
+        for step in self.program.steps:
+            if isinstance(step, ComputeSet):
+                prof.steps.append(self._compute(step))
+            else:
+                prof.steps.append(self._exchange(step))
+        prof.memory_peak = self.high.copy()
+        return prof
+
+    def _bounds(self, tiles, addr, nbytes, what: str) -> None:
+        lo = self.target.reserve_bytes
+        bad = (addr < lo) | (addr + nbytes > self.target.sram_bytes)
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise SimError(f"{what}: tile {int(tiles[i])} accesses bytes [{int(addr[i])}, {int(addr[i] + nbytes[i])}) "
+                           f"outside its usable memory [{lo}, {self.target.sram_bytes})")
+
+    def _compute(self, cs: ComputeSet) -> StepProfile:
+        tiles = self.program.tiles
+        per_tile = np.zeros(tiles, dtype=np.int64)
+        acc = []   # (tile, lo, hi, vertex id, is_write)
+        vid = 0
+        for g in cs.groups:
+            n = len(g.tile)
+            ids = np.arange(vid, vid + n)
+            vid += n
+            np.add.at(per_tile, g.tile, g.cycles)
+            for j, nb in enumerate(g.in_bytes):
+                self._bounds(g.tile, g.ins[:, j], np.full(n, nb), f"{cs.name}: {g.variant} input {j}")
+                acc.append((g.tile, g.ins[:, j], g.ins[:, j] + nb, ids, np.zeros(n, bool)))
+            for j, nb in enumerate(g.out_bytes):
+                self._bounds(g.tile, g.outs[:, j], np.full(n, nb), f"{cs.name}: {g.variant} output {j}")
+                acc.append((g.tile, g.outs[:, j], g.outs[:, j] + nb, ids, np.ones(n, bool)))
+        if acc:
+            _check_conflicts(cs.name, *(np.concatenate(c) for c in zip(*acc)))
+        for g in cs.groups:
+            self._run_group(g)
+        return StepProfile(cs.name, "compute", int(per_tile.max(initial=0)), 0, per_tile)
+
+    def _run_group(self, g) -> None:
+        if g.variant not in self.registry:
+            raise SimError(f"the package uses kernel variant {g.variant!r}, which this registry lacks")
+        variant = self.registry[g.variant]
+        in_types, out_types = operand_types(g.call)
+        per_vertex = sum(g.in_bytes) + sum(g.out_bytes)
+        step = max(1, CHUNK_BYTES // max(per_vertex, 1))
+        for c0 in range(0, len(g.tile), step):
+            sl = slice(c0, c0 + step)
+            tiles = g.tile[sl]
+            ins = []
+            for j, nb in enumerate(g.in_bytes):
+                raw = np.stack([self.mem[t, a:a + nb] for t, a in zip(tiles.tolist(), g.ins[sl, j].tolist())])
+                ins.append(raw.view(in_types[j].numpy))
+            out = variant.reference(g.call, *ins)
+            outs = out if isinstance(out, tuple) else (out,)
+            for j, nb in enumerate(g.out_bytes):
+                arr = np.ascontiguousarray(np.asarray(outs[j]).astype(out_types[j].numpy, copy=False))
+                raw = arr.reshape(len(tiles), -1).view(np.uint8)
+                if raw.shape[1] != nb:
+                    raise SimError(f"{g.variant}: wrote {raw.shape[1]} bytes per vertex, expected {nb}")
+                for r, (t, a) in enumerate(zip(tiles.tolist(), g.outs[sl, j].tolist())):
+                    self.mem[t, a:a + nb] = raw[r]
+
+    def _exchange(self, ex: Exchange) -> StepProfile:
+        tr = ex.transfers
+        tiles = self.program.tiles
+        self._bounds(tr.src_tile, tr.src_off, tr.nbytes, f"{ex.name}: transfer source")
+        self._bounds(tr.dst_tile, tr.dst_off, tr.nbytes, f"{ex.name}: transfer destination")
+        n = len(tr)
+        # Writers of one byte, and writes over bytes the exchange reads.
+        first = np.ones(n, dtype=bool)
+        first[1:] = tr.group[1:] != tr.group[:-1]
+        src_rows = np.flatnonzero(first)
+        tile = np.concatenate([tr.dst_tile, tr.src_tile[src_rows]])
+        lo = np.concatenate([tr.dst_off, tr.src_off[src_rows]])
+        hi = lo + np.concatenate([tr.nbytes, tr.nbytes[src_rows]])
+        vid = np.concatenate([np.arange(n), n + np.arange(src_rows.size)])
+        write = np.concatenate([np.ones(n, bool), np.zeros(src_rows.size, bool)])
+        _check_conflicts(ex.name, tile, lo, hi, vid, write)
+        for size in np.unique(tr.nbytes).tolist():
+            rows = np.flatnonzero(tr.nbytes == size)
+            step = max(1, CHUNK_BYTES // size)
+            ar = np.arange(size, dtype=np.int64)
+            for c0 in range(0, rows.size, step):
+                r = rows[c0:c0 + step]
+                data = self.mem[tr.src_tile[r][:, None], tr.src_off[r][:, None] + ar]
+                self.mem[tr.dst_tile[r][:, None], tr.dst_off[r][:, None] + ar] = data
+        send, recv = tile_exchange_cycles(tr, self.target, tiles)
+        per_tile = np.maximum(send, recv)
+        return StepProfile(ex.name, "exchange", int(per_tile.max(initial=0)), self.target.sync_cycles if n else 0,
+                           per_tile, int(tr.nbytes.sum()))
+
+
+def _check_conflicts(where: str, tile, lo, hi, vid, write) -> None:
+    """Raise if a byte has two writers, or is read by one access and written by another."""
+    keep = hi > lo
+    tile, lo, hi, vid, write = tile[keep], lo[keep], hi[keep], vid[keep], write[keep]
+    if tile.size == 0:
+        return
+    order = np.lexsort((lo, tile))
+    t, l, h, v, w = tile[order], lo[order], hi[order], vid[order], write[order]
+    # Running maximum of earlier ends on the same tile, and who owns it.
+    key = t.astype(np.int64) * (1 << 40)
+    ends = key + h
+    run = np.maximum.accumulate(ends)
+    prev_end = np.concatenate(([np.iinfo(np.int64).min], run[:-1])) - key
+    overlap = prev_end > l
+    if not overlap.any():
+        return
+    # Some interval overlaps an earlier one: inspect those pairs exactly (few in a correct program).
+    for i in np.flatnonzero(overlap).tolist():
+        j = i - 1
+        while j >= 0 and t[j] == t[i]:
+            if h[j] > l[i] and v[j] != v[i] and (w[i] or w[j]):
+                what = "two writers of one byte" if (w[i] and w[j]) else "a read of a byte written in the same step"
+                raise SimError(f"{where}: {what} on tile {int(t[i])} at bytes [{int(max(l[i], l[j]))}, "
+                               f"{int(min(h[i], h[j]))})")
+            if h[j] <= l[i] and run[j] - key[j] <= l[i]:
+                break
+            j -= 1
+
+
+def operand_types(call) -> tuple[list[DType], list[DType]]:
+    """Element types of a call's inputs and outputs, in field order."""
+    p = call.primitive
+    if p == "matmul":
+        return [call.in_dtype, call.in_dtype], [call.partials]
+    if p == "reduce":
+        return [call.in_dtype], [call.out_dtype]
+    if p in ("add",):
+        return [call.dtype, call.dtype], [call.dtype]
+    if p == "bias_gelu":
+        return [call.dtype, call.dtype], [call.dtype]
+    if p == "gelu":
+        return [call.dtype], [call.dtype]
+    if p == "cast":
+        return [call.in_dtype], [call.out_dtype]
+    if p in ("pack", "unpack"):
+        return [call.dtype], [call.dtype]
+    if p == "copy":
+        return [_BYTE], [_BYTE]
+    raise TileplanError(f"unknown primitive {p!r}")
+
+
+class _Byte:
+    numpy = np.dtype(np.uint8)
+    itemsize = 1
+
+
+_BYTE = _Byte()
