@@ -84,6 +84,15 @@ class Context:
         self.progress = progress
         self.storage = parameter_storage(graph, target)
         self._conv: dict = {}
+        self.runner_ups: dict[str, list[Candidate]] = {}    # filled by the catalogue, per GEMM
+
+    def __getstate__(self) -> dict:
+        """What a catalogue worker receives: everything but the progress callback (a closure of the
+        caller's display, not picklable and not the worker's to call) and the parent's bookkeeping."""
+        state = dict(self.__dict__)
+        state["progress"] = None
+        state["runner_ups"] = {}
+        return state
 
     def kind_of(self, tensor: str) -> str:
         role = self.graph.tensors[tensor].role
@@ -193,6 +202,8 @@ class Plan:
     roofline: float
     plan_seconds: float = 0.0
     solver: str = "dp"
+    runner_ups: dict[str, list[Candidate]] = field(default_factory=dict)   # per GEMM: the losers and why
+    selection: Any = None         # the solver's select.Solution (its objective: candidate + conversion cycles)
 
     @property
     def ratio(self) -> float:
@@ -228,7 +239,7 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     mid = MidGraph.build(ctx, cands, sol.picks)
     detailed = cost_program(mid.program, target)
     return Plan(graph, target, mid, cands, sol.picks, detailed.estimate, detailed, graph.roofline_cycles(target),
-                time.perf_counter() - t0, solver)
+                time.perf_counter() - t0, solver, ctx.runner_ups, sol)
 
 
 def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
