@@ -1,0 +1,165 @@
+"""Whole-graph selection: the DP and the CP-SAT model against the exhaustive oracle.
+
+Random small ``select.Problem``s (2-5 ops in a chain or a small DAG, 1-4
+choices each, 2-3 layouts plus a fused marker, random cycles, per-tile bytes
+over 2-8 tiles, conversion prices and capacities, feasible or not).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tileplan.planner.cpsat import SelectionModel, solve_cpsat
+from tileplan.planner.select import Choice, Fused, Problem, evaluate, solve_dp, solve_exhaustive
+
+LAYOUTS = ("R", "I", "W")
+
+
+@st.composite
+def problems(draw) -> Problem:
+    tiles = draw(st.integers(2, 8))
+    layouts = list(LAYOUTS[:draw(st.integers(2, 3))])
+    fused = Fused(layouts[0])
+    n_ops = draw(st.integers(2, 5))
+    dag = draw(st.booleans())
+    arr = lambda hi: np.array(draw(st.lists(st.integers(0, hi), min_size=tiles, max_size=tiles)), dtype=np.int64)
+
+    fixed = {"x": draw(st.sampled_from(layouts))}
+    if dag and draw(st.booleans()):
+        fixed["p"] = draw(st.sampled_from(layouts))
+    ops, inputs, output, choices = [], {}, {}, {}
+    tensors = list(fixed)
+    fused_out: dict[str, bool] = {}
+    for i in range(n_ops):
+        op = f"op{i}"
+        prev = tensors[-1]
+        if dag:
+            ins = draw(st.lists(st.sampled_from(tensors), min_size=1, max_size=2, unique=True))
+        else:
+            ins = [prev]
+        n = draw(st.integers(1, 4))
+        chs = []
+        for _ in range(n):
+            want = []
+            for t in ins:
+                # A fused value can only be read as itself; other inputs in any stored layout.
+                pool = layouts + [fused] if fused_out.get(t) else layouts
+                want.append(draw(st.sampled_from(pool)))
+            out = draw(st.sampled_from(layouts + [fused])) if i < n_ops - 1 else draw(st.sampled_from(layouts))
+            chs.append(Choice(tuple(want), out, draw(st.integers(0, 1000)), arr(60), f"c{len(chs)}"))
+        ops.append(op)
+        inputs[op], output[op], choices[op] = ins, f"t{i}", chs
+        fused_out[f"t{i}"] = any(isinstance(c.out, Fused) for c in chs)
+        tensors.append(f"t{i}")
+    all_layouts = layouts + [fused]
+    bytes_of = {(t, lay): arr(80) for t in tensors for lay in all_layouts}
+    prices = {}
+    for t in tensors:
+        for a in layouts:
+            for b in layouts:
+                if a != b:
+                    tr = arr(40) if draw(st.booleans()) else None
+                    prices[t, a, b] = (draw(st.integers(0, 400)), tr)
+    resident = arr(50)
+    capacity = draw(st.integers(60, 500))
+    return Problem(
+        ops=ops, inputs=inputs, output=output, choices=choices, fixed=fixed,
+        outputs={output[ops[-1]]},
+        tile_bytes=lambda t, lay: bytes_of[t, lay],
+        conversion=lambda t, a, b: prices[t, a, b],
+        resident=resident, capacity=capacity,
+    )
+
+
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(problems())
+def test_dp_cpsat_and_exhaustive_search_find_the_same_optimum(problem):
+    oracle = solve_exhaustive(problem)
+    dp = solve_dp(problem, paths=None)
+    cp = solve_cpsat(problem)
+    if oracle is None:
+        assert dp is None and cp is None
+        return
+    assert dp is not None and cp is not None
+    assert dp.cycles == oracle.cycles == cp.cycles
+    for sol in (dp, cp):
+        again = evaluate(problem, sol.picks)
+        assert again.cycles == sol.cycles and again.peak <= problem.capacity
+    assert dp.exact and cp.exact
+
+
+@SETTINGS
+@given(problems())
+def test_bounded_dp_stays_within_one_percent_of_the_oracle(problem):
+    oracle = solve_exhaustive(problem)
+    bounded = solve_dp(problem, paths=16)
+    if oracle is None:
+        assert bounded is None
+        return
+    assert bounded is not None
+    assert bounded.cycles <= oracle.cycles * 1.01
+    assert evaluate(problem, bounded.picks).peak <= problem.capacity
+
+
+def _uniform_problem(tiles: int, hot: tuple[int, ...]) -> Problem:
+    """Three ops in a chain over many tiles whose memory is the same except on a few hot tiles."""
+    def tb(t, lay):
+        a = np.full(tiles, 64 if lay == "R" else 48, dtype=np.int64)
+        a[list(hot)] += 100
+        return a
+
+    def tr(n):
+        return np.full(tiles, n, dtype=np.int64)
+
+    choices = {f"op{i}": [Choice(("R",), "R", 100, tr(16)), Choice(("I",), "I", 120, tr(8)),
+                          Choice(("R",), "I", 90, tr(200))] for i in range(3)}
+    return Problem(ops=["op0", "op1", "op2"], inputs={"op0": ["x"], "op1": ["t0"], "op2": ["t1"]},
+                   output={"op0": "t0", "op1": "t1", "op2": "t2"}, choices=choices, fixed={"x": "R"},
+                   outputs={"t2"}, tile_bytes=tb, conversion=lambda t, a, b: (30, tr(4)),
+                   resident=tr(1000), capacity=1400)
+
+
+def test_memory_constraints_collapse_identical_and_dominated_tiles():
+    problem = _uniform_problem(1472, hot=(3, 700))
+    model = SelectionModel(problem).build()
+    names = [c.name for c in model.model.proto.constraints]
+    memory = [n for n in names if n.startswith("memory[")]
+    # Per op at most one row: the hot tiles dominate every other tile and each other's twin.
+    assert 0 < len(memory) <= 3
+    assert all("tile 3" in n for n in memory)
+    sol = model.solve()
+    assert sol is not None and sol.cycles == solve_exhaustive(problem).cycles
+
+
+def test_every_cpsat_constraint_is_named_after_its_family():
+    model = SelectionModel(_uniform_problem(8, hot=(1,))).build()
+    families = ("one_choice[", "layout[", "conversion[", "forbidden[", "memory[")
+    names = [c.name for c in model.model.proto.constraints]
+    assert names and all(n.startswith(families) for n in names)
+    assert any(n.startswith("conversion[") for n in names)
+
+
+def test_cpsat_gives_the_same_answer_every_time():
+    problem = _uniform_problem(64, hot=(5,))
+    first = solve_cpsat(problem)
+    assert all(solve_cpsat(problem).picks == first.picks for _ in range(3))
+
+
+def test_a_fused_value_is_never_converted():
+    tiles = 2
+    z = np.zeros(tiles, dtype=np.int64)
+    choices = {
+        "add": [Choice(("R",), Fused("R"), 10, z), Choice(("R",), "R", 50, z)],
+        "gelu": [Choice((Fused("R"),), "R", 0, z), Choice(("I",), "I", 5, z)],
+    }
+    problem = Problem(ops=["add", "gelu"], inputs={"add": ["x"], "gelu": ["h"]},
+                      output={"add": "h", "gelu": "g"}, choices=choices, fixed={"x": "R"}, outputs={"g"},
+                      tile_bytes=lambda t, lay: z, conversion=lambda t, a, b: (1, z), resident=z, capacity=10)
+    # Fused(R) -> I would be cheapest (10 + 5 + 1) if it were allowed; the fused pair costs 10.
+    for sol in (solve_cpsat(problem), solve_dp(problem, paths=None), solve_exhaustive(problem)):
+        assert sol.picks == {"add": 0, "gelu": 0} and sol.cycles == 10

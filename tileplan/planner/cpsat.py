@@ -1,0 +1,290 @@
+"""The selection problem (``select.Problem``) as a CP-SAT model (OR-tools).
+
+The same problem the DP solves, written as a 0-1 program, for general DAGs and
+as a cross-check of the DP. ``select.evaluate`` is the reference semantics:
+every family below mirrors one line of it, and ``solve`` re-evaluates the
+answer with it.
+
+Sets
+----
+- ops ``i`` in the problem's order; choices ``c`` of op ``i``;
+- per tensor ``t`` its layouts ``L(t)``: the one it is born in when fixed
+  (host inputs, parameter values), else the distinct output layouts of its
+  producer's choices;
+- per activation input ``k`` of op ``i`` (tensor ``t = inputs[i][k]``) the
+  layouts ``D(i, k)`` its choices read it in.
+
+Variables
+---------
+- ``x[i,c]``      in {0,1}: op ``i`` runs choice ``c``;
+- ``z[t,L]``      in {0,1}: tensor ``t`` is stored in layout ``L`` (the constant
+  1 for a fixed tensor's layout);
+- ``y[i,k,S,D]``  in {0,1}: op ``i`` converts its input ``k`` from ``S`` to
+  ``D`` (``S != D``, finite nonzero price), paying the price at op ``i``.
+- ``w[i,k,D] = sum_{c: ins(i,c)[k] = D} x[i,c]`` is shorthand (an expression,
+  not a variable): op ``i`` reads input ``k`` in ``D``.
+
+Objective
+---------
+    minimise  sum_{i,c} cycles(i,c) * x[i,c]  +  sum_{i,k,S,D} conv_cycles(t,S,D) * y[i,k,S,D]
+
+Cycles are the problem's integers (conversion cycles too); nothing is scaled.
+
+Constraints (each family one method, each constraint named)
+-----------------------------------------------------------
+- ``one_choice[i]``:          sum_c x[i,c] = 1
+- ``layout[t,L]``:            z[t,L] = sum_{c: out(i,c) = L} x[i,c]          (i produces t)
+- ``conversion[i,k,S,D]``:    y >= z[t,S] + w[i,k,D] - 1,  y <= z[t,S],  y <= w[i,k,D]
+                              (y is exactly "stored in S and read in D")
+- ``forbidden[i,k,S,D]``:     z[t,S] + w[i,k,D] <= 1   when S != D and S or D is
+                              ``select.Fused`` (a fused value converts to nothing)
+                              or the price is infinite
+- ``memory[i,p]``:            for every tile p, at op i:
+      resident[p] + sum_{t live at i} sum_L bytes(t,L)[p] z[t,L]
+      + sum_{k,S,D} (conv_transient(t,S,D)[p] + bytes(t,D)[p]) y[i,k,S,D]
+      + sum_c (transient(i,c)[p] + bytes(out_i, out(i,c))[p]) x[i,c]   <=  capacity
+  where ``t`` is live at ``i`` when it exists before op ``i`` (fixed, or made by
+  an earlier op) and its last use is ``i`` or later; a ``Fused`` output adds no
+  bytes; a conversion adds memory only when its price is nonzero (as in
+  ``evaluate``). Every coefficient is >= 0 and every variable 0-1, so of the
+  per-tile columns (constant; coefficients) identical ones are one constraint
+  (``np.unique`` over the columns) and a column that another bounds from above
+  entry by entry is implied and dropped; columns that cannot exceed the
+  capacity even with every variable at 1 are dropped too. A 1472-tile graph
+  keeps a handful of rows per op.
+
+Solving is deterministic (one worker, fixed seed, no interleaved search): the
+same problem gives the same picks, unless the time limit cuts the search
+(then the best solution found is returned with ``exact = False``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from ..errors import TileplanError
+from .select import INF, Fused, Problem, Solution, evaluate
+
+SEED = 0
+
+
+@dataclass(frozen=True, eq=False)
+class _Conversion:
+    """One possible conversion of op ``op``'s input ``k`` (tensor ``tensor``) from ``src`` to ``dst``."""
+
+    op: str
+    k: int
+    tensor: str
+    src: Any
+    dst: Any
+    cycles: int
+    memory: np.ndarray | None      # int64 [tiles] bytes while op runs, None when it adds none
+
+
+class SelectionModel:
+    """The CP-SAT model of one ``Problem``: build with the ``add_*`` methods, then ``solve()``."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.model = cp_model.CpModel()
+        self.tiles = int(np.asarray(problem.resident).size)
+        self.last = problem.last_use()
+        self.born: dict[str, int] = {t: -1 for t in problem.fixed}
+        for i, op in enumerate(problem.ops):
+            self.born[problem.output[op]] = i
+        for op in problem.ops:
+            for t in problem.inputs[op]:
+                if t not in self.born:
+                    raise ValueError(f"op {op!r} reads {t!r}, which is neither fixed nor made by an op")
+        self.x: dict[tuple[str, int], cp_model.IntVar] = {}
+        self.z: dict[str, dict[Any, Any]] = {}                 # tensor -> layout -> var (or 1 when fixed)
+        self.y: dict[_Conversion, cp_model.IntVar] = {}
+        self.forbidden: list[_Conversion] = []
+        self._objective_value: int | None = None
+
+    # ---- variables ------------------------------------------------------------------------
+
+    def add_variables(self) -> None:
+        p = self.problem
+        for op in p.ops:
+            for c in range(len(p.choices[op])):
+                self.x[op, c] = self.model.new_bool_var(f"x[{op},{c}]")
+        for t, lay in p.fixed.items():
+            self.z[t] = {lay: 1}
+        for op in p.ops:
+            t = p.output[op]
+            self.z[t] = {}
+            for ch in p.choices[op]:
+                if ch.out not in self.z[t]:
+                    self.z[t][ch.out] = self.model.new_bool_var(f"z[{t},{ch.out}]")
+        for i, op in enumerate(p.ops):
+            for k, t in enumerate(p.inputs[op]):
+                for src in self.z[t]:
+                    for dst in self.wanted(op, k):
+                        if src == dst:
+                            continue
+                        cyc, tr = p.convert(t, src, dst)
+                        if cyc == INF:
+                            self.forbidden.append(_Conversion(op, k, t, src, dst, 0, None))
+                            continue
+                        if not cyc:
+                            continue        # free and memoryless (evaluate adds nothing): no variable
+                        mem = None if tr is None else np.asarray(tr, np.int64) + p.tile_bytes(t, dst)
+                        conv = _Conversion(op, k, t, src, dst, int(cyc), mem)
+                        self.y[conv] = self.model.new_bool_var(f"y[{op},{k},{src}->{dst}]")
+
+    def wanted(self, op: str, k: int) -> list:
+        """The layouts op's choices read input k in, in first-seen order."""
+        out: list = []
+        for ch in self.problem.choices[op]:
+            if ch.ins[k] not in out:
+                out.append(ch.ins[k])
+        return out
+
+    def w(self, op: str, k: int, dst) -> cp_model.LinearExpr:
+        """Op reads input k in layout dst."""
+        return sum(self.x[op, c] for c, ch in enumerate(self.problem.choices[op]) if ch.ins[k] == dst)
+
+    # ---- constraint families --------------------------------------------------------------
+
+    def add_one_choice_constraints(self) -> None:
+        for op in self.problem.ops:
+            n = len(self.problem.choices[op])
+            self.model.add(sum(self.x[op, c] for c in range(n)) == 1).with_name(f"one_choice[{op}]")
+
+    def add_layout_constraints(self) -> None:
+        p = self.problem
+        for op in p.ops:
+            t = p.output[op]
+            for lay, z in self.z[t].items():
+                picks = [self.x[op, c] for c, ch in enumerate(p.choices[op]) if ch.out == lay]
+                self.model.add(z == sum(picks)).with_name(f"layout[{t},{lay}]")
+
+    def add_conversion_constraints(self) -> None:
+        for conv, y in self.y.items():
+            z, w = self.z[conv.tensor][conv.src], self.w(conv.op, conv.k, conv.dst)
+            name = f"conversion[{conv.op},{conv.k},{conv.src}->{conv.dst}]"
+            self.model.add(y >= z + w - 1).with_name(name + ".both")
+            self.model.add(y <= z).with_name(name + ".stored")
+            self.model.add(y <= w).with_name(name + ".read")
+
+    def add_forbidden_conversion_constraints(self) -> None:
+        for conv in self.forbidden:
+            z, w = self.z[conv.tensor][conv.src], self.w(conv.op, conv.k, conv.dst)
+            self.model.add(z + w <= 1).with_name(f"forbidden[{conv.op},{conv.k},{conv.src}->{conv.dst}]")
+
+    def add_memory_constraints(self) -> None:
+        p = self.problem
+        for i, op in enumerate(p.ops):
+            const = np.asarray(p.resident, np.int64).copy()
+            terms: dict[int, tuple[Any, np.ndarray]] = {}      # variable index -> (variable, coefficients)
+
+            def add(var, coef):
+                if isinstance(var, int):
+                    const[:] += var * np.asarray(coef, np.int64)
+                elif np.any(coef):
+                    old = terms.get(var.index, (var, 0))[1]
+                    terms[var.index] = (var, old + np.asarray(coef, np.int64))
+
+            for t, b in self.born.items():
+                if b < i and self.last.get(t, -1) >= i:
+                    for lay, z in self.z[t].items():
+                        add(z, p.tile_bytes(t, lay))
+            for conv, y in self.y.items():
+                if conv.op == op and conv.memory is not None:
+                    add(y, conv.memory)
+            out = p.output[op]
+            for c, ch in enumerate(p.choices[op]):
+                coef = np.asarray(ch.transient, np.int64)
+                if not isinstance(ch.out, Fused):
+                    coef = coef + p.tile_bytes(out, ch.out)
+                add(self.x[op, c], coef)
+            variables = [v for v, _ in terms.values()]
+            coefs = np.stack([c for _, c in terms.values()]) if terms else np.zeros((0, self.tiles), np.int64)
+            for tile, col in _binding_columns(const, coefs, p.capacity):
+                expr = sum(int(a) * v for a, v in zip(col, variables) if a)
+                self.model.add(expr <= p.capacity - int(const[tile])).with_name(f"memory[{op},tile {tile}]")
+
+    # ---- objective and solving ------------------------------------------------------------
+
+    def set_objective(self) -> None:
+        p = self.problem
+        cost = [int(ch.cycles) * self.x[op, c] for op in p.ops for c, ch in enumerate(p.choices[op])]
+        cost += [conv.cycles * y for conv, y in self.y.items()]
+        self.model.minimize(sum(cost))
+
+    def run(self, time_limit: float) -> tuple[cp_model.CpSolver, int]:
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        solver.parameters.random_seed = SEED
+        solver.parameters.interleave_search = False
+        solver.parameters.max_time_in_seconds = float(time_limit)
+        status = solver.solve(self.model)
+        return solver, status
+
+    def extract_and_validate(self, solver: cp_model.CpSolver, status: int) -> Solution | None:
+        if status == cp_model.INFEASIBLE:
+            return None
+        if status == cp_model.MODEL_INVALID:
+            raise RuntimeError(f"CP-SAT: invalid model: {self.model.validate()}")
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            raise TileplanError(f"the CP-SAT selection found no solution within its time limit "
+                                f"({solver.parameters.max_time_in_seconds:g} s); try --solver dp")
+        p = self.problem
+        picks = {}
+        for op in p.ops:
+            chosen = [c for c in range(len(p.choices[op])) if solver.boolean_value(self.x[op, c])]
+            assert len(chosen) == 1, (op, chosen)
+            picks[op] = chosen[0]
+        sol = evaluate(p, picks)
+        objective = round(solver.objective_value)
+        if sol.cycles != objective or sol.peak > p.capacity:
+            raise RuntimeError(f"CP-SAT solution disagrees with select.evaluate: model {objective:,} cycles, "
+                               f"evaluate {sol.cycles:,} cycles, peak {sol.peak:,} of {p.capacity:,} bytes")
+        sol.exact = status == cp_model.OPTIMAL
+        return sol
+
+    def build(self) -> "SelectionModel":
+        self.add_variables()
+        self.add_one_choice_constraints()
+        self.add_layout_constraints()
+        self.add_conversion_constraints()
+        self.add_forbidden_conversion_constraints()
+        self.add_memory_constraints()
+        return self
+
+    def solve(self, time_limit: float = 30.0) -> Solution | None:
+        self.set_objective()
+        solver, status = self.run(time_limit)
+        return self.extract_and_validate(solver, status)
+
+
+def _binding_columns(const: np.ndarray, coefs: np.ndarray, capacity: int) -> list[tuple[int, np.ndarray]]:
+    """The tiles whose memory rows are not implied by another's: (representative tile, coefficients).
+
+    A column is (constant, coefficients) of one tile. Identical columns collapse to
+    their first tile; a column bounded entry by entry by another column is implied
+    (all variables are 0-1 and all coefficients >= 0); a column whose constant plus
+    every coefficient fits the capacity can never bind.
+    """
+    full = np.vstack([const[None, :], coefs])
+    cols, first = np.unique(full, axis=1, return_index=True)
+    can_bind = cols.sum(axis=0) > capacity
+    cols, first = cols[:, can_bind], first[can_bind]
+    order = np.lexsort((first, -cols.sum(axis=0)))      # largest first: only they can dominate later ones
+    kept: list[int] = []
+    for j in order.tolist():
+        if kept and np.any(np.all(cols[:, kept] >= cols[:, [j]], axis=0)):
+            continue
+        kept.append(j)
+    kept.sort(key=lambda j: first[j])
+    return [(int(first[j]), cols[1:, j]) for j in kept]
+
+
+def solve_cpsat(problem: Problem, time_limit: float = 30.0) -> Solution | None:
+    """The optimum of ``problem`` by CP-SAT, or None when no assignment fits (or converts)."""
+    return SelectionModel(problem).build().solve(time_limit)
