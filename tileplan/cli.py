@@ -158,6 +158,50 @@ def show(
         f"(MatMul FLOPs / ({_n(tgt.tiles)} tiles x AMP FLOP per tile per cycle))")
 
 
+@app.command("plan")
+def plan_command(
+    model: Annotated[Path, typer.Argument(help="Model file (.toml, .onnx).", metavar="MODEL")],
+    target: TargetOption = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the plan as JSON here.")] = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
+                                                help="Worker processes costing the catalogue (default: all cores).")] = None,
+    solver: Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")] = "dp",
+) -> None:
+    """Plan a model: choose every op's implementation and print the cost report."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .graph.loaders import check_against_target, load_model
+    from .planner.plan import plan
+    from .planner.planjson import write_plan_json
+    from .report.terminal import print_report
+
+    if solver not in ("dp", "cpsat"):
+        raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
+    graph = load_model(model)
+    tgt, _ = resolve_target(target, graph)
+    try:
+        check_against_target(graph, tgt)
+    except TileplanError as exc:
+        raise exc.with_source(str(model)) from None
+
+    err = Console(stderr=True)
+    progress = Progress(TextColumn("costing {task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
+    tasks: dict[str, int] = {}
+
+    def on_progress(op: str, done: int, total: int) -> None:
+        if op not in tasks:
+            tasks[op] = progress.add_task(op, total=total)
+        progress.update(tasks[op], completed=done, total=total)
+
+    with progress:
+        result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress)
+    print_report(result, _console())
+    if output is not None:
+        write_plan_json(result, output)
+        _console().print(f"wrote {output}")
+
+
 # ---- entry point -------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,177 @@
+"""``plan.json``: the plan as data, for packages, ``tileplan report`` and diffs.
+
+``plan_to_json(plan)`` returns plain JSON values only (ints, not numpy types;
+floats rounded to 6 decimals), with no timestamps and no plan time, so the same
+model and target give byte-identical files (``write_plan_json`` sorts keys).
+
+Contents:
+
+- ``model``, ``target``, ``solver``;
+- ``ops`` in execution order: the chosen candidate as one line, the layouts of
+  its inputs (activation inputs as the candidate reads them, private parameters
+  in their resident storage) and of its output, the GEMM grid, cycles by phase
+  and memory by class of its fragment;
+- ``conversions``: every conversion node of the MidGraph (the tensor, from, to,
+  the op it feeds, bytes moved and cycles);
+- ``totals``: the whole program's detailed estimate (``Estimate.as_dict()``)
+  and the tile with the highest memory peak; ``roofline_cycles`` and ``ratio``;
+- ``runner_ups`` per GEMM: the candidates that lost, best first, with coarse and
+  (when they reached it) detailed cycles and memory, and why they lost: kept
+  candidates the whole-graph selection did not pick, then the catalogue's
+  runner-ups (``Candidate.lost``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "tileplan.plan/1"
+RUNNER_UPS = 12            # per GEMM in plan.json
+
+
+def _f(x: float) -> float:
+    return round(float(x), 6)
+
+
+def _phases(est) -> dict:
+    return {"compute": int(est.compute), "exchange": int(est.exchange), "sync": int(est.sync),
+            "cycles": int(est.cycles), "bytes_moved": int(est.bytes_moved)}
+
+
+def _memory(est) -> dict:
+    return {"standard": int(est.standard), "interleaved": int(est.interleaved), "total": int(est.total_memory)}
+
+
+def _grid(choice) -> dict | None:
+    if choice is None:
+        return None
+    return {"gb": int(choice.gb), "gm": int(choice.gm), "gn": int(choice.gn), "gk": int(choice.gk),
+            "order": choice.order, "reduction": choice.reduction, "partials": str(choice.partials)}
+
+
+def _op_entry(plan, node, storage) -> dict:
+    graph = plan.graph
+    op = graph.op(node.op)
+    cand = node.candidate
+    acts = activation_inputs_of(graph, op, storage)
+    reads = dict(zip(acts, cand.ins))
+    inputs = {}
+    for name in op.inputs:
+        if name in reads:
+            inputs[name] = str(reads[name])
+        elif name in storage:
+            inputs[name] = str(storage[name].layout)
+    return {
+        "name": op.name,
+        "kind": op.kind,
+        "candidate": str(cand),
+        "layouts": {"inputs": inputs, "output": str(cand.out)},
+        "grid": _grid(cand.choice),
+        "estimate": _phases(cand.estimate),
+        "memory": _memory(cand.estimate),
+        "fused_with": cand.fused,
+        "absorbed": bool(cand.absorbed),
+    }
+
+
+def activation_inputs_of(graph, op, storage) -> list[str]:
+    """``plan.activation_inputs`` without a planning context: inputs that are not private storage."""
+    return [n for n in op.inputs if not (n in storage and storage[n].private)]
+
+
+def _conversion_entry(node) -> dict:
+    return {"tensor": node.tensor, "from": str(node.src), "to": str(node.dst), "for_op": node.op,
+            "bytes": int(node.estimate.bytes_moved), "cycles": int(node.estimate.cycles),
+            "estimate": _phases(node.estimate)}
+
+
+def _loser(cand, lost: str) -> dict:
+    return {"candidate": str(cand), "implementation": cand.desc,
+            "coarse": {"cycles": int(cand.coarse.cycles), "memory": int(cand.coarse.total_memory)},
+            "detailed": ({**_phases(cand.estimate), "memory": _memory(cand.estimate)} if cand.detailed else None),
+            "lost": lost}
+
+
+def runner_ups(plan, op: str, limit: int = RUNNER_UPS) -> list[dict]:
+    """The best losers of one GEMM, one per private implementation (grid, order, reduction, partials)
+    other than the chosen one, each in its best boundary variant: kept candidates the selection did
+    not pick first (by detailed cycles), then detailed runner-ups, then coarse-only ones."""
+    chosen = plan.candidates[op][plan.picks[op]]
+    kept = sorted((c for c in plan.candidates[op] if c is not chosen),
+                  key=lambda c: (c.estimate.cycles, c.estimate.total_memory, str(c)))
+    lost = plan.runner_ups.get(op, [])
+    detailed = sorted((c for c in lost if c.detailed), key=lambda c: (c.estimate.cycles, str(c)))
+    coarse = sorted((c for c in lost if not c.detailed), key=lambda c: (c.coarse.cycles, str(c)))
+    out, seen = [], {chosen.desc}
+    for c in kept + detailed + coarse:
+        if c.desc in seen:
+            continue
+        seen.add(c.desc)
+        out.append(_loser(c, _selection_loss(c, chosen) if c in kept else c.lost))
+        if len(out) == limit:
+            break
+    return out
+
+
+def _selection_loss(c, chosen) -> str:
+    delta = c.estimate.cycles - chosen.estimate.cycles
+    if delta > 0:
+        return f"selection: {delta:,} cycles slower than the chosen candidate on its own"
+    if delta < 0:
+        return (f"selection: {-delta:,} cycles faster on its own, but its boundary layouts cost more "
+                f"in conversions (or memory) elsewhere in the graph")
+    return "selection: as fast on its own; the chosen one fits the rest of the graph at least as well"
+
+
+def plan_to_json(plan) -> dict:
+    from .plan import parameter_storage
+    storage = parameter_storage(plan.graph, plan.target)
+    ops, conversions = [], []
+    for node in plan.mid.nodes:
+        if node.kind == "op":
+            ops.append(_op_entry(plan, node, storage))
+        else:
+            conversions.append(_conversion_entry(node))
+    gemms = [op.name for op in plan.graph.ops if plan.candidates[op.name] and
+             plan.candidates[op.name][0].choice is not None]
+    tile_memory = plan.detailed.tile_memory
+    peak_tile = int(np.argmax(tile_memory)) if tile_memory is not None and tile_memory.size else -1
+    return {
+        "format": FORMAT,
+        "model": plan.graph.name,
+        "target": plan.target.name,
+        "tiles": int(plan.target.tiles),
+        "solver": plan.solver,
+        "ops": ops,
+        "conversions": conversions,
+        "totals": {**{k: int(v) for k, v in plan.estimate.as_dict().items()}, "peak_tile": peak_tile},
+        "roofline_cycles": _f(plan.roofline),
+        "ratio": _f(plan.ratio),
+        "runner_ups": {op: runner_ups(plan, op) for op in gemms},
+    }
+
+
+def dumps(data: dict) -> str:
+    return json.dumps(data, sort_keys=True, indent=2) + "\n"
+
+
+def write_plan_json(plan, path: str | Path) -> Path:
+    """Write plan.json atomically: a temporary file beside ``path``, renamed into place."""
+    path = Path(path)
+    text = dumps(plan_to_json(plan))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

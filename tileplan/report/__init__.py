@@ -1,0 +1,1 @@
+"""Cost reports: the terminal report (``terminal``) rendered from plan.json data."""

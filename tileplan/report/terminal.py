@@ -1,0 +1,93 @@
+"""The terminal cost report of a plan (rich tables), rendered from plan.json data.
+
+``render(data, plan_seconds=None)`` takes the dict ``planner.planjson.plan_to_json``
+makes (so a saved plan.json renders the same way) and returns rich renderables:
+
+1. the plan, node by node in execution order: each op's chosen candidate with
+   its cycles by phase and memory by class, and each conversion with the bytes
+   it moves;
+2. per GEMM, the best runner-up candidates with their coarse and detailed
+   cycles and memory and why they lost;
+3. the totals beside the roofline bound, the ratio, and the plan time.
+
+``print_report(plan_or_data, console, plan_seconds)`` prints them.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+RUNNER_UPS = 5          # per GEMM in the terminal
+
+
+def _n(x) -> str:
+    return "-" if x is None else f"{x:,}"
+
+
+def plan_table(data: dict) -> Table:
+    t = Table(title=f"Plan: {data['model']} on {data['target']} ({data['tiles']:,} tiles, solver {data['solver']})")
+    for col, right in (("op", False), ("kind", False), ("chosen candidate", False), ("compute", True),
+                       ("exchange", True), ("sync", True), ("cycles", True), ("standard B", True),
+                       ("interleaved B", True), ("total B", True)):
+        t.add_column(col, justify="right" if right else "left", overflow="fold")
+    convs: dict[str, list[dict]] = {}
+    for c in data["conversions"]:
+        convs.setdefault(c["for_op"], []).append(c)
+    for op in data["ops"]:
+        for c in convs.get(op["name"], []):
+            e = c["estimate"]
+            t.add_row("", "convert", f"{c['tensor']}: {c['from']} -> {c['to']} ({_n(c['bytes'])} B moved)",
+                      _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]), _n(e["cycles"]), "", "", "",
+                      style="dim")
+        e, m = op["estimate"], op["memory"]
+        t.add_row(op["name"], op["kind"], op["candidate"], _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]),
+                  _n(e["cycles"]), _n(m["standard"]), _n(m["interleaved"]), _n(m["total"]))
+    return t
+
+
+def runner_up_table(op: str, chosen: str, losers: list[dict], limit: int = RUNNER_UPS) -> Table:
+    t = Table(title=f"{op}: chosen {chosen}", title_justify="left")
+    for col, right in (("runner-up", False), ("coarse cycles", True), ("detailed cycles", True),
+                       ("memory B", True), ("why it lost", False)):
+        t.add_column(col, justify="right" if right else "left", overflow="fold")
+    for r in losers[:limit]:
+        d = r["detailed"]
+        t.add_row(r["candidate"], _n(r["coarse"]["cycles"]), _n(d["cycles"]) if d else "-",
+                  _n(d["memory"]["total"] if d else r["coarse"]["memory"]), r["lost"])
+    return t
+
+
+def totals_text(data: dict, plan_seconds: float | None) -> Text:
+    tot = data["totals"]
+    lines = [
+        f"total: {tot['cycles']:,} cycles (compute {tot['compute']:,}, exchange {tot['exchange']:,}, "
+        f"sync {tot['sync']:,}); {tot['bytes_moved']:,} B moved",
+        f"memory peak: {tot['total_memory']:,} B on tile {tot['peak_tile']} "
+        f"(standard {tot['standard']:,} B, interleaved {tot['interleaved']:,} B, worst tiles)",
+        f"roofline bound: {data['roofline_cycles']:,.0f} cycles; ratio {data['ratio']:.2f}x",
+    ]
+    if plan_seconds is not None:
+        lines.append(f"plan time: {plan_seconds:.2f} s")
+    return Text("\n".join(lines))
+
+
+def render(data: dict, plan_seconds: float | None = None) -> Group:
+    parts = [plan_table(data)]
+    chosen = {op["name"]: op["candidate"] for op in data["ops"]}
+    for op in chosen:                          # execution order (plan.json sorts its keys)
+        losers = data["runner_ups"].get(op)
+        if losers:
+            parts.append(runner_up_table(op, chosen[op], losers))
+    parts.append(totals_text(data, plan_seconds))
+    return Group(*parts)
+
+
+def print_report(plan_or_data, console: Console | None = None, plan_seconds: float | None = None) -> None:
+    data = plan_or_data
+    if not isinstance(data, dict):
+        from ..planner.planjson import plan_to_json
+        plan_seconds = plan_or_data.plan_seconds if plan_seconds is None else plan_seconds
+        data = plan_to_json(plan_or_data)
+    (console or Console()).print(render(data, plan_seconds))
