@@ -202,6 +202,122 @@ def plan_command(
         _console().print(f"wrote {output}")
 
 
+@app.command("compile")
+def compile_command(
+    model: Annotated[Path, typer.Argument(help="Model file (.toml, .onnx, model.py:factory).", metavar="MODEL")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Package folder to write.")],
+    target: TargetOption = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
+                                                help="Worker processes costing the catalogue (default: all cores).")] = None,
+    solver: Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")] = "dp",
+) -> None:
+    """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
+    import time
+
+    from .graph.loaders import check_against_target, load_model, load_params
+    from .lowering.compile import compile_model
+
+    if solver not in ("dp", "cpsat"):
+        raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
+    graph = load_model(model)
+    tgt, _ = resolve_target(target, graph)
+    try:
+        check_against_target(graph, tgt)
+    except TileplanError as exc:
+        raise exc.with_source(str(model)) from None
+    params = load_params(model)
+    t0 = time.perf_counter()
+    with _catalogue_progress() as on_progress:
+        p, state, path = compile_model(graph, tgt, output, params=params, jobs=jobs or os.cpu_count() or 1,
+                                       solver=solver, progress=on_progress)
+    elapsed = time.perf_counter() - t0
+    out = _console()
+    est = p.estimate
+    out.print(f"compiled [bold]{graph.name}[/bold] for {tgt.name} into {path} in {elapsed:.2f} s "
+              f"(plan {p.plan_seconds:.2f} s)")
+    out.print(f"estimate: {_n(est.cycles)} cycles (compute {_n(est.compute)}, exchange {_n(est.exchange)}, "
+              f"sync {_n(est.sync)}), {est.cycles / p.roofline:.2f}x the roofline bound {_n(p.roofline)}; "
+              f"peak {_n(est.total_memory)} B per tile")
+    out.print(f"tile program: {len(state.tile_program.steps)} steps; passes: {', '.join(state.tile_program.passes)}")
+
+
+@app.command("validate")
+def validate_command(
+    package: Annotated[Path, typer.Argument(help="Package folder written by tileplan compile.", metavar="DIR")],
+    inputs: Annotated[Optional[Path], typer.Option("--inputs", help="npz of input/parameter values by tensor name.")] = None,
+    expected: Annotated[Optional[Path], typer.Option("--expected", help="npz of expected outputs by tensor name.")] = None,
+    outputs: Annotated[Optional[Path], typer.Option("--outputs", help="Write the computed outputs to this npz.")] = None,
+    atol: Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default by dtype).")] = None,
+    rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default by dtype).")] = None,
+) -> None:
+    """Run a package on the IPU model; compare with float64 (or --expected). Exit 0 pass, 1 fail, 2 bad input."""
+    import json as _json
+    import time
+
+    import numpy as np
+
+    from .lowering.package import dumps, load_package
+    from .sim.validate import validate_package
+
+    pkg = load_package(package)
+    t0 = time.perf_counter()
+    v = validate_package(pkg, inputs_path=inputs, expected_path=expected, atol=atol, rtol=rtol)
+    elapsed = time.perf_counter() - t0
+    prof = v.profile
+    report = pkg.report
+    out = _console()
+    table = Table(title=f"validate {pkg.graph.name} on the IPU model ({pkg.target.name}, {pkg.target.tiles} tiles)")
+    for col in ("output", "max abs err", "max rel err", "cosine", "within tol"):
+        table.add_column(col, justify="right" if col != "output" else "left")
+    for name, fig in sorted(v.outputs.items()):
+        table.add_row(name, f"{fig['max_abs']:.6f}", f"{fig['max_rel']:.4f}", f"{fig['cosine']:.6f}",
+                      "[green]yes[/green]" if fig["passed"] else "[red]NO[/red]")
+    out.print(table)
+    roof = report.get("roofline_cycles") or 0
+    est = report.get("estimate", {}).get("cycles")
+    out.print(f"simulated: {_n(prof.cycles)} cycles (compute {_n(prof.compute)}, exchange {_n(prof.exchange)}, "
+              f"sync {_n(prof.sync)})" + (f", {prof.cycles / roof:.2f}x the roofline bound {_n(roof)}" if roof else ""))
+    if est:
+        out.print(f"planner estimate: {_n(est)} cycles; estimate / simulated = {est / max(prof.cycles, 1):.3f}")
+    out.print(f"memory peak: {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "
+              f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g} rtol {v.rtol:g}; run {elapsed:.2f} s")
+    record = {"outputs": v.outputs, "atol": v.atol, "rtol": v.rtol, "cycles": prof.cycles,
+              "compute": prof.compute, "exchange": prof.exchange, "sync": prof.sync,
+              "steps": [{"name": s.name, "kind": s.kind, "cycles": s.cycles, "sync": s.sync, "bytes": s.bytes}
+                        for s in prof.steps],
+              "memory_peak": [int(x) for x in prof.memory_peak],
+              "step_tile_cycles_max": [int(s.tile_cycles.max(initial=0)) for s in prof.steps]}
+    (pkg.path / "validation.json").write_text(dumps(record))
+    if outputs is not None:
+        np.savez(outputs, **{k: val for k, val in sorted(v.values.items())})
+        out.print(f"wrote {outputs}")
+    if not v.passed:
+        out.print("[red]validation FAILED[/red]: outputs outside tolerance")
+        raise typer.Exit(1)
+    out.print("[green]validation passed[/green]")
+
+
+class _catalogue_progress:
+    """A live progress display of the catalogue costing (stderr, only on a terminal)."""
+
+    def __enter__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        err = Console(stderr=True)
+        self.progress = Progress(TextColumn("costing {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
+        self.tasks: dict[str, int] = {}
+        self.progress.__enter__()
+        return self.update
+
+    def update(self, op: str, done: int, total: int) -> None:
+        if op not in self.tasks:
+            self.tasks[op] = self.progress.add_task(op, total=total)
+        self.progress.update(self.tasks[op], completed=done, total=total)
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+
 # ---- entry point -------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> None:

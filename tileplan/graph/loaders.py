@@ -78,3 +78,19 @@ def _verify_with_layout_module(tensor, target) -> None:
         verify(tensor.shape, tensor.dtype, target)
     except TileplanError as exc:
         raise TileplanError(f"tensor {tensor.name!r}: {exc}") from None
+
+
+def load_params(path: str | Path) -> dict | None:
+    """Parameter values a model file carries (ONNX initializers, a torch module's weights); None for TOML."""
+    path = Path(path)
+    source = str(path)
+    try:
+        if path.suffix == ".onnx":
+            from .onnx import load_onnx_params
+            return load_onnx_params(path)
+        if path.suffix.startswith(".py:"):
+            from .torch import load_python_factory
+            return load_python_factory(source).params
+    except TileplanError as exc:
+        raise exc.with_source(source) from None
+    return None

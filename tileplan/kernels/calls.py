@@ -165,8 +165,8 @@ class GeLUCall:
 
 @dataclass(frozen=True)
 class BiasGeLUCall:
-    """Fused ``gelu(a[rows, cols] + bias[cols])`` in one pass; the sum stays in
-    FP32 (it is not rounded to ``dtype`` before the GeLU)."""
+    """Fused ``gelu(a[rows, cols] + bias[cols])`` in one pass; the sum is rounded
+    to ``dtype`` in registers before the GeLU, as the unfused Add would store it."""
 
     rows: int
     cols: int

@@ -250,10 +250,11 @@ def bias_gelu_codelet(call, variant) -> CodeletSource:
               _param("rows", call.rows), _param("cols", call.cols))
     body = f"""    const unsigned size = rows * cols;
     for (unsigned i = workerId; i < size; i += workers) {{
-      const float x = load_f32(a[i]) + load_f32(bias[i % cols]);
+      const float x = load_f32(store_as<{call.dtype.cpp}>(load_f32(a[i]) + load_f32(bias[i % cols])));
       out[i] = store_as<{call.dtype.cpp}>({_gelu_expr(call.approximate)});
     }}"""
-    return render(key, body, fields, f"fused GeLU ({call.approximate}) of a + bias row, FP32 sum, {call.dtype} out")
+    return render(key, body, fields, f"fused GeLU ({call.approximate}) of a + bias row, sum rounded to "
+                                     f"{call.dtype} as the unfused Add would, {call.dtype} out")
 
 
 def cast_codelet(call, variant) -> CodeletSource:

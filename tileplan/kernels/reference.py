@@ -182,10 +182,12 @@ def gelu(call: GeLUCall, x: np.ndarray) -> np.ndarray:
 
 
 def bias_gelu(call: BiasGeLUCall, a: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """``gelu(a + bias)`` with the sum kept in FP32 (one pass, one rounding)."""
+    """``gelu(a + bias)`` in one pass; the sum is rounded to ``dtype`` in registers before the
+    GeLU, so the fused kernel computes exactly what the unfused Add then GeLU would."""
     a2 = operand(a, call.dtype, call.size, "a")
     b2 = np.tile(operand(bias, call.dtype, call.cols, "bias"), (1, call.rows))
-    return _result(round_to(gelu32(_f32(a2) + _f32(b2), call.approximate), call.dtype), np.asarray(a).shape[:-1])
+    s = _f32(round_to(_f32(a2) + _f32(b2), call.dtype))
+    return _result(round_to(gelu32(s, call.approximate), call.dtype), np.asarray(a).shape[:-1])
 
 
 def cast(call: CastCall, x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,42 @@
+"""Graphs to and from plain JSON-able dicts (the package keeps its model this way)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import TileplanError
+from .core import OP_KINDS, Graph, Role, Tensor
+from .dtypes import DType
+
+
+def graph_to_dict(g: Graph) -> dict:
+    tensors = []
+    for name in sorted(g.tensors):
+        t = g.tensors[name]
+        tensors.append({"name": t.name, "shape": list(t.shape), "dtype": t.dtype.value, "role": t.role.value,
+                        "scale": t.scale, "layout": str(t.layout) if t.layout is not None else None})
+    ops = []
+    for op in g.ops:
+        d = {"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "output": op.output}
+        for f in dataclasses.fields(op):
+            if f.name not in ("name", "inputs", "output"):
+                d[f.name] = getattr(op, f.name)
+        ops.append(d)
+    return {"name": g.name, "target": g.target, "tensors": tensors, "ops": ops,
+            "outputs": [t.name for t in g.by_role(Role.OUTPUT)]}
+
+
+def graph_from_dict(d: dict) -> Graph:
+    """The graph a package was compiled from (explicit layouts are kept by name only)."""
+    try:
+        tensors = [Tensor(t["name"], tuple(t["shape"]), DType(t["dtype"]),
+                          Role.INTERMEDIATE if t["role"] == "output" else Role(t["role"]), int(t["scale"]))
+                   for t in d["tensors"]]
+        ops = []
+        for o in d["ops"]:
+            cls = OP_KINDS[o["kind"]]
+            extra = {k: v for k, v in o.items() if k not in ("name", "kind", "inputs", "output")}
+            ops.append(cls(o["name"], tuple(o["inputs"]), o["output"], **extra))
+        return Graph.build(d["name"], tensors, ops, outputs=d["outputs"], target=d.get("target"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TileplanError(f"the package's model.json is damaged: {exc}") from None

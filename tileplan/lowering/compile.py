@@ -1,0 +1,73 @@
+"""``compile_model``: plan, lower, emit and package one model.
+
+The report data (``report.json``) records, per step, the planner's detailed
+estimate next to the cycles of the lowered program (what the IPU model will
+count), the per-tile memory of the allocation, and the low passes' log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..estimate.detailed import cost_program
+from ..estimate.exchange import tile_exchange_cycles
+from .lower import lower
+from .package import package_files, write_package
+from .tile_program import ComputeSet
+
+
+def program_cycles(tp, target) -> list[dict]:
+    """Cycles of each step of a tile program under the shared cycle model (static; no execution)."""
+    out = []
+    for st in tp.steps:
+        if isinstance(st, ComputeSet):
+            per = np.zeros(tp.tiles, dtype=np.int64)
+            for g in st.groups:
+                np.add.at(per, g.tile, g.cycles)
+            out.append({"name": st.name, "kind": "compute", "cycles": int(per.max(initial=0)), "sync": 0})
+        else:
+            s, r = tile_exchange_cycles(st.transfers, target, tp.tiles)
+            out.append({"name": st.name, "kind": "exchange", "cycles": int(np.maximum(s, r).max(initial=0)),
+                        "sync": target.sync_cycles if len(st.transfers) else 0,
+                        "bytes": int(st.transfers.nbytes.sum()), "transfers": st.transfers.transfer_count})
+    return out
+
+
+def build_report(plan, state, target) -> dict:
+    tp = state.tile_program
+    est = cost_program(plan.mid.program, target)
+    prog_steps = program_cycles(tp, target)
+    used = tp.addr >= 0
+    top = np.where(used, tp.addr + tp.size, 0).max(axis=0) if used.any() else np.zeros(tp.tiles, np.int64)
+    return {
+        "model": plan.graph.name,
+        "target": target.name,
+        "roofline_cycles": plan.roofline,
+        "estimate": plan.estimate.as_dict(),
+        "estimate_steps": [{"name": s.name, "kind": s.kind, "cycles": s.cycles, "sync": s.sync, "bytes": s.bytes}
+                           for s in est.steps],
+        "program_steps": prog_steps,
+        "program_cycles": sum(s["cycles"] + s["sync"] for s in prog_steps),
+        "memory": {
+            "tile_top": top.tolist(),                               # highest allocated byte + 1 per tile
+            "tile_estimate": [int(x) for x in est.tile_memory],    # planner's peak per tile
+            "by_kind": {k: [int(x) for x in v] for k, v in sorted(est.memory.by_kind.items())},
+            "standard": [int(x) for x in est.memory.standard],
+            "interleaved": [int(x) for x in est.memory.interleaved],
+        },
+        "passes": list(tp.passes),
+        "pass_log": list(state.log),
+    }
+
+
+def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver: str = "dp", progress=None,
+                  registry=None):
+    from ..planner.plan import plan as make_plan
+    from ..planner.planjson import plan_to_json
+    p = make_plan(graph, target, jobs=jobs, solver=solver, progress=progress)
+    state = lower(p.mid.program, target, registry=registry)
+    files = package_files(p, state, target, params, plan_to_json(p), build_report(p, state, target))
+    path = write_package(Path(out_dir), files)
+    return p, state, path

@@ -1,0 +1,101 @@
+"""The float64 reference and the validation data.
+
+The reference evaluates the graph in float64 on the exact stored (quantised)
+inputs and parameters, op by op: each op is computed exactly in float64 and
+its result is stored in its output tensor's declared type (an FP16 tensor
+rounds to FP16; an FP8 cast rounds and saturates with its scale), because the
+graph declares those types. What the reference does not have is the device's
+inner arithmetic: FP32 accumulation, FP16 partials of a split K, a fused
+bias-GeLU that keeps the sum in FP32.
+
+Validation data (fixed seed): activations (graph inputs) N(0, 0.5) (standard
+deviation 0.5); a MatMul's parameter operand N(0, 1/sqrt(K)); a bias added
+to a MatMul's result N(0, 1/sqrt(K)) of that MatMul (the scale of PyTorch's
+Linear initialisation); any other parameter N(0, 0.5). FP8 values are stored with their tensor's
+power-of-two scale.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from ..graph.core import Add, Cast, GeLU, Graph, MatMul, Role
+from ..graph.dtypes import DType, dequantise, quantise
+
+
+def seeded_values(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Stored values (in each tensor's dtype) for every input and parameter."""
+    k_of, k_of_result = {}, {}
+    for op in graph.ops:
+        if isinstance(op, MatMul):
+            ta, tb = graph.inputs_of(op)
+            k = op.mnk([ta, tb])[3]
+            k_of_result[op.output] = k
+            for t in (ta, tb):
+                if t.role is Role.PARAMETER:
+                    k_of[t.name] = k
+    for op in graph.ops:
+        if isinstance(op, Add):
+            for mine, other in ((op.inputs[0], op.inputs[1]), (op.inputs[1], op.inputs[0])):
+                if graph.tensors[mine].role is Role.PARAMETER and other in k_of_result:
+                    k_of.setdefault(mine, k_of_result[other])
+    out = {}
+    for name in sorted(graph.tensors):
+        t = graph.tensors[name]
+        if t.role not in (Role.INPUT, Role.PARAMETER):
+            continue
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        std = 1.0 / math.sqrt(k_of[name]) if name in k_of else 0.5
+        out[name] = quantise(rng.normal(0.0, std, t.shape), t.dtype, t.scale)
+    return out
+
+
+def gelu(x: np.ndarray, approximate: str) -> np.ndarray:
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def reference(graph: Graph, stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """float64 values of every tensor, from stored inputs and parameters."""
+    vals = {n: dequantise(v, graph.tensors[n].dtype, graph.tensors[n].scale) for n, v in stored.items()}
+    for op in graph.ops:
+        ins = [vals[i] for i in op.inputs]
+        out_t = graph.output_of(op)
+        if isinstance(op, MatMul):
+            a, b = ins
+            if op.transpose_a:
+                a = np.swapaxes(a, -1, -2)
+            if op.transpose_b:
+                b = np.swapaxes(b, -1, -2)
+            y = np.matmul(a, b)
+        elif isinstance(op, Add):
+            y = ins[0] + ins[1]
+        elif isinstance(op, GeLU):
+            y = gelu(ins[0], op.approximate)
+        elif isinstance(op, Cast):
+            y = ins[0]
+        else:
+            raise TypeError(op)
+        y = np.asarray(y, dtype=np.float64).reshape(out_t.shape)
+        vals[op.output] = dequantise(quantise(y, out_t.dtype, out_t.scale), out_t.dtype, out_t.scale)
+    return vals
+
+
+def compare(got: np.ndarray, want: np.ndarray) -> dict:
+    """max abs error, max rel error (against max |want|-scaled floor), cosine similarity."""
+    g = np.asarray(got, dtype=np.float64).reshape(-1)
+    w = np.asarray(want, dtype=np.float64).reshape(-1)
+    d = np.abs(g - w)
+    finite = np.isfinite(g) & np.isfinite(w)
+    scale = max(float(np.abs(w).max(initial=0.0)), 1e-30)
+    rel = d / np.maximum(np.abs(w), 1e-3 * scale)
+    denom = float(np.linalg.norm(g[finite]) * np.linalg.norm(w[finite]))
+    return {"max_abs": float(d.max(initial=0.0)) if finite.all() else float("inf"),
+            "max_rel": float(rel.max(initial=0.0)) if finite.all() else float("inf"),
+            "cosine": float(g[finite] @ w[finite] / denom) if denom > 0 else 1.0,
+            "nonfinite": int((~finite).sum())}

@@ -1,0 +1,108 @@
+"""``validate_package``: run a package on the IPU model and compare with float64.
+
+Inputs: seeded validation data (``sim.reference.seeded_values``), replaced by
+the package's own parameter values (``params.npz``) and by the user's arrays
+(``--inputs``, keys are tensor names, float values quantised to the tensor's
+type). The outputs are read back through their layouts and compared with the
+float64 reference, or with the user's ``--expected`` arrays.
+
+Tolerance: an output passes when ``|got - want| <= atol + rtol * |want|``
+everywhere. Defaults follow the lowest-precision type the graph computes in:
+FP8 atol 0.02, rtol 0.0625 (one F143 step); FP16 atol 2e-3, rtol 1e-2; FP32
+atol 1e-4, rtol 1e-4.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import TileplanError
+from ..graph.core import Role
+from ..graph.dtypes import DType, dequantise, quantise
+from .model import IPUModel, Profile
+from .reference import compare, reference, seeded_values
+
+TOLERANCES = {DType.FP8: (0.02, 0.0625), DType.FP16: (2e-3, 1e-2), DType.FP32: (1e-4, 1e-4)}
+
+
+@dataclass
+class Validation:
+    outputs: dict[str, dict]                 # tensor -> compare() figures + "passed"
+    profile: Profile
+    atol: float
+    rtol: float
+    values: dict[str, np.ndarray] = field(default_factory=dict)   # what the package computed (float64)
+
+    @property
+    def passed(self) -> bool:
+        return all(o["passed"] for o in self.outputs.values())
+
+
+def default_tolerance(graph) -> tuple[float, float]:
+    types = {t.dtype for t in graph.tensors.values()}
+    for dt in (DType.FP8, DType.FP16, DType.FP32):
+        if dt in types:
+            return TOLERANCES[dt]
+    return TOLERANCES[DType.FP32]
+
+
+def _load_npz(path, what: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise TileplanError(f"{path}: no such {what} file") from None
+    except Exception as exc:
+        raise TileplanError(f"{path}: not a readable .npz {what} file ({type(exc).__name__})") from None
+
+
+def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rtol=None, seed: int = 0,
+                     registry=None) -> Validation:
+    graph = pkg.graph
+    stored = seeded_values(graph, seed)
+    stored.update(pkg.params)
+    if inputs_path is not None:
+        for name, arr in _load_npz(inputs_path, "inputs").items():
+            t = graph.tensors.get(name)
+            if t is None or t.role not in (Role.INPUT, Role.PARAMETER):
+                raise TileplanError(f"{inputs_path}: {name!r} is not an input or parameter of model {graph.name!r}")
+            if tuple(arr.shape) != t.shape:
+                raise TileplanError(f"{inputs_path}: {name!r} has shape {list(arr.shape)}, the model's is {list(t.shape)}")
+            stored[name] = quantise(np.asarray(arr, dtype=np.float64), t.dtype, t.scale)
+    expected = _load_npz(expected_path, "expected outputs") if expected_path is not None else None
+    outs = [t for t in graph.tensors.values() if t.role is Role.OUTPUT]
+    if expected is not None:
+        for name, arr in expected.items():
+            t = graph.tensors.get(name)
+            if t is None or t.role is not Role.OUTPUT:
+                raise TileplanError(f"{expected_path}: {name!r} is not an output of model {graph.name!r}")
+            if tuple(arr.shape) != t.shape:
+                raise TileplanError(f"{expected_path}: {name!r} has shape {list(arr.shape)}, the model's is {list(t.shape)}")
+    model = IPUModel(pkg.program, pkg.target, registry=registry)
+    for b in pkg.program.buffers:
+        if b.kind in ("input", "parameter"):
+            v = stored[b.tensor]
+            model.write(b.name, np.swapaxes(v, -1, -2) if b.transpose else v)
+    profile = model.run()
+    ref = reference(graph, stored) if expected is None else None
+    d_atol, d_rtol = default_tolerance(graph)
+    atol = d_atol if atol is None else atol
+    rtol = d_rtol if rtol is None else rtol
+    results, values = {}, {}
+    for t in outs:
+        bufs = [b for b in pkg.program.buffers if b.tensor == t.name and b.kind == "output"]
+        if not bufs:
+            raise TileplanError(f"{pkg.path}: output {t.name!r} has no output buffer in the tile program")
+        got = dequantise(model.read(bufs[0].name), t.dtype, t.scale).reshape(t.shape)
+        want = expected[t.name] if expected is not None and t.name in expected else \
+            (ref[t.name] if ref is not None else None)
+        values[t.name] = got
+        if want is None:
+            continue
+        fig = compare(got, want)
+        diff = np.abs(got - np.asarray(want, dtype=np.float64))
+        fig["passed"] = bool(np.all(diff <= atol + rtol * np.abs(want)) and fig["nonfinite"] == 0)
+        results[t.name] = fig
+    return Validation(results, profile, atol, rtol, values)
