@@ -142,6 +142,11 @@ class GemmChoice:
         return f"grid {b}{self.gm}x{self.gn}x{self.gk} {self.order}{red} {self.partials}"
 
 
+def k_unit(g: GemmShape) -> int:
+    """K blocks start on 64-bit boundaries of A's rows (the AMP loads A rows 64 bits at a time)."""
+    return 8 // g.in_dtype.itemsize if g.in_dtype.itemsize < 8 else 1
+
+
 def tile_of(choice: GemmChoice) -> np.ndarray:
     """int64 [gb, gm, gn, gk]: the physical tile of each grid cell under the choice's order."""
     dims = {"b": choice.gb, "i": choice.gm, "j": choice.gn, "l": choice.gk}
@@ -160,7 +165,7 @@ def grid_options(g: GemmShape, tiles: int) -> np.ndarray:
     least 8 elements (an AMP input group) unless K itself is smaller.
     """
     max_n = g.N // g.grain if g.panels else g.N
-    max_k = max(1, g.K // 8)
+    max_k = max(1, -(-g.K // max(8, k_unit(g))))
     gbs = [d for d in range(1, min(g.batch, tiles) + 1)]
     rows = []
     for gb in gbs:
@@ -225,7 +230,8 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     m = -(-g.M // gm)
     n = (-(-(g.N // g.grain) // gn) * g.grain) if g.panels else -(-g.N // gn)
     n = np.minimum(n, g.N)
-    k = -(-g.K // gkk)
+    unit = k_unit(g)
+    k = -(-(-(-g.K // unit)) // gkk) * unit
     ia = g.in_dtype.itemsize
     pbytes = np.array([t.itemsize for t in g.partial_types()])[ptype]
     ob = g.out_dtype.itemsize
@@ -278,7 +284,7 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
     gb, gm, gn, gk = choice.gb, choice.gm, choice.gn, choice.gk
     group = _batch_groups(g.batch, gb)
     mb = balanced_bounds(g.M, gm)
-    kb = balanced_bounds(g.K, gk)
+    kb = aligned_bounds(g.K, gk, k_unit(g))
     nb = aligned_bounds(g.N, gn, g.grain) if g.panels else balanced_bounds(g.N, gn)
     batch_a = g.batch if g.a_batched else 1
     batch_b = g.batch if g.b_batched else 1
