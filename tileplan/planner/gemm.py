@@ -36,7 +36,6 @@ from ..graph.core import Graph, MatMul
 from ..graph.dtypes import DType
 from ..kernels import dispatch
 from ..kernels.calls import MatMulCall, ReduceCall
-from ..kernels.cycles import amp_interleaved_cycles, amp_row_cycles, ceil_div
 from ..layout.gemm_grid import Grid, aligned_bounds, balanced_bounds
 from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
@@ -205,8 +204,9 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
 
     Exchange: bytes each tile receives (A block + B block; partials; the C block
     to its boundary layout) over the exchange rate, the paired rate for the
-    operand an order multicasts to adjacent tiles; kernels on the largest block;
-    one sync per exchange phase. Memory (conservative): boundary pieces plus
+    operand an order multicasts to adjacent tiles; the matmul kernel dispatch
+    picks (AMP, or the vector-unit fallback) on the largest block and on the
+    last K block, whichever is slower; one sync per exchange phase. Memory (conservative): boundary pieces plus
     every operand, partial and result block alive at once.
     """
     grids = grid_options(g, target.tiles)
@@ -243,11 +243,13 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     a_rate = np.where((order == 1) & (gn % 2 == 0), pbw, bw)
     b_rate = np.where((order == 2) & (gm % 2 == 0), pbw, bw)
     prep = -(-a_blk // a_rate) + -(-b_blk // b_rate)
-    rows_cyc = amp_row_cycles(target, g.in_dtype, g.out_dtype)
-    k_prime = -(-k // 2) if g.in_dtype is DType.FP8 else k
-    amp = amp_interleaved_cycles(m, k_prime, n, rows_cyc, 160) * per_group
-    if not g.panels:
-        amp = amp + k * n * per_group      # in-kernel pack of row-major B (about one cycle an element)
+    # The kernel dispatch picks for the largest block and for the last K block (its tail may not
+    # fill the AMP's 64-bit loads and fall back to the vector unit); the slower one sets the step.
+    units = -(-g.K // unit)
+    k_last = g.K - (units - units // np.minimum(gkk, units)) * unit
+    partials = np.where(gkk > 1, ptype, g.partial_types().index(g.out_dtype))
+    amp = np.maximum(matmul_block_cycles(g, target, m, n, k, partials),
+                     matmul_block_cycles(g, target, m, n, k_last, partials)) * per_group
     has_red = red > 0
     piece = np.where(red == 2, -(-m // gkk), m)
     red_recv = np.where(has_red, (gkk - 1) * piece * n * pbytes * per_group, 0)
@@ -261,6 +263,28 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
     return CoarseRows(grid, order, red, ptype, cycles.astype(np.int64), memory.astype(np.int64),
                       inter.astype(np.int64), fits)
+
+
+def matmul_block_cycles(g: GemmShape, target, m, n, k, partials) -> np.ndarray:
+    """Per row, the cycles of the matmul kernel dispatch picks for an ``m x k @ k x n`` block with
+    partials ``g.partial_types()[partials]``: the detailed estimate's own kernel, evaluated once per
+    distinct block shape."""
+    m, n, k, partials = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(m, n, k, partials))
+    key = (((m << 20 | n) << 20 | k) << 2) | partials          # block sides < 2**20, partials types < 4
+    shapes, inverse = np.unique(key, return_inverse=True)
+    ptypes = g.partial_types()
+    fmt, grain = ("panels", g.grain) if g.panels else ("rows", 0)
+    cache = _BLOCK_CACHE.setdefault((target, g.in_dtype, ptypes, fmt, grain), {})
+    mask = (1 << 20) - 1
+    cycles = np.empty(shapes.size, dtype=np.int64)
+    for i, s in enumerate(shapes.tolist()):
+        c = cache.get(s)
+        if c is None:
+            call = MatMulCall(s >> 42, s >> 22 & mask, s >> 2 & mask, g.in_dtype, ptypes[s & 3], "interleaved",
+                              fmt, 0, grain)
+            c = cache[s] = _kernel(call, target)[1]
+        cycles[i] = c
+    return cycles[inverse.reshape(-1)]
 
 
 # ---- the fragment program of one candidate -----------------------------------------------
@@ -402,12 +426,19 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
 
 
 _DISPATCH_CACHE: dict = {}
+_BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> packed block shape -> cycles
 
 
-def _vertex(tile, call, ins, outs, target) -> Vertex:
+def _kernel(call, target) -> tuple[str, int]:
+    """(variant name, cycles) of the kernel dispatch picks for ``call``, cached."""
     key = (call, target)
     hit = _DISPATCH_CACHE.get(key)
     if hit is None:
         v = dispatch(call, target)
         hit = _DISPATCH_CACHE[key] = (v.name, v.cycles(call, target))
-    return Vertex(tile, call, ins, outs, hit[0], hit[1])
+    return hit
+
+
+def _vertex(tile, call, ins, outs, target) -> Vertex:
+    name, cycles = _kernel(call, target)
+    return Vertex(tile, call, ins, outs, name, cycles)
