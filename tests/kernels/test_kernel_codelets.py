@@ -1,5 +1,6 @@
 """Every variant's emitted Poplar codelet, compiled with g++ against the stand-in
-headers in tests/poplar and run on sample data, agrees with its numpy semantics.
+headers in tests/poplar and run on sample data, agrees with its numpy semantics
+(``harness.compare``).
 
 Agreement: bit-exact for casts, copies, pack/unpack, adds and reductions (the
 same FP32 operations in the same order, one rounding); for matmul within one
@@ -13,6 +14,9 @@ at most |x|/2 ulp of 1).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -21,17 +25,11 @@ from tileplan.graph.dtypes import DType
 from tileplan.kernels import (AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
 
-from codelet_harness import GXX, Case, run_codelets
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "poplar"))
+from harness import GXX, Case, compare, random, run_codelets  # noqa: E402
 
 FP8, FP16, FP32 = DType.FP8, DType.FP16, DType.FP32
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ is not installed")
-
-
-def random(rng, dtype: DType, size: int, std: float = 1.0) -> np.ndarray:
-    x = rng.normal(0.0, std, size)
-    if dtype is FP8:
-        return np.clip(x, -240, 240).astype(np.float32).astype(ml_dtypes.float8_e4m3fnuz)
-    return x.astype(dtype.numpy)
 
 
 def all_fp16_values() -> np.ndarray:
@@ -109,46 +107,6 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
         add("unpack_panels", UnpackCall(rows, cols, dt, grain), **{"in": random(rng, dt, rows * cols)})
     add("copy_local", CopyCall(37), **{"in": rng.integers(0, 256, 37, dtype=np.uint8)})
     return cases
-
-
-def _ulp(values: np.ndarray, dtype: DType) -> np.ndarray:
-    v = np.abs(values.astype(dtype.numpy))
-    return np.abs(np.spacing(v)).astype(np.float64)
-
-
-def compare(variant, call, inputs, comparison, got: np.ndarray, out_dtype: DType) -> None:
-    want = variant.reference(call, *inputs.values())
-    if comparison == "exact" or out_dtype is FP8:
-        # Bit-exact, except that any NaN matches any NaN for FP16/FP32 (payloads differ).
-        want_bits, got_bits = np.ascontiguousarray(want), np.ascontiguousarray(got).view(want.dtype)
-        both_nan = np.zeros(want.shape, bool)
-        if out_dtype in (FP16, FP32):
-            both_nan = np.isnan(want_bits) & np.isnan(got_bits)
-        uint = np.dtype(f"u{want.dtype.itemsize}")
-        bad = np.flatnonzero((want_bits.view(uint) != got_bits.view(uint)) & ~both_nan)
-        assert bad.size == 0, (f"{variant.name} {call}: {bad.size} elements differ, e.g. at {bad[:5]}: "
-                               f"want {want_bits[bad[:5]]} got {got_bits[bad[:5]]}")
-        return
-    w = want.astype(np.float64)
-    g = got.view(out_dtype.numpy).astype(np.float64)
-    if comparison == "matmul":
-        bound_call = MatMulCall(call.m, call.n, call.k, FP32, FP32, b_format=call.b_format, grain=call.grain)
-        mags = {name: np.abs(x.astype(np.float32)) for name, x in inputs.items()}
-        sum_abs = default_registry()["amp_fp32"].reference(bound_call, mags["a"], mags["b"]).astype(np.float64)
-        tol = _ulp(w, out_dtype) + call.k * 2.0 ** -23 * sum_abs * 2.0 ** call.out_scale
-    else:
-        if "bias" in inputs:
-            bias = np.tile(inputs["bias"].astype(np.float64), w.size // inputs["bias"].size)
-            x = np.abs(inputs["a"].astype(np.float64) + bias)
-        else:
-            x = np.abs(inputs["in"].astype(np.float64))
-        tol = _ulp(w, out_dtype) + x * 2.0 ** -22
-    same = (w == g) | (np.isnan(w) & np.isnan(g))
-    with np.errstate(invalid="ignore"):
-        close = np.abs(w - g) <= tol
-    bad = np.flatnonzero(~(same | close))
-    assert bad.size == 0, (f"{variant.name} {call}: {bad.size} elements out of tolerance, e.g. "
-                           f"want {w[bad[:3]]} got {g[bad[:3]]}")
 
 
 def test_every_codelet_matches_its_numpy_semantics(tmp_path):

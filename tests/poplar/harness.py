@@ -1,4 +1,8 @@
-"""Compile emitted codelets against tests/poplar's stand-in headers and run them.
+"""Compile emitted Poplar C++ against tests/poplar's stand-in headers; run codelets.
+
+Shared by the kernel tests (every variant's codelet) and the emission tests
+(every codelet of a compiled package, and the syntax of its ``host.cpp``).
+Test modules put this folder on ``sys.path`` and ``import harness``.
 
 ``run_codelets(cases, workdir)`` writes every case's input vectors as raw binary
 files, generates ONE C++ file holding every codelet (each in its own namespace)
@@ -18,9 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tileplan.kernels import CodeletSource
+import ml_dtypes
 
-POPLAR_STANDIN = Path(__file__).resolve().parents[1] / "poplar"
+from tileplan.graph.dtypes import DType
+from tileplan.kernels import CodeletSource, MatMulCall, default_registry
+
+POPLAR_STANDIN = Path(__file__).resolve().parent
 GXX = shutil.which("g++")
 NUMPY_OF_CTYPE = {"float": np.float32, "half": np.float16, "unsigned char": np.uint8}
 
@@ -107,3 +114,74 @@ def run_codelets(cases: list[Case], workdir: Path) -> list[dict[str, np.ndarray]
         results.append({f.name: np.fromfile(workdir / f"c{i}_{f.name}.bin", dtype=NUMPY_OF_CTYPE[f.ctype])
                         for f in case.codelet.outputs})
     return results
+
+
+def syntax_check(source: Path) -> None:
+    """``g++ -std=c++17 -fsyntax-only -I tests/poplar source``; fails with the compiler's message."""
+    build = subprocess.run([GXX, "-std=c++17", "-fsyntax-only", "-Wall", "-I", str(POPLAR_STANDIN), str(source)],
+                           capture_output=True, text=True)
+    if build.returncode or build.stderr:
+        raise AssertionError(f"g++ -fsyntax-only {source.name}:\n{build.stderr[-6000:]}")
+
+
+# ---- sample data and agreement with the numpy semantics ------------------------------------
+
+def random(rng, dtype: DType, size: int, std: float = 1.0) -> np.ndarray:
+    x = rng.normal(0.0, std, size)
+    if dtype is DType.FP8:
+        return np.clip(x, -240, 240).astype(np.float32).astype(ml_dtypes.float8_e4m3fnuz)
+    return x.astype(dtype.numpy)
+
+
+def comparison_for(call) -> str:
+    """How a primitive's codelet output is compared with its numpy semantics (see ``compare``)."""
+    return {"matmul": "matmul", "gelu": "gelu", "bias_gelu": "gelu"}.get(call.primitive, "exact")
+
+
+def _ulp(values: np.ndarray, dtype: DType) -> np.ndarray:
+    v = np.abs(values.astype(dtype.numpy))
+    return np.abs(np.spacing(v)).astype(np.float64)
+
+
+def compare(variant, call, inputs, comparison, got: np.ndarray, out_dtype: DType) -> None:
+    """Agreement: bit-exact for casts, copies, pack/unpack, adds and reductions (the
+    same FP32 operations in the same order, one rounding); for matmul within one
+    ulp of the output type plus the FP32 accumulation-order bound
+    ``k * 2**-23 * sum|a*b|`` (numpy's BLAS sums in a different order than the
+    vertex's sequential K loop); for GeLU within one ulp of the output type plus
+    ``|x| * 2**-22`` (the C library's tanhf/erff are within an ulp or two of the
+    float64 value the reference rounds, and ``1 + t`` magnifies that absolutely by
+    at most |x|/2 ulp of 1)."""
+    FP16, FP32 = DType.FP16, DType.FP32
+    want = variant.reference(call, *inputs.values())
+    if comparison == "exact" or out_dtype is DType.FP8:
+        # Bit-exact, except that any NaN matches any NaN for FP16/FP32 (payloads differ).
+        want_bits, got_bits = np.ascontiguousarray(want), np.ascontiguousarray(got).view(want.dtype)
+        both_nan = np.zeros(want.shape, bool)
+        if out_dtype in (FP16, FP32):
+            both_nan = np.isnan(want_bits) & np.isnan(got_bits)
+        uint = np.dtype(f"u{want.dtype.itemsize}")
+        bad = np.flatnonzero((want_bits.view(uint) != got_bits.view(uint)) & ~both_nan)
+        assert bad.size == 0, (f"{variant.name} {call}: {bad.size} elements differ, e.g. at {bad[:5]}: "
+                               f"want {want_bits[bad[:5]]} got {got_bits[bad[:5]]}")
+        return
+    w = want.astype(np.float64)
+    g = got.view(out_dtype.numpy).astype(np.float64)
+    if comparison == "matmul":
+        bound_call = MatMulCall(call.m, call.n, call.k, FP32, FP32, b_format=call.b_format, grain=call.grain)
+        mags = {name: np.abs(x.astype(np.float32)) for name, x in inputs.items()}
+        sum_abs = default_registry()["amp_fp32"].reference(bound_call, mags["a"], mags["b"]).astype(np.float64)
+        tol = _ulp(w, out_dtype) + call.k * 2.0 ** -23 * sum_abs * 2.0 ** call.out_scale
+    else:
+        if "bias" in inputs:
+            bias = np.tile(inputs["bias"].astype(np.float64), w.size // inputs["bias"].size)
+            x = np.abs(inputs["a"].astype(np.float64) + bias)
+        else:
+            x = np.abs(inputs["in"].astype(np.float64))
+        tol = _ulp(w, out_dtype) + x * 2.0 ** -22
+    same = (w == g) | (np.isnan(w) & np.isnan(g))
+    with np.errstate(invalid="ignore"):
+        close = np.abs(w - g) <= tol
+    bad = np.flatnonzero(~(same | close))
+    assert bad.size == 0, (f"{variant.name} {call}: {bad.size} elements out of tolerance, e.g. "
+                           f"want {w[bad[:3]]} got {g[bad[:3]]}")
