@@ -90,26 +90,38 @@ def fragments_to_transfers(src_tile, src_off, dst_tile, dst_off, nbytes, src_buf
     st, sb, so, dt, db, do = (c.astype(np.int64) for c in cols)
     if n.size == 0:
         return Transfers.empty()
+    fits = st.max(initial=0) < 2048 and dt.max(initial=0) < 2048 and sb.max(initial=0) < 256 \
+        and db.max(initial=0) < 256 and so.max(initial=0) < (1 << 20) and n.max(initial=0) <= (1 << 20)
     if merge:
-        pair = (st << 32) | (dt << 16) | (sb << 8) | db      # tiles < 2**16, buffer ids < 2**8 per step
-        order = np.lexsort((so, pair))
-        st, sb, so, dt, db, do, n, pair = (a[order] for a in (st, sb, so, dt, db, do, n, pair))
+        if fits:      # one int64 key: (src tile, dst tile, src buf, dst buf, src offset)
+            order = np.argsort((((st << 11 | dt) << 16 | sb << 8 | db) << 20) | so)
+        else:
+            order = np.lexsort((so, db, sb, dt, st))
+        st, sb, so, dt, db, do, n = (a[order] for a in (st, sb, so, dt, db, do, n))
         cont = np.zeros(n.size, dtype=bool)
-        cont[1:] = (pair[1:] == pair[:-1]) & (so[1:] == so[:-1] + n[:-1]) & (do[1:] == do[:-1] + n[:-1])
+        cont[1:] = ((st[1:] == st[:-1]) & (dt[1:] == dt[:-1]) & (sb[1:] == sb[:-1]) & (db[1:] == db[:-1])
+                    & (so[1:] == so[:-1] + n[:-1]) & (do[1:] == do[:-1] + n[:-1]))
         heads = np.flatnonzero(~cont)
-        n = np.add.reduceat(n, heads)
-        st, sb, so, dt, db, do = (a[heads] for a in (st, sb, so, dt, db, do))
+        if heads.size < n.size:
+            n = np.add.reduceat(n, heads)
+            st, sb, so, dt, db, do = (a[heads] for a in (st, sb, so, dt, db, do))
     if multicast:
-        src = (st << 8) | sb
-        order = np.lexsort((n, so, src))
-        new = np.ones(n.size, dtype=bool)
-        new[1:] = (src[order][1:] != src[order][:-1]) | (so[order][1:] != so[order][:-1]) | \
-            (n[order][1:] != n[order][:-1])
+        if fits:      # one int64 key: (src tile, src buf, src offset, bytes)
+            key = (((st << 8 | sb) << 20 | so) << 21) | n
+            order = np.argsort(key)
+            ks = key[order]
+            new = np.ones(n.size, dtype=bool)
+            new[1:] = ks[1:] != ks[:-1]
+        else:
+            order = np.lexsort((n, so, sb, st))
+            new = np.ones(n.size, dtype=bool)
+            new[1:] = (st[order][1:] != st[order][:-1]) | (sb[order][1:] != sb[order][:-1]) | \
+                (so[order][1:] != so[order][:-1]) | (n[order][1:] != n[order][:-1])
         group = np.empty(n.size, dtype=np.int64)
         group[order] = np.cumsum(new) - 1
     else:
         group = np.arange(n.size, dtype=np.int64)
-    order = np.lexsort((dt, group))
+    order = np.argsort(group << 11 | dt) if fits else np.lexsort((dt, group))
     return Transfers(group[order], st[order].astype(np.int32), sb[order].astype(np.int32), so[order],
                      dt[order].astype(np.int32), db[order].astype(np.int32), do[order], n[order])
 
