@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import TileplanError
 from ..estimate.detailed import plan_for, step_traffic
+from ..estimate.exchange import Transfers, fragments_to_transfers
 from ..estimate.program import ComputeStep, ExchangeStep, Program
 from ..kernels import NoVariantError, default_registry, dispatch
 from ..kernels.calls import CopyCall, PackCall, UnpackCall
@@ -40,12 +41,38 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
             state = fn(state)
     check_rearrangements(state.program, target, registry)
     alloc = allocate(state.program, target, state.aliases, state.sizes)
-    state.tile_program = expand(state.program, alloc, target, registry)
+    state.tile_program = expand(state.program, alloc, target, registry, state.aliases)
+    spans = _tile_spans(state.program, state.tile_program)
+    for info in state.tile_program.buffers:
+        root = info.name
+        while root in state.aliases:
+            root = state.aliases[root]
+        info.alias_of = root if root != info.name else None
+        info.span = spans[info.name]
     for name, stage, fn, _why in chosen:
         if stage == "tiles":
             state = fn(state)
     state.tile_program.passes = [p[0] for p in chosen]
     return state
+
+
+def _tile_spans(program: Program, tp) -> dict[str, list[int]]:
+    """Buffer lifetimes in tile-program steps: each program step became zero, one or two
+    consecutive tile steps (an exchange and its on-tile copies)."""
+    from ..estimate.memory import buffer_lifetimes
+    first, last, j = [], [], 0
+    for step in program.steps:
+        k = j
+        while k < len(tp.steps) and tp.steps[k].name in (step.name, step.name + ".local"):
+            k += 1
+        first.append(j)
+        last.append(max(k - 1, j))
+        j = k
+    n = max(len(tp.steps), 1)
+    out = {}
+    for name, (a, b) in buffer_lifetimes(program).items():
+        out[name] = [min(first[a], n - 1) if first else 0, min(last[b], n - 1) if last else 0]
+    return out
 
 
 def check_rearrangements(program: Program, target, registry) -> None:
@@ -71,7 +98,7 @@ def check_rearrangements(program: Program, target, registry) -> None:
                     f"{target.family!r} lacks: {str(exc).splitlines()[0]}") from None
 
 
-def expand(program: Program, alloc, target, registry) -> TileProgram:
+def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | None = None) -> TileProgram:
     tiles = target.tiles
     index = {n: i for i, n in enumerate(alloc.names)}
     infos = []
@@ -85,6 +112,7 @@ def expand(program: Program, alloc, target, registry) -> TileProgram:
             steps.append(ComputeSet(step.name, _groups(program, step.vertices, alloc, index)))
         else:
             ex, local = step_traffic(program, step, tiles, index, merge=False)
+            local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index)])
             tr = _absolute(ex, alloc)
             if len(tr):
                 steps.append(Exchange(step.name, tr))
@@ -99,9 +127,36 @@ def expand(program: Program, alloc, target, registry) -> TileProgram:
     return TileProgram(tiles, infos, alloc.addr, alloc.size, steps, io_maps)
 
 
+def _unaliased_identity_runs(program, step, aliases, tiles, index) -> Transfers:
+    """On-tile copy runs for the identity copies of a step whose destination has its own memory.
+
+    ``step_traffic`` leaves out copies that move nothing, because
+    ``eliminate_noop_copies`` makes their destination an alias of the source.
+    When that pass did not run (or did not alias the pair), the destination is
+    a separate buffer and its bytes still have to be copied on the tile.
+    """
+    def root(name):
+        while name in aliases:
+            name = aliases[name]
+        return name
+
+    parts = []
+    for cp in step.copies:
+        if root(cp.src) == root(cp.dst):
+            continue
+        src, dst = program.buffers[cp.src], program.buffers[cp.dst]
+        plan = plan_for(src, dst, tiles)
+        if len(plan.start) == 0 or not plan.is_identity or plan.needs_rearrangement:
+            continue
+        item = src.dtype.itemsize
+        parts.append(fragments_to_transfers(plan.src_tile, plan.src_offset * item, plan.dst_tile,
+                                            plan.dst_offset * item, (plan.stop - plan.start) * item,
+                                            index[cp.src], index[cp.dst], multicast=False))
+    return Transfers.concat(parts)
+
+
 def _absolute(tr, alloc):
     """Buffer-relative transfer offsets -> absolute byte addresses on the tiles."""
-    from ..estimate.exchange import Transfers
     if len(tr) == 0:
         return tr
     src = alloc.addr[tr.src_buf, tr.src_tile] + tr.src_off

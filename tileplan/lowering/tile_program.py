@@ -41,6 +41,8 @@ class BufferInfo:
     tensor: str | None
     transpose: bool
     scale: int
+    alias_of: str | None = None   # the buffer whose memory this one shares (a no-op copy, a donated buffer)
+    span: list | None = None      # [first, last] tile-program step that uses it
 
 
 @dataclass

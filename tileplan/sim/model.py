@@ -48,7 +48,7 @@ class StepProfile:
 @dataclass
 class Profile:
     steps: list[StepProfile] = field(default_factory=list)
-    memory_peak: np.ndarray | None = None     # int64 [tiles]: highest byte used + 1 (addresses)
+    memory_peak: np.ndarray | None = None     # int64 [tiles]: most bytes live at once (buffers in use)
 
     @property
     def compute(self) -> int:
@@ -114,13 +114,35 @@ class IPUModel:
 
     def run(self) -> Profile:
         prof = Profile()
-        for step in self.program.steps:
+        for i, step in enumerate(self.program.steps):
             if isinstance(step, ComputeSet):
                 prof.steps.append(self._compute(step))
             else:
                 prof.steps.append(self._exchange(step))
-        prof.memory_peak = self.high.copy()
+        prof.memory_peak = self._live_peak()
         return prof
+
+    def _live_peak(self) -> np.ndarray:
+        """Per tile, the most bytes live at once: every buffer (aliases counted once, on their root)
+        over its lifetime in the program's steps."""
+        tp = self.program
+        nsteps = max(len(tp.steps), 1)
+        names = [b.name for b in tp.buffers]
+        root = np.array([names.index(b.alias_of) if b.alias_of else i for i, b in enumerate(tp.buffers)])
+        nb = len(names)
+        lo = np.full(nb, nsteps, dtype=np.int64)
+        hi = np.full(nb, -1, dtype=np.int64)
+        for i, b in enumerate(tp.buffers):
+            a, e = b.span if b.span is not None else (0, nsteps - 1)
+            lo[root[i]] = min(lo[root[i]], a)
+            hi[root[i]] = max(hi[root[i]], e)
+        size = np.zeros((nb, tp.tiles), dtype=np.int64)
+        np.maximum.at(size, root, tp.size)
+        live = np.zeros((nsteps + 1, tp.tiles), dtype=np.int64)
+        for r in np.flatnonzero(hi >= lo):
+            live[lo[r]] += size[r]
+            live[hi[r] + 1] -= size[r]
+        return np.cumsum(live, axis=0)[:-1].max(axis=0)
 
     def _bounds(self, tiles, addr, nbytes, what: str) -> None:
         lo = self.target.reserve_bytes
