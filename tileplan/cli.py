@@ -297,6 +297,23 @@ def validate_command(
     out.print("[green]validation passed[/green]")
 
 
+@app.command("report")
+def report_command(
+    package: Annotated[Path, typer.Argument(help="Package folder written by tileplan compile.", metavar="DIR")],
+    html: Annotated[Optional[Path], typer.Option("--html", help="Where to write the HTML report "
+                                                 "(default: DIR/report.html).")] = None,
+) -> None:
+    """Print a package's cost report and write it as one self-contained HTML file with plots."""
+    from .report.html import load_report_data, write_html
+    from .report.terminal import render_package
+
+    data = load_report_data(package)
+    out = _console()
+    out.print(render_package(data.plan, data.report, data.validation))
+    path = write_html(data, html if html is not None else package / "report.html")
+    out.print(f"wrote {path}")
+
+
 class _catalogue_progress:
     """A live progress display of the catalogue costing (stderr, only on a terminal)."""
 

@@ -11,6 +11,12 @@ makes (so a saved plan.json renders the same way) and returns rich renderables:
 3. the totals beside the roofline bound, the ratio, and the plan time.
 
 ``print_report(plan_or_data, console, plan_seconds)`` prints them.
+
+``render_package(plan, report, validation)`` is the report of a compiled package
+(``tileplan report DIR``): the same plan table, then each op's layouts and GEMM
+grid, the runner-ups, the totals, the estimate against the lowered program, and,
+when the package has been validated, the IPU model run (output errors, simulated
+cycles by phase, how many steps simulate as estimated).
 """
 
 from __future__ import annotations
@@ -81,6 +87,70 @@ def render(data: dict, plan_seconds: float | None = None) -> Group:
         if losers:
             parts.append(runner_up_table(op, chosen[op], losers))
     parts.append(totals_text(data, plan_seconds))
+    return Group(*parts)
+
+
+def _grid(g: dict | None) -> str:
+    if not g:
+        return "-"
+    batch = f" b{g['gb']}" if g["gb"] > 1 else ""
+    return f"{g['gm']}x{g['gn']}x{g['gk']}{batch} order {g['order']}, reduction {g['reduction']}, partials {g['partials']}"
+
+
+def layouts_table(data: dict) -> Table:
+    """Per op: the layouts the chosen candidate reads (parameters in their resident storage),
+    the layout it writes, and the GEMM grid."""
+    t = Table(title="Layouts and grids of the chosen candidates")
+    for col in ("op", "input layouts", "output layout", "grid"):
+        t.add_column(col, overflow="fold")
+    for op in data["ops"]:
+        ins = ", ".join(f"{name} {lay}" for name, lay in op["layouts"]["inputs"].items())
+        t.add_row(op["name"], ins, op["layouts"]["output"], _grid(op["grid"]))
+    return t
+
+
+def validation_parts(validation: dict, report: dict, roofline: float) -> list:
+    """The IPU model run of a validated package: output errors, cycles by phase, estimate per step."""
+    t = Table(title="Validation run on the IPU model")
+    for col in ("output", "max abs err", "max rel err", "cosine", "within tol"):
+        t.add_column(col, justify="left" if col == "output" else "right")
+    for name, fig in sorted(validation["outputs"].items()):
+        t.add_row(name, f"{fig['max_abs']:.6f}", f"{fig['max_rel']:.4f}", f"{fig['cosine']:.6f}",
+                  "[green]yes[/green]" if fig["passed"] else "[red]NO[/red]")
+    v = validation
+    est = {s["name"]: s["cycles"] + s["sync"] for s in report.get("estimate_steps", [])}
+    steps = v["steps"]
+    same = sum(est.get(s["name"]) == s["cycles"] + s["sync"] for s in steps)
+    worst = max(steps, key=lambda s: abs(s["cycles"] + s["sync"] - est.get(s["name"], 0)), default=None)
+    lines = [f"simulated: {v['cycles']:,} cycles (compute {v['compute']:,}, exchange {v['exchange']:,}, "
+             f"sync {v['sync']:,})" + (f", {v['cycles'] / roofline:.2f}x the roofline bound" if roofline else "")]
+    if report.get("estimate"):
+        e = report["estimate"]["cycles"]
+        lines.append(f"estimate / simulated = {e / max(v['cycles'], 1):.3f}; {same} of {len(steps)} steps "
+                     f"simulate exactly as estimated")
+        if worst is not None and same < len(steps):
+            w = worst["cycles"] + worst["sync"]
+            lines.append(f"largest step difference: {worst['name']} simulated {w:,}, "
+                         f"estimated {est.get(worst['name'], 0):,}")
+    peak = v["memory_peak"]
+    if peak:
+        lines.append(f"memory peak of the run: {max(peak):,} B on tile {peak.index(max(peak))}")
+    return [t, Text("\n".join(lines))]
+
+
+def render_package(data: dict, report: dict | None = None, validation: dict | None = None) -> Group:
+    """The terminal report of a package: plan, layouts, runner-ups, totals, program, validation run."""
+    parts = list(render(data).renderables)
+    parts.insert(1, layouts_table(data))
+    report = report or {}
+    if report.get("program_cycles") is not None:
+        steps = report.get("program_steps", [])
+        parts.append(Text(f"lowered program: {len(steps)} steps, {report['program_cycles']:,} cycles "
+                          f"(static count under the shared cycle model)"))
+    if validation is not None:
+        parts.extend(validation_parts(validation, report, data["roofline_cycles"]))
+    else:
+        parts.append(Text("not validated: run `tileplan validate DIR` to add the IPU model run", style="dim"))
     return Group(*parts)
 
 

@@ -1,0 +1,255 @@
+"""`tileplan report`: the terminal summary and the self-contained HTML report of the smoke package,
+opened in headless Chromium (Debian's `chromium`, installed by .ci/run).
+
+The console-error check relies on how this Chromium logs page messages with
+`--enable-logging=stderr --v=0`: every console message of the page (console.log,
+console.error, uncaught exceptions) becomes one stderr line such as
+
+    [pid:tid:time:INFO:CONSOLE:2] "Uncaught TypeError: ...", source: file:///... (2)
+
+(other builds print `ERROR:CONSOLE(2)]`). The report has no scripts at all, so any
+CONSOLE line from it is a failure; `test_the_console_check_catches_a_page_with_a_js_error`
+is the negative control showing the check fails on a page with a deliberate error.
+Failed resource loads are not logged there, so the page is also checked statically
+for any external reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from tileplan.cli import main
+from tileplan.report.plots import pareto, tile_grid
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = REPO / "fixtures" / "mlp_smoke_fp8.toml"
+GEMMS = ("fc1", "fc2")
+PLOTS = ("totals", "frontier-fc1", "frontier-fc2", "memory-map", "timeline")
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    """Run the CLI in this process; (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(argv))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def wide_output(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory) -> dict[str, Path]:
+    """The smoke package compiled and validated through the CLI, and an unvalidated copy."""
+    root = tmp_path_factory.mktemp("report")
+    pkg = root / "smoke"
+    code, out, err = cli("compile", str(SMOKE), "-o", str(pkg), "--jobs", "1")
+    assert code == 0, out + err
+    plain = root / "smoke-unvalidated"
+    shutil.copytree(pkg, plain)
+    code, out, err = cli("validate", str(pkg))
+    assert code == 0, out + err
+    assert (pkg / "validation.json").is_file()
+    return {"validated": pkg, "unvalidated": plain}
+
+
+@pytest.fixture(scope="module")
+def report(packages) -> tuple[Path, str]:
+    """`tileplan report` of the validated package: the HTML path and the terminal output."""
+    code, out, err = cli("report", str(packages["validated"]))
+    assert code == 0, out + err
+    html = packages["validated"] / "report.html"
+    assert html.is_file()
+    return html, out
+
+
+# ---- headless Chromium -----------------------------------------------------------------
+
+def chromium() -> str:
+    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    if path is None:
+        pytest.fail("headless Chromium is needed for the HTML report test and was not found: "
+                    "install Debian's package (apt-get install chromium), as .ci/run does")
+    return path
+
+
+def run_chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args, url]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"chromium failed ({done.returncode}):\n{done.stderr[-3000:]}"
+    return done
+
+
+CONSOLE = re.compile(r"(:CONSOLE[:(]|\bUncaught\b)")
+
+
+def console_errors(stderr: str) -> list[str]:
+    """The page's console lines in Chromium's stderr (browser noise such as D-Bus warnings is not)."""
+    return [line for line in stderr.splitlines() if CONSOLE.search(line)]
+
+
+class Dom(HTMLParser):
+    """What the checks need from a page: svg labels, table ids/classes, all link/src targets, text."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.svgs: list[str] = []
+        self.tables: list[str] = []
+        self.refs: list[tuple[str, str, str]] = []
+        self.tags: list[str] = []
+        self.text: list[str] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append(tag)
+        if tag == "svg" and "plot" in (a.get("class") or ""):
+            self.svgs.append(a.get("aria-label", ""))
+        if tag == "table":
+            self.tables.append(a.get("id") or a.get("class") or "")
+        for key in ("src", "href", "xlink:href", "data", "action", "srcset"):
+            if a.get(key):
+                self.refs.append((tag, key, a[key]))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def external_references(html: str) -> list[str]:
+    """Anything the page would fetch: scripts, stylesheets, links or URLs that leave the file."""
+    dom = Dom(html)
+    bad = [f"<{t} {k}={v!r}>" for t, k, v in dom.refs if not v.startswith(("#", "data:"))]
+    bad += [f"<{t}>" for t in dom.tags if t in ("script", "link", "iframe", "object", "embed", "img")]
+    bad += re.findall(r"@import|@font-face|url\((?!#)[^)]*\)", html)
+    return bad
+
+
+def test_the_html_report_loads_in_chromium_without_console_errors_and_shows_plots_and_tables(report, tmp_path):
+    html, _ = report
+    dom = run_chromium(html.as_uri(), tmp_path / "profile", "--dump-dom")
+    assert console_errors(dom.stderr) == []
+    page = Dom(dom.stdout)
+    assert page.svgs == list(PLOTS)
+    for table in ("op-table", "runner-ups", "step-table"):
+        assert table in page.tables
+    assert page.tables.count("runner-ups") == len(GEMMS)
+    text = " ".join(page.text)
+    for needle in ("Totals against the roofline bound", "Plan per op", "why it lost", "Per-tile memory map",
+                   "Supersteps of the IPU model run", "cast_x", "fc1", "bias2", "fc2.amp", "dominated on the coarse frontier",
+                   "selection:", "passed"):
+        assert needle in text, needle
+
+    shot = tmp_path / "report.png"
+    run_chromium(html.as_uri(), tmp_path / "profile", f"--screenshot={shot}", "--window-size=1400,3000")
+    from PIL import Image
+    with Image.open(shot) as im:
+        assert im.size == (1400, 3000)
+        colours = im.convert("RGB").resize((140, 300)).getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 50, "the screenshot is (nearly) blank"
+    print(f"screenshot: {shot}")
+
+
+def test_the_console_check_catches_a_page_with_a_js_error(tmp_path):
+    bad = tmp_path / "bad.html"
+    bad.write_text("<!DOCTYPE html><html><head><title>bad</title></head><body><p>page</p>"
+                   "<script>console.error('deliberate console error'); window.noSuchFunction();</script>"
+                   "</body></html>")
+    done = run_chromium(bad.as_uri(), tmp_path / "profile", "--dump-dom")
+    errors = console_errors(done.stderr)
+    assert any("deliberate console error" in e for e in errors), done.stderr[-3000:]
+    assert any("Uncaught" in e and "noSuchFunction" in e for e in errors), done.stderr[-3000:]
+
+
+def test_the_html_report_is_self_contained(report):
+    html, _ = report
+    text = html.read_text()
+    assert external_references(text) == []
+    assert external_references('<link rel="stylesheet" href="https://cdn.example/x.css">') != []   # the check bites
+    assert text.count("<svg") == len(PLOTS)
+    assert str(html.parent) not in text            # no paths: the page does not depend on where the package is
+
+
+def test_the_same_package_gives_the_same_html_bytes(packages, report, tmp_path):
+    html, _ = report
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(packages["validated"], moved)
+    code, out, err = cli("report", str(moved), "--html", str(tmp_path / "again.html"))
+    assert code == 0, out + err
+    assert (tmp_path / "again.html").read_bytes() == html.read_bytes()
+
+
+def test_the_terminal_report_shows_plan_layouts_runner_ups_totals_and_the_run(packages, report):
+    _, out = report
+    plan = json.loads((packages["validated"] / "plan.json").read_text())
+    validation = json.loads((packages["validated"] / "validation.json").read_text())
+    for needle in ("Plan: mlp_smoke_fp8 on ipu21-64", "Layouts and grids of the chosen candidates",
+                   "why it lost", "roofline bound: 972 cycles", "Validation run on the IPU model",
+                   f"simulated: {validation['cycles']:,} cycles", "steps simulate exactly as estimated",
+                   "wrote "):
+        assert needle in out, needle
+    for op in plan["ops"]:
+        assert op["name"] in out and op["layouts"]["output"] in out
+        if op["grid"]:
+            g = op["grid"]
+            assert f"{g['gm']}x{g['gn']}x{g['gk']} order {g['order']}" in out
+    for gemm in GEMMS:
+        assert f"{gemm}: chosen" in out
+    assert f"total: {plan['totals']['cycles']:,} cycles" in out
+
+
+def test_an_unvalidated_package_reports_without_the_timeline(packages, tmp_path):
+    out_html = tmp_path / "plain.html"
+    code, out, err = cli("report", str(packages["unvalidated"]), "--html", str(out_html))
+    assert code == 0, out + err
+    assert "not validated" in out
+    dom = Dom(out_html.read_text())
+    assert dom.svgs == ["totals", "frontier-fc1", "frontier-fc2", "memory-map"]
+    assert "step-table" not in dom.tables and "has not been validated" in " ".join(dom.text)
+    assert not (packages["unvalidated"] / "report.html").exists()
+
+
+def test_bad_packages_are_one_error_line_and_exit_2(packages, tmp_path):
+    code, out, err = cli("report", str(tmp_path))
+    assert code == 2 and err.startswith("error: ") and "not a tileplan package" in err and out == ""
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(packages["unvalidated"], damaged)
+    (damaged / "manifest.json").write_text("{ not json")
+    code, out, err = cli("report", str(damaged))
+    assert code == 2 and "damaged manifest" in err and "Traceback" not in err
+
+    edited = tmp_path / "edited"
+    shutil.copytree(packages["validated"], edited)
+    (edited / "validation.json").write_text('{"cycles": ')
+    (edited / "report.html").unlink(missing_ok=True)
+    code, out, err = cli("report", str(edited))
+    assert code == 2 and "validation.json" in err
+    assert not (edited / "report.html").exists()
+
+
+def test_tile_grids_fit_the_machines():
+    assert tile_grid(1472) == (32, 46)
+    assert tile_grid(64) == (8, 8)
+    rows, cols = tile_grid(67)                     # prime: a near-square grid with a few empty cells
+    assert rows * cols >= 67 and cols - rows <= 3
+
+
+def test_pareto_keeps_only_undominated_points_by_memory():
+    assert pareto([(10, 5), (8, 9), (12, 5), (9, 9), (7, 12), (11, 4)]) == [(7, 12), (8, 9), (10, 5), (11, 4)]

@@ -1,0 +1,196 @@
+"""The HTML cost report of a package: one self-contained file.
+
+``load_report_data(DIR)`` reads a package through ``lowering.package.load_package``
+(so a folder that is not a package, or one whose files do not match its manifest,
+is a ``TileplanError``) plus its ``validation.json`` when ``tileplan validate`` has
+run. ``render_html(data)`` fills ``templates/report.html.j2``; ``write_html`` writes
+the page atomically.
+
+The page has no external resources: no scripts at all, CSS in a ``<style>``
+element, system fonts only, and every plot an inline ``<svg>`` made by
+``report.plots``. It never names the folder it was made from and carries no
+time, so the same package gives the same bytes wherever it lives.
+
+Sections: totals against the roofline bound; the plan per op (chosen candidate,
+layouts, grid, cycles by phase, memory by class) and the conversions; per GEMM
+the Pareto frontier of its candidates and the runner-up table with why each
+lost; the per-tile memory map (total, standard, interleaved: the planner's peaks
+from report.json); and, for a validated package, the outputs' error figures, the
+superstep timeline of the IPU model run and estimate vs simulated per step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from ..errors import TileplanError
+from . import plots
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """What a report is made from: the package's JSON files, already checked."""
+
+    plan: dict                  # plan.json
+    report: dict                # report.json (estimate and program steps, memory per tile)
+    target: dict                # target.json
+    validation: dict | None     # validation.json, when the package has been validated
+    manifest_sha: str           # SHA-256 of manifest.json: names the package contents
+
+
+def load_report_data(path: str | Path) -> ReportData:
+    from ..lowering.package import load_package
+
+    pkg = load_package(path)
+    if not pkg.report:
+        raise TileplanError(f"{pkg.path}: the package has no report.json (compiled by an older tileplan?)")
+    validation = None
+    vpath = pkg.path / "validation.json"
+    if vpath.is_file():
+        try:
+            validation = json.loads(vpath.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise TileplanError(f"{vpath}: damaged validation record ({exc}); run tileplan validate again") from None
+        missing = [k for k in ("steps", "outputs", "cycles", "compute", "exchange", "sync", "memory_peak")
+                   if k not in validation]
+        if missing:
+            raise TileplanError(f"{vpath}: not a validation record (no {', '.join(missing)}); "
+                                f"run tileplan validate again")
+    target = json.loads((pkg.path / "target.json").read_text())
+    sha = hashlib.sha256((pkg.path / "manifest.json").read_bytes()).hexdigest()
+    return ReportData(pkg.plan, pkg.report, target, validation, sha)
+
+
+# ---- the page's content ------------------------------------------------------------------
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in name)
+
+
+def step_rows(data: ReportData) -> list[dict]:
+    """Per simulated step: its kind, the planner's estimate and the simulated cycles (each incl. sync)."""
+    est = {s["name"]: s for s in data.report.get("estimate_steps", [])}
+    rows = []
+    for s in data.validation["steps"]:
+        e = est.get(s["name"])
+        sim = s["cycles"] + s["sync"]
+        e_total = e["cycles"] + e["sync"] if e else None
+        kind = "local copy" if e and e["kind"] == "local_copy" else s["kind"]
+        rows.append({"name": s["name"], "kind": kind, "bytes": s.get("bytes", 0), "sync": s["sync"],
+                     "estimate": e_total, "simulated": sim,
+                     "delta": None if e_total is None else sim - e_total,
+                     "ratio": None if not e_total else sim / e_total})
+    return rows
+
+
+def memory_panels(data: ReportData) -> list[tuple[str, list[int], int]]:
+    """The planner's per-tile peaks by class (report.json), then the IPU model run's when validated."""
+    mem, t = data.report["memory"], data.target
+    usable = t["sram_bytes"] - t["reserve_bytes"]
+    panels = [
+        ("total (planner estimate)", mem["tile_estimate"], usable),
+        ("standard region (planner)", mem["standard"], t["standard_bytes"] - t["reserve_bytes"]),
+        ("interleaved region (planner)", mem["interleaved"], t["interleaved_bytes"]),
+    ]
+    if data.validation is not None and len(data.validation["memory_peak"]) == len(mem["tile_estimate"]):
+        panels.append(("IPU model run", data.validation["memory_peak"], usable))
+    return panels
+
+
+def context(data: ReportData) -> dict:
+    """Everything the template shows, as plain values and SVG strings."""
+    from .. import __version__
+
+    plan, report, v = data.plan, data.report, data.validation
+    ops = plan["ops"]
+    convs: dict[str, list[dict]] = {}
+    for c in plan["conversions"]:
+        convs.setdefault(c["for_op"], []).append(c)
+    simulated = ({k: v[k] for k in ("compute", "exchange", "sync", "cycles")} if v else None)
+    gemms = []
+    for op in ops:
+        losers = plan["runner_ups"].get(op["name"])
+        if losers is None:
+            continue
+        gemms.append({"op": op, "losers": losers,
+                      "frontier": plots.frontier_plot(op, losers, f"frontier-{_slug(op['name'])}")})
+    ctx = {
+        "version": __version__,
+        "plan": plan,
+        "target": data.target,
+        "totals": plan["totals"],
+        "roofline": plan["roofline_cycles"],
+        "ops": ops,
+        "convs": convs,
+        "conversions": plan["conversions"],
+        "gemms": gemms,
+        "manifest_sha": data.manifest_sha,
+        "passes": report.get("passes", []),
+        "pass_log": report.get("pass_log", []),
+        "program_cycles": report.get("program_cycles"),
+        "colours": plots.COLOURS,
+        "totals_svg": plots.totals_plot(plan["totals"], plan["roofline_cycles"], simulated),
+        "memory_svg": plots.memory_map(memory_panels(data), "memory-map"),
+        "memory_tiles": plots.tile_grid(plan["tiles"]),
+        "validation": v,
+    }
+    if v is not None:
+        rows = step_rows(data)
+        est = {s["name"]: s for s in report.get("estimate_steps", [])}
+        ctx.update({
+            "steps": rows,
+            "steps_matched": sum(r["estimate"] is not None for r in rows),
+            "steps_equal": sum(r["delta"] == 0 for r in rows),
+            "timeline_svg": plots.timeline_plot(v["steps"], est),
+            "sim_peak": max(v["memory_peak"]) if v["memory_peak"] else 0,
+            "sim_peak_tile": v["memory_peak"].index(max(v["memory_peak"])) if v["memory_peak"] else -1,
+            "passed": all(o["passed"] for o in v["outputs"].values()),
+        })
+    return ctx
+
+
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not x.is_integer():
+        return f"{x:,.2f}"
+    return f"{int(x):,}"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("tileplan.report", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters["num"] = _num
+    env.filters["slug"] = _slug
+    env.filters["signed"] = lambda x: "-" if x is None else f"{int(x):+,}"
+    return env
+
+
+def render_html(data: ReportData) -> str:
+    return _environment().get_template("report.html.j2").render(**context(data))
+
+
+def write_html(data: ReportData, path: str | Path) -> Path:
+    """Write the page atomically (a temporary file beside ``path``, renamed into place)."""
+    path = Path(path)
+    text = render_html(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,303 @@
+"""The HTML report's plots: matplotlib figures rendered to inline SVG strings.
+
+Every function takes plain JSON data (what a package's plan.json, report.json and
+validation.json hold) and returns one ``<svg>`` element as text, ready to paste
+into an HTML page:
+
+- ``totals_plot``: the whole program's cycles by phase (estimate, and the IPU
+  model's run when there is one) against the roofline bound;
+- ``frontier_plot``: one GEMM's candidates as cycles against memory per tile,
+  the chosen point marked, detailed and coarse estimates apart, and the Pareto
+  frontier of the detailed points;
+- ``memory_map``: all tiles as a grid of cells coloured by peak bytes, one
+  panel per memory class;
+- ``timeline_plot``: the superstep timeline of a run (compute, sync, exchange
+  per step) beside estimate vs simulated cycles per step.
+
+Output is deterministic: the Agg-free ``Figure`` API (no pyplot state), a fixed
+``svg.hashsalt``, no date in the metadata, and every element id prefixed with
+the plot's own name so several SVGs can share one HTML document without id
+clashes. The same data gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+
+import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+HASHSALT = "tileplan-report"
+
+# one colour per phase, used by every plot and by the HTML legend swatches
+COLOURS = {
+    "compute": "#4c72b0",
+    "local copy": "#9db8dc",
+    "sync": "#a8a8a8",
+    "exchange": "#dd8452",
+    "roofline": "#2a9d5c",
+    "chosen": "#c8102e",
+}
+
+RC = {
+    "svg.hashsalt": HASHSALT,
+    "svg.fonttype": "path",           # glyphs as paths: no font needed in the browser
+    "font.family": "DejaVu Sans",     # ships with matplotlib
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#e4e4e4",
+    "grid.linewidth": 0.6,
+    "axes.axisbelow": True,
+    "legend.frameon": False,
+    "legend.fontsize": 8,
+}
+
+
+def _n(x) -> str:
+    return f"{int(round(x)):,}"
+
+
+def _bytes_axis(ax, axis: str = "x") -> None:
+    fmt = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v / 1024:,.0f} KiB" if v >= 10240 else f"{v:,.0f}")
+    (ax.xaxis if axis == "x" else ax.yaxis).set_major_formatter(fmt)
+
+
+def _cycles_axis(ax, axis: str = "x") -> None:
+    fmt = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:,.0f}")
+    (ax.xaxis if axis == "x" else ax.yaxis).set_major_formatter(fmt)
+
+
+_ID = re.compile(r'\bid="([^"]+)"')
+_REF = re.compile(r'(href="#|url\(#)([^")]+)')
+
+
+def to_svg(fig: Figure, name: str) -> str:
+    """The figure as one ``<svg>`` element (no XML prolog), ids prefixed with ``name``."""
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": HASHSALT}):
+        fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight", pad_inches=0.08)
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]
+    text = _ID.sub(lambda m: f'id="{name}-{m.group(1)}"', text)
+    text = _REF.sub(lambda m: f"{m.group(1)}{name}-{m.group(2)}", text)
+    return text.replace("<svg ", f'<svg class="plot" role="img" aria-label="{name}" ', 1).strip() + "\n"
+
+
+def _figure(width: float, height: float) -> Figure:
+    with matplotlib.rc_context(RC):
+        return Figure(figsize=(width, height), layout="constrained")
+
+
+# ---- totals ---------------------------------------------------------------------
+
+def totals_plot(totals: dict, roofline: float, simulated: dict | None = None) -> str:
+    """Horizontal stacked bars of cycles by phase (estimate, simulated) with the roofline bound as a line."""
+    with matplotlib.rc_context(RC):
+        rows = [("planner estimate", totals)]
+        if simulated is not None:
+            rows.append(("IPU model run", simulated))
+        fig = _figure(7.2, 0.75 + 0.45 * len(rows))
+        ax = fig.add_subplot()
+        for y, (_label, t) in enumerate(rows):
+            left = 0
+            for phase in ("compute", "sync", "exchange"):
+                ax.barh(y, t[phase], left=left, height=0.55, color=COLOURS[phase],
+                        label=phase if y == 0 else None)
+                left += t[phase]
+            ax.text(left, y, f"  {_n(left)}  ({left / roofline:.1f}x roofline)" if roofline else f"  {_n(left)}",
+                    va="center", ha="left", fontsize=8)
+        ax.axvline(roofline, color=COLOURS["roofline"], linewidth=1.6,
+                   label=f"roofline bound {_n(roofline)}")
+        ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+        ax.invert_yaxis()
+        longest = max(sum(t[p] for p in ("compute", "sync", "exchange")) for _, t in rows)
+        ax.set_xlim(0, max(longest, roofline) * 1.32)
+        ax.set_xlabel("cycles")
+        _cycles_axis(ax)
+        ax.grid(axis="y", visible=False)
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4)
+        return to_svg(fig, "totals")
+
+
+# ---- Pareto frontier ------------------------------------------------------------------
+
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The non-dominated (memory, cycles) points, by increasing memory (both minimised)."""
+    out: list[tuple[float, float]] = []
+    for m, c in sorted(set(points)):
+        if not out or c < out[-1][1]:
+            out.append((m, c))
+    return out
+
+
+def frontier_plot(op: dict, losers: list[dict], slug: str) -> str:
+    """One GEMM's candidates: cycles against worst-tile memory; chosen point, runner-ups, frontier."""
+    with matplotlib.rc_context(RC):
+        fig = _figure(7.6, 3.6)
+        ax = fig.add_subplot()
+        chosen = (op["memory"]["total"], op["estimate"]["cycles"])
+        detailed = [(r["detailed"]["memory"]["total"], r["detailed"]["cycles"]) for r in losers if r["detailed"]]
+        coarse_of_detailed = [(r["coarse"]["memory"], r["coarse"]["cycles"]) for r in losers if r["detailed"]]
+        coarse_only = [(r["coarse"]["memory"], r["coarse"]["cycles"]) for r in losers if not r["detailed"]]
+
+        for (dm, dc), (cm, cc) in zip(detailed, coarse_of_detailed):
+            ax.plot([cm, dm], [cc, dc], color="#c9c9c9", linewidth=0.8, zorder=1)
+        if coarse_only:
+            ax.scatter(*zip(*coarse_only), marker="s", s=30, facecolors="none", edgecolors="#8a8a8a",
+                       linewidths=1.0, zorder=2)
+        if coarse_of_detailed:
+            ax.scatter(*zip(*coarse_of_detailed), marker="o", s=30, facecolors="none",
+                       edgecolors=COLOURS["compute"], linewidths=1.0, zorder=2)
+        if detailed:
+            ax.scatter(*zip(*detailed), marker="o", s=34, color=COLOURS["compute"], zorder=3)
+        front = pareto(detailed + [chosen])
+        if len(front) > 1:
+            ax.step(*zip(*front), where="post", color=COLOURS["compute"], linewidth=1.0,
+                    linestyle="--", zorder=2)
+        ax.scatter([chosen[0]], [chosen[1]], marker="*", s=220, color=COLOURS["chosen"],
+                   edgecolors="white", linewidths=0.8, zorder=4)
+        ax.annotate(_short(op), chosen, xytext=(8, 8), textcoords="offset points", fontsize=8,
+                    color=COLOURS["chosen"])
+
+        ax.set_xlabel("memory peak per tile (bytes, worst tile)")
+        ax.set_ylabel("cycles")
+        _bytes_axis(ax, "x")
+        _cycles_axis(ax, "y")
+        ax.margins(x=0.12, y=0.12)
+        handles = [
+            Line2D([], [], marker="*", linestyle="", markersize=12, color=COLOURS["chosen"],
+                   label="chosen (detailed estimate)"),
+            Line2D([], [], marker="o", linestyle="", color=COLOURS["compute"], label="runner-up, detailed estimate"),
+            Line2D([], [], marker="o", linestyle="", markerfacecolor="none", color=COLOURS["compute"],
+                   label="same runner-up, coarse estimate"),
+            Line2D([], [], marker="s", linestyle="", markerfacecolor="none", color="#8a8a8a",
+                   label="pruned on the coarse frontier"),
+            Line2D([], [], linestyle="--", color=COLOURS["compute"], label="Pareto frontier (detailed)"),
+        ]
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.set_title(f"{op['name']}: cycles against memory of its candidates", loc="left")
+        return to_svg(fig, slug)
+
+
+def _short(op: dict) -> str:
+    g = op.get("grid")
+    if not g:
+        return "chosen"
+    grid = f"{g['gm']}x{g['gn']}x{g['gk']}" + (f" b{g['gb']}" if g["gb"] > 1 else "")
+    return f"chosen: grid {grid}"
+
+
+# ---- memory map -----------------------------------------------------------------------
+
+def tile_grid(tiles: int) -> tuple[int, int]:
+    """(rows, columns) for drawing ``tiles`` cells: the divisor pair nearest a 3:2 landscape
+    (1472 -> 32 x 46, 64 -> 8 x 8); a prime count gets a near-square grid with empty cells."""
+    best = None
+    for cols in range(1, tiles + 1):
+        if tiles % cols == 0:
+            rows = tiles // cols
+            if cols >= rows:
+                score = abs(math.log(cols / rows / 1.4))
+                if best is None or score < best[0]:
+                    best = (score, rows, cols)
+    _, rows, cols = best
+    if rows == 1 and tiles > 8:                    # prime: no useful divisor
+        cols = math.ceil(math.sqrt(tiles * 1.4))
+        rows = math.ceil(tiles / cols)
+    return rows, cols
+
+
+def memory_map(panels: list[tuple[str, list[int], int]], slug: str) -> str:
+    """One panel per (title, bytes per tile, capacity in bytes): tiles as cells, tile 0 top left,
+    row-major; colour by bytes, scaled from the lowest to the highest tile of that panel."""
+    import numpy as np
+
+    with matplotlib.rc_context(RC):
+        tiles = len(panels[0][1])
+        rows, cols = tile_grid(tiles)
+        stacked = cols > 24                  # big machines: one panel per row, cells large enough to see
+        cell = min(0.3, (7.5 if stacked else 2.8) / cols)
+        width = max(cols * cell + 1.0, 3.2)
+        height = rows * cell + 0.75
+        fig = _figure(width, height * len(panels)) if stacked else _figure(width * len(panels), height)
+        axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0] if stacked else \
+            fig.subplots(1, len(panels), squeeze=False)[0]
+        for ax, (title, values, capacity) in zip(axes, panels):
+            v = np.full(rows * cols, np.nan)
+            v[:tiles] = values
+            grid = np.ma.masked_invalid(v.reshape(rows, cols))
+            lo, hi = int(min(values)), int(max(values))
+            mesh = ax.pcolormesh(grid, cmap="viridis", vmin=lo, vmax=hi if hi > lo else lo + 1,
+                                 edgecolors="white", linewidth=0.3 if cols <= 64 else 0.15)
+            ax.set_xlim(0, cols)
+            ax.set_ylim(rows, 0)
+            ax.set_aspect("equal")
+            ax.grid(False)
+            for side in ("top", "right", "bottom", "left"):
+                ax.spines[side].set_visible(False)
+            ax.set_xticks([])
+            ax.set_yticks([0.5, rows - 0.5], [f"tile 0", f"tile {(rows - 1) * cols}"], fontsize=7)
+            ax.tick_params(length=0)
+            peak = int(np.argmax(values))
+            share = f" = {100 * hi / capacity:.1f}% of {_n(capacity)}" if capacity else ""
+            ax.set_title(f"{title}\npeak {_n(hi)} B (tile {peak}){share}\nlowest {_n(lo)} B",
+                         loc="left", fontsize=8)
+            bar = fig.colorbar(mesh, ax=ax, shrink=0.85, pad=0.02, aspect=25)
+            bar.ax.tick_params(labelsize=7)
+            bar.ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _p: f"{x:,.0f}"))
+            bar.set_label("bytes", fontsize=7)
+        return to_svg(fig, slug)
+
+
+# ---- superstep timeline ---------------------------------------------------------------
+
+def timeline_plot(steps: list[dict], estimates: dict[str, dict]) -> str:
+    """Left: each step as a row, its compute (or local copy), sync and exchange segments at their
+    start cycle. Right: estimate vs simulated cycles (phase + sync) of the same step.
+
+    ``steps`` are the IPU model's profile steps (validation.json); ``estimates`` maps a step name
+    to the planner's estimate of that step (report.json ``estimate_steps``)."""
+    with matplotlib.rc_context(RC):
+        n = len(steps)
+        fig = _figure(11.0, 1.4 + 0.24 * n)
+        left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [2.2, 1]})
+        t = 0
+        for i, s in enumerate(steps):
+            est = estimates.get(s["name"])
+            if s["kind"] == "compute":
+                phase = "local copy" if est and est["kind"] == "local_copy" else "compute"
+                left.barh(i, s["cycles"], left=t, height=0.7, color=COLOURS[phase])
+                t += s["cycles"] + s["sync"]
+            else:
+                left.barh(i, s["sync"], left=t, height=0.7, color=COLOURS["sync"])
+                left.barh(i, s["cycles"], left=t + s["sync"], height=0.7, color=COLOURS["exchange"])
+                t += s["sync"] + s["cycles"]
+        left.set_yticks(range(n), [s["name"] for s in steps], fontsize=7.5 if n <= 60 else 6)
+        left.set_ylim(n - 0.5, -0.5)
+        left.set_xlim(0, t * 1.01)
+        left.set_xlabel("cycles from the start of the program")
+        left.grid(axis="y", visible=False)
+        _cycles_axis(left)
+        left.set_title(f"superstep timeline (IPU model run): {_n(t)} cycles", loc="left")
+        left.legend(handles=[Patch(color=COLOURS[p], label=p) for p in ("compute", "local copy", "sync", "exchange")],
+                    loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=4)
+
+        sim = [s["cycles"] + s["sync"] for s in steps]
+        est = [(estimates[s["name"]]["cycles"] + estimates[s["name"]]["sync"]) if s["name"] in estimates else 0
+               for s in steps]
+        ys = list(range(n))
+        right.barh([y - 0.19 for y in ys], est, height=0.36, color="#b9c7dd", label="planner estimate")
+        right.barh([y + 0.19 for y in ys], sim, height=0.36, color="#34495e", label="IPU model")
+        right.set_xlabel("cycles of the step (incl. sync)")
+        right.grid(axis="y", visible=False)
+        _cycles_axis(right)
+        right.set_title("estimate vs simulated, per step", loc="left")
+        right.legend(loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=2)
+        return to_svg(fig, "timeline")
