@@ -104,7 +104,6 @@ class SelectionModel:
         self.z: dict[str, dict[Any, Any]] = {}                 # tensor -> layout -> var (or 1 when fixed)
         self.y: dict[_Conversion, cp_model.IntVar] = {}
         self.forbidden: list[_Conversion] = []
-        self._objective_value: int | None = None
 
     # ---- variables ------------------------------------------------------------------------
 
@@ -121,7 +120,7 @@ class SelectionModel:
             for ch in p.choices[op]:
                 if ch.out not in self.z[t]:
                     self.z[t][ch.out] = self.model.new_bool_var(f"z[{t},{ch.out}]")
-        for i, op in enumerate(p.ops):
+        for op in p.ops:
             for k, t in enumerate(p.inputs[op]):
                 for src in self.z[t]:
                     for dst in self.wanted(op, k):
