@@ -47,7 +47,7 @@ RC = {
     "svg.hashsalt": HASHSALT,
     "svg.fonttype": "path",           # glyphs as paths: no font needed in the browser
     "font.family": "DejaVu Sans",     # ships with matplotlib
-    "font.size": 9,
+    "font.size": 10,
     "axes.titlesize": 10,
     "axes.spines.top": False,
     "axes.spines.right": False,
@@ -56,7 +56,7 @@ RC = {
     "grid.linewidth": 0.6,
     "axes.axisbelow": True,
     "legend.frameon": False,
-    "legend.fontsize": 8,
+    "legend.fontsize": 9,
 }
 
 
@@ -64,9 +64,14 @@ def _n(x) -> str:
     return f"{int(round(x)):,}"
 
 
-def _bytes_axis(ax, axis: str = "x") -> None:
-    fmt = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v / 1024:,.0f} KiB" if v >= 10240 else f"{v:,.0f}")
-    (ax.xaxis if axis == "x" else ax.yaxis).set_major_formatter(fmt)
+def _bytes_axis(ax, axis: str, largest: float) -> None:
+    """Bytes with thousands separators, or KiB once the values pass 64 KiB (labels stay short)."""
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    if largest >= 65536:
+        target.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _p: f"{v / 1024:,.0f} KiB"))
+    else:
+        target.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _p: f"{v:,.0f}"))
 
 
 def _cycles_axis(ax, axis: str = "x") -> None:
@@ -140,7 +145,7 @@ def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def frontier_plot(op: dict, losers: list[dict], slug: str) -> str:
     """One GEMM's candidates: cycles against worst-tile memory; chosen point, runner-ups, frontier."""
     with matplotlib.rc_context(RC):
-        fig = _figure(7.6, 3.6)
+        fig = _figure(8.6, 4.2)
         ax = fig.add_subplot()
         chosen = (op["memory"]["total"], op["estimate"]["cycles"])
         detailed = [(r["detailed"]["memory"]["total"], r["detailed"]["cycles"]) for r in losers if r["detailed"]]
@@ -163,12 +168,13 @@ def frontier_plot(op: dict, losers: list[dict], slug: str) -> str:
                     linestyle="--", zorder=2)
         ax.scatter([chosen[0]], [chosen[1]], marker="*", s=220, color=COLOURS["chosen"],
                    edgecolors="white", linewidths=0.8, zorder=4)
-        ax.annotate(_short(op), chosen, xytext=(8, 8), textcoords="offset points", fontsize=8,
-                    color=COLOURS["chosen"])
+        ax.annotate(_short(op), chosen, xytext=(10, -10), textcoords="offset points", fontsize=8, va="top",
+                    color=COLOURS["chosen"], zorder=5,
+                    bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
 
         ax.set_xlabel("memory peak per tile (bytes, worst tile)")
         ax.set_ylabel("cycles")
-        _bytes_axis(ax, "x")
+        _bytes_axis(ax, "x", max(m for m, _ in detailed + coarse_only + coarse_of_detailed + [chosen]))
         _cycles_axis(ax, "y")
         ax.margins(x=0.12, y=0.12)
         handles = [
@@ -222,19 +228,22 @@ def memory_map(panels: list[tuple[str, list[int], int]], slug: str) -> str:
     with matplotlib.rc_context(RC):
         tiles = len(panels[0][1])
         rows, cols = tile_grid(tiles)
-        stacked = cols > 24                  # big machines: one panel per row, cells large enough to see
-        cell = min(0.3, (7.5 if stacked else 2.8) / cols)
+        per_row = 2 if cols > 24 else len(panels)      # big machines: two panels a row, cells still visible
+        cell = min(0.3, (5.0 if per_row == 2 else 2.8) / cols)
         width = max(cols * cell + 1.0, 3.2)
-        height = rows * cell + 0.75
-        fig = _figure(width, height * len(panels)) if stacked else _figure(width * len(panels), height)
-        axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0] if stacked else \
-            fig.subplots(1, len(panels), squeeze=False)[0]
+        height = rows * cell + 0.8
+        nrows = math.ceil(len(panels) / per_row)
+        fig = _figure(width * per_row, height * nrows)
+        axes = fig.subplots(nrows, per_row, squeeze=False).ravel()
+        for ax in axes[len(panels):]:
+            ax.set_visible(False)
         for ax, (title, values, capacity) in zip(axes, panels):
             v = np.full(rows * cols, np.nan)
             v[:tiles] = values
             grid = np.ma.masked_invalid(v.reshape(rows, cols))
             lo, hi = int(min(values)), int(max(values))
-            mesh = ax.pcolormesh(grid, cmap="viridis", vmin=lo, vmax=hi if hi > lo else lo + 1,
+            uniform = hi == lo                  # one colour; scale from 0 so the bar reads sensibly
+            mesh = ax.pcolormesh(grid, cmap="viridis", vmin=0 if uniform else lo, vmax=max(hi, 1),
                                  edgecolors="white", linewidth=0.3 if cols <= 64 else 0.15)
             ax.set_xlim(0, cols)
             ax.set_ylim(rows, 0)
@@ -247,8 +256,8 @@ def memory_map(panels: list[tuple[str, list[int], int]], slug: str) -> str:
             ax.tick_params(length=0)
             peak = int(np.argmax(values))
             share = f" = {100 * hi / capacity:.1f}% of {_n(capacity)}" if capacity else ""
-            ax.set_title(f"{title}\npeak {_n(hi)} B (tile {peak}){share}\nlowest {_n(lo)} B",
-                         loc="left", fontsize=8)
+            spread = f"all {tiles:,} tiles equal" if uniform else f"lowest {_n(lo)} B"
+            ax.set_title(f"{title}\npeak {_n(hi)} B (tile {peak}){share}\n{spread}", loc="left", fontsize=8)
             bar = fig.colorbar(mesh, ax=ax, shrink=0.85, pad=0.02, aspect=25)
             bar.ax.tick_params(labelsize=7)
             bar.ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _p: f"{x:,.0f}"))
