@@ -232,5 +232,37 @@ def test_a_value_that_changes_type_in_place_travels_as_its_new_type():
 
 def test_a_vertex_reading_bytes_of_another_type_is_an_error():
     target = load_target("ipu21-64")
-    with pytest.raises(TileplanError, match=r"compute set 'up'.*hold unsigned char elements of 'send.u8', read as half"):
+    bad = r"compute set 'up'.*hold unsigned char elements of 'send.u8', read as half"
+    with pytest.raises(TileplanError, match=bad):
         Replay(tiny_program(target, read_as_fp8=False), target).run()
+
+
+def test_the_byte_map_agrees_with_a_byte_array_under_random_writes():
+    """``Memory`` (sorted chunks per tile) against a plain per-byte array of (variable, element)."""
+    from tileplan.lowering.emit.host import ELEMENT_BYTES, Chunk, Memory
+    rng = np.random.default_rng(5)
+    mem, size = Memory(1), 256
+    owner = np.full(size, -1)       # variable id per byte
+    elem = np.full(size, -1)        # element of that variable per byte
+    for var in range(400):
+        ctype = ["unsigned char", "half", "float"][rng.integers(3)]
+        isz = ELEMENT_BYTES[ctype]
+        a = int(rng.integers(0, size // isz)) * isz
+        n = int(rng.integers(1, (size - a) // isz + 1)) * isz
+        e0 = int(rng.integers(0, 100))
+        mem.write(0, Chunk(a, a + n, var, e0, ctype), a, n)
+        # the bytes of an element that the write only partly covers are lost
+        covered = {(o, x) for o, x in zip(owner[a:a + n], elem[a:a + n]) if o >= 0}
+        lost = np.array([(o, x) in covered for o, x in zip(owner, elem)])
+        owner[lost], elem[lost] = -1, -1
+        owner[a:a + n] = var
+        elem[a:a + n] = e0 + np.arange(n) // isz
+        pieces = mem.read(0, 0, size)
+        assert sum(e - s for s, e, _ in pieces) == size
+        got_owner = np.full(size, -1)
+        got_elem = np.full(size, -1)
+        for s, e, c in pieces:
+            if c is not None:
+                got_owner[s:e] = c.var
+                got_elem[s:e] = c.elem + (np.arange(s, e) - c.start) // ELEMENT_BYTES[c.ctype]
+        assert np.array_equal(got_owner, owner) and np.array_equal(got_elem, elem), var

@@ -40,7 +40,12 @@ bytes, decoded by the codelets), not Poplar's ``QUARTER``.
 
 Size: the tables (variables, pieces, slices, operands) are static const arrays
 and the vertices are added in loops, one loop per vertex group; the text grows
-with the number of transfers and vertices, never with one statement each.
+with the number of transfers and vertices, never with one statement each. It
+is still O(transfer rows), and so is the replay (pure Python): the 64-tile
+smoke package gives ~350 kB in well under a second, but the full-size SigLIP
+MLP on 1472 tiles (1.35M transfer rows at batch 1, 2.4M at batch 4, mostly the
+multicast of weight panels) gives 27-48 MB in 100-200 s. The fix is a
+vectorised replay and binary side tables read by host.cpp; not done yet.
 
 Host I/O: ``DATA_DIR/<tensor>.bin`` holds each input and parameter as raw
 row-major elements of its type (FP16 as IEEE half, FP8 as F143 bytes already
@@ -177,10 +182,10 @@ class Memory:
         keep = []
         while hi < len(chunks) and chunks[hi].start < end:
             c = chunks[hi]
-            if c.start < addr:
-                keep.append(_trim(c, c.start, addr))
-            if c.end > end:
-                keep.append(_trim(c, end, c.end))
+            if c.start < addr and (head := _trim(c, c.start, addr)) is not None:
+                keep.append(head)
+            if c.end > end and (tail := _trim(c, end, c.end)) is not None:
+                keep.append(tail)
             hi += 1
         new = keep[:1] if keep and keep[0].start < addr else []
         if chunk is not None:
@@ -190,11 +195,13 @@ class Memory:
         starts[lo:hi] = [c.start for c in new]
 
 
-def _trim(c: Chunk, a: int, b: int) -> Chunk:
+def _trim(c: Chunk, a: int, b: int) -> Chunk | None:
+    """The whole elements of ``c`` within bytes [a, b); a partly overwritten element is lost
+    (it was dead: the program writes over it), so its remaining bytes become undefined."""
     size = ELEMENT_BYTES[c.ctype]
-    if (a - c.start) % size:
-        raise TileplanError(f"a write splits a {c.ctype} element at byte {a} (value {c.var})")
-    return c.cut(a, b)
+    lo = c.start + -(-(a - c.start) // size) * size
+    hi = c.start + (b - c.start) // size * size
+    return c.cut(lo, hi) if lo < hi else None
 
 
 # ---- replaying the program -------------------------------------------------------------------
@@ -243,7 +250,8 @@ class Replay:
         self.inputs: list[HostTensor] = []
         self.outputs: list[HostTensor] = []
         self.steps: list[Step] = []
-        self._undefined: dict[str, int] = {}
+        self._undefined: dict[str, int] = {}        # per step and type: the uninitialised variable
+        self._step_vars: dict[tuple[str, str], int] = {}   # per step and type: the received elements
         self._step_name = ""
 
     # reads ---------------------------------------------------------------------------------
@@ -423,10 +431,9 @@ class Replay:
 
     def _step_var(self, ctype: str) -> int:
         key = (self._step_name, ctype)
-        cache = self.__dict__.setdefault("_step_vars", {})
-        if key not in cache:
-            cache[key] = self.values.variable(f"{self._step_name}.{TYPE_SUFFIX[ctype]}", ctype)
-        return cache[key]
+        if key not in self._step_vars:
+            self._step_vars[key] = self.values.variable(f"{self._step_name}.{TYPE_SUFFIX[ctype]}", ctype)
+        return self._step_vars[key]
 
     def _compute(self, si: int, step: ComputeSet) -> None:
         copies = sum(len(g.tile) for g in step.groups if g.call.primitive == "copy")
@@ -457,7 +464,8 @@ class Replay:
                 refs.append(row)
             params = [(f.name, f"{int(f.value)}u" if f.ctype == "unsigned" else f"{int(f.value)}")
                       for f in source.fields if not f.is_vector]
-            out.groups.append(Group(group.call, group.variant, f"group {gi}: {group.call} with {group.variant} on {len(tiles)} tiles",
+            comment = f"group {gi}: {group.call} with {group.variant} on {len(tiles)} tiles"
+            out.groups.append(Group(group.call, group.variant, comment,
                                     source.vertex, [f.name for f in source.fields if f.is_vector], params,
                                     tiles, refs))
         if copy_rows:
@@ -670,11 +678,13 @@ def render(replay: Replay, tp: TileProgram, target, model_name: str, codelet_fil
 
 def _host_copies(fn: str, doc: str, tensors: list[HostTensor], table: str) -> str:
     lines = [f"// {doc}.",
-             f"void {fn}(poplar::Graph &graph, const std::vector<poplar::Tensor> &vars, poplar::program::Sequence &prog) {{"]
+             f"void {fn}(poplar::Graph &graph, const std::vector<poplar::Tensor> &vars, "
+             f"poplar::program::Sequence &prog) {{"]
     for i, h in enumerate(tensors):
         lines.append(f"  {{  // {_comment(h.name)}: {h.kind} {h.dtype} {h.shape}, layout {_comment(h.layout)}")
         lines.append(f"    const HostTensor &t = k{table.capitalize()}[{i}];")
-        lines.append("    poplar::DataStream stream = graph.addHostToDeviceFIFO(t.name, elementType(t.type), t.elements);")
+        lines.append("    poplar::DataStream stream =\n"
+                     "        graph.addHostToDeviceFIFO(t.name, elementType(t.type), t.elements);")
         lines.append("    prog.add(poplar::program::Copy(stream, operand(vars, t.operand)));")
         for src, dst in h.replica_copies:
             lines.append(f"    prog.add(copy(vars, {src}, {dst}));  // to the other replicas")
