@@ -136,3 +136,21 @@ def test_random_small_graphs_run_without_conflict_and_agree_with_the_reference(c
     v = validate_package(Package(None, graph, target, state.tile_program, {}, {}, {}))   # raises on a conflict
     described = "; ".join(op.describe() for op in graph.ops) + f" on {target.tiles} tiles"
     assert v.passed, (described, v.outputs)
+
+
+def test_an_onnx_models_package_validates_with_the_parameter_values_it_carries(tmp_path):
+    from tileplan.graph.loaders import load_params
+    from tileplan.sim.reference import seeded_values
+
+    model = FIXTURES / "mlp_smoke_fp8.onnx"
+    graph, params = load_model(model), load_params(model)
+    _, _, path = compile_model(graph, load_target("ipu21-64"), tmp_path / "pkg", params=params, jobs=1)
+    pkg = load_package(path)
+    assert sorted(pkg.params) == sorted(params) == sorted(t.name for t in graph.by_role(Role.PARAMETER))
+    seeded = seeded_values(graph)
+    for name, value in params.items():
+        assert pkg.params[name].dtype == graph.tensors[name].dtype.numpy
+        assert pkg.params[name].tobytes() == value.astype(graph.tensors[name].dtype.numpy).tobytes()
+        assert pkg.params[name].tobytes() != seeded[name].tobytes(), "the file's values, not the seeded ones"
+    v = validate_package(pkg)
+    assert v.passed and v.outputs["y"]["max_abs"] <= 0.01
