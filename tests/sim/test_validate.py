@@ -132,6 +132,13 @@ def test_a_bad_npz_key_or_shape_is_refused_with_status_2(capsys, package, tmp_pa
     assert err == f"error: {path}: {problem}\n"
 
 
+def test_an_expected_file_without_arrays_is_refused_rather_than_passed(capsys, package, tmp_path):
+    path = save(tmp_path / "empty.npz")
+    code, out, err = run(capsys, "validate", str(package), "--expected", str(path))
+    assert code == 2 and out == ""
+    assert err == f"error: {path}: holds no arrays; expected values of the outputs 'y'\n"
+
+
 def test_a_file_that_is_not_an_npz_is_refused_with_status_2(capsys, package, tmp_path):
     path = tmp_path / "expected.npz"
     path.write_text("y = 1\n")

@@ -82,6 +82,9 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
                 raise TileplanError(f"{expected_path}: {name!r} is not an output of model {graph.name!r}")
             if tuple(arr.shape) != t.shape:
                 raise TileplanError(f"{expected_path}: {name!r} has shape {list(arr.shape)}, the model's is {list(t.shape)}")
+        if not expected:       # nothing to compare would pass vacuously
+            raise TileplanError(f"{expected_path}: holds no arrays; expected values of the outputs "
+                                f"{', '.join(repr(t.name) for t in outs)}")
     model = IPUModel(pkg.program, pkg.target, registry=registry)
     for b in pkg.program.buffers:
         if b.kind in ("input", "parameter"):
