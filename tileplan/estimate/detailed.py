@@ -79,7 +79,7 @@ def plan_for(src, dst, tiles: int):
     return _plan_cached(src.layout, dst.layout, tuple(src.shape), tuple(dst.shape), src.dtype, tiles)
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=16)       # plans may hold millions of fragments: keep few
 def _plan_cached(src_layout, dst_layout, src_shape, dst_shape, dtype, tiles):
     if src_shape != dst_shape and int(np.prod(src_shape)) != int(np.prod(dst_shape)):
         raise ValueError(f"copy between shapes {src_shape} and {dst_shape}")

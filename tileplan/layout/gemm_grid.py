@@ -103,7 +103,7 @@ class Grid:
         return end * dtype.itemsize
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=32)        # block grids can hold millions of intervals: keep few
 def _grid_owner_map(grid: Grid, shape: tuple[int, ...], itemsize: int) -> OwnerMap:
     cols = shape[-1]
     size = int(np.prod(shape))

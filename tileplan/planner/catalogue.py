@@ -33,6 +33,8 @@ from .frontier import frontier
 from .gemm import GemmShape, build_program, coarse_rows
 
 KEEP_PER_CHUNK = 6          # detailed candidates per boundary combination kept for selection
+DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the fastest by coarse cycles,
+                            # plus the least-memory entries of each class
 RUNNERS_UP = 8              # coarse runner-ups kept per chunk for the report
 
 
@@ -65,8 +67,12 @@ def _chunk(args):
     ins = tuple(l for l in (la, lb) if l is not None)
     fits = np.flatnonzero(rows.fits)
     if fits.size == 0:
-        return [], [], _overflow(rows, shape, op)
-    keep = fits[frontier(rows.cycles[fits], rows.memory[fits], ctx.frontier_bound, extremes=(rows.interleaved[fits],))]
+        return [], [], _overflow(rows, shape, op, ctx.target)
+    front = fits[frontier(rows.cycles[fits], rows.memory[fits], ctx.frontier_bound,
+                          extremes=(rows.interleaved[fits],))]
+    by_speed = front[np.lexsort((front, rows.cycles[front]))]
+    least = {int(front[np.lexsort((front, rows.cycles[front], col[front]))[0]]) for col in (rows.memory, rows.interleaved)}
+    keep = np.array(sorted(set(by_speed[:DETAIL_BUDGET].tolist()) | least), dtype=np.int64)
     survivors = []
     for i in keep.tolist():
         choice = rows.choice(shape, i)
@@ -76,25 +82,36 @@ def _chunk(args):
         transient = d.memory.by_kind.get("transient", np.zeros(tiles, dtype=np.int64))
         survivors.append(Candidate(op.name, ins, lc, str(choice), coarse, d.estimate, prog, transient,
                                    choice=choice))
-    # Runner-ups that never reached the detailed stage: the next fastest feasible options.
-    rest = np.setdiff1d(fits, keep)
-    rest = rest[np.argsort(rows.cycles[rest], kind="stable")][:RUNNERS_UP]
+    # Runner-ups that never reached the detailed stage: frontier entries beyond the detail budget,
+    # then the fastest options the frontier dropped.
+    on_front = np.setdiff1d(front, keep)
+    off_front = np.setdiff1d(fits, front)
     runners = []
-    front_best = survivors[0].coarse if survivors else None
-    for i in rest.tolist():
-        choice = rows.choice(shape, i)
-        coarse = Estimate(compute=int(rows.cycles[i]), total_memory=int(rows.memory[i]))
-        runners.append(Candidate(op.name, ins, lc, str(choice), coarse, coarse, None,
-                                 np.zeros(0, dtype=np.int64), choice=choice, detailed=False,
-                                 lost="dominated on the coarse frontier (another grid is no slower and no larger)"
-                                 if front_best else "thinned"))
+    for group, why in ((on_front, f"on the coarse frontier, outside the detail budget ({DETAIL_BUDGET} fastest "
+                                  "and the least-memory entries)"),
+                       (off_front, "off the coarse frontier: dominated (another grid is no slower and no larger) "
+                                   "or thinned from a crowded frontier")):
+        for i in group[np.argsort(rows.cycles[group], kind="stable")][:RUNNERS_UP].tolist():
+            choice = rows.choice(shape, i)
+            coarse = Estimate(compute=int(rows.cycles[i]), total_memory=int(rows.memory[i]))
+            runners.append(Candidate(op.name, ins, lc, str(choice), coarse, coarse, None,
+                                     np.zeros(0, dtype=np.int64), choice=choice, detailed=False, lost=why))
     return survivors, runners, None
 
 
-def _overflow(rows, shape, op) -> str:
-    i = int(np.argmin(rows.memory))
+def _overflow(rows, shape, op, target) -> str:
+    """Every option overflows: name the least-overflowing one's tile, class and excess."""
+    over_total = rows.memory - target.usable_bytes
+    over_il = rows.interleaved - target.interleaved_bytes
+    i = int(np.argmin(np.maximum(over_total, over_il)))
+    if over_total[i] >= over_il[i]:
+        what = (f"total memory: {int(rows.memory[i]):,} bytes, {int(over_total[i]):,} over the "
+                f"{target.usable_bytes:,} usable")
+    else:
+        what = (f"interleaved memory (AMP weight blocks): {int(rows.interleaved[i]):,} bytes, {int(over_il[i]):,} "
+                f"over the {target.interleaved_bytes:,} of the region")
     return (f"op {op.name!r} (matmul {shape.M}x{shape.K} @ {shape.K}x{shape.N}): every grid overflows tile memory; "
-            f"the smallest needs {int(rows.memory[i]):,} bytes on one tile")
+            f"the least overflowing ({rows.choice(shape, i)}) needs on tile 0, which holds the largest blocks, {what}")
 
 
 def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:

@@ -130,6 +130,7 @@ class GemmChoice:
     order: str = "bijl"
     reduction: str = "none"          # "none" (gk == 1), "gather" or "rows"
     partials: DType = DType.FP16
+    sk: int = 1                      # serial K steps: each tile walks its K range in sk chunks
 
     @property
     def tiles_used(self) -> int:
@@ -138,7 +139,8 @@ class GemmChoice:
     def __str__(self) -> str:
         red = "" if self.reduction == "none" else f" {self.reduction}"
         b = f"{self.gb}x" if self.gb > 1 else ""
-        return f"grid {b}{self.gm}x{self.gn}x{self.gk} {self.order}{red} {self.partials}"
+        serial = f" serial-K {self.sk}" if self.sk > 1 else ""
+        return f"grid {b}{self.gm}x{self.gn}x{self.gk} {self.order}{red}{serial} {self.partials}"
 
 
 def k_unit(g: GemmShape) -> int:
@@ -180,14 +182,18 @@ def grid_options(g: GemmShape, tiles: int) -> np.ndarray:
     return out[keep]
 
 
+SERIAL_K = (2, 3, 4, 6, 8, 12, 16, 24, 32)     # serial K steps tried for grids whose blocks do not fit
+
+
 @dataclass(frozen=True, eq=False)
 class CoarseRows:
-    """Coarse figures, one row per (grid, order, reduction, partials) option."""
+    """Coarse figures, one row per (grid, order, reduction, partials, serial K) option."""
 
     grid: np.ndarray        # int64 [n, 4]
     order: np.ndarray       # int64 index into ORDERS
     reduction: np.ndarray   # int64: 0 none, 1 gather, 2 rows
     partials: np.ndarray    # int64 index into g.partial_types()
+    sk: np.ndarray          # int64 serial K steps
     cycles: np.ndarray      # int64
     memory: np.ndarray      # int64 worst tile bytes (conservative)
     interleaved: np.ndarray # int64 bytes of AMP weight operands per tile
@@ -196,7 +202,8 @@ class CoarseRows:
     def choice(self, g: GemmShape, i: int) -> GemmChoice:
         gb, gm, gn, gk = (int(x) for x in self.grid[i])
         red = ("none", "gather", "rows")[int(self.reduction[i])]
-        return GemmChoice(gb, gm, gn, gk, ORDERS[int(self.order[i])], red, g.partial_types()[int(self.partials[i])])
+        return GemmChoice(gb, gm, gn, gk, ORDERS[int(self.order[i])], red, g.partial_types()[int(self.partials[i])],
+                          int(self.sk[i]))
 
 
 def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile: int) -> CoarseRows:
@@ -206,8 +213,11 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     to its boundary layout) over the exchange rate, the paired rate for the
     operand an order multicasts to adjacent tiles; the matmul kernel dispatch
     picks (AMP, or the vector-unit fallback) on the largest block and on the
-    last K block, whichever is slower; one sync per exchange phase. Memory (conservative): boundary pieces plus
-    every operand, partial and result block alive at once.
+    last K block, whichever is slower; one sync per exchange phase. Memory
+    (conservative): boundary pieces plus every operand, partial and result block
+    alive at once. Options that do not fit are tried again with serial K splits
+    (``SERIAL_K``): 1/sk of the operand blocks at a time, an accumulator of two
+    partial blocks, sk exchanges and sk - 1 in-place accumulations.
     """
     grids = grid_options(g, target.tiles)
     n_ptypes = len(g.partial_types())
@@ -225,13 +235,38 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     order = np.concatenate([np.full(len(i), o) for i, o, _, _ in rows]).astype(np.int64)
     red = np.concatenate([np.full(len(i), r) for i, _, r, _ in rows]).astype(np.int64)
     ptype = np.concatenate([np.full(len(i), p) for i, _, _, p in rows]).astype(np.int64)
+    sk = np.ones(len(grid), dtype=np.int64)
+    cycles, memory, inter = _coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile,
+                                         out_bytes_per_tile)
+    fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
+    # Serial K splits for the options that do not fit at once (one batch element per tile).
+    units = -(-g.K // k_unit(g))
+    retry = np.flatnonzero(~fits & (grid[:, 0] == g.batch))
+    extra = [(retry[units // (grid[retry, 3] * s) >= 1], s) for s in SERIAL_K]
+    extra = [(i, s) for i, s in extra if i.size]
+    if extra:
+        idx = np.concatenate([i for i, _ in extra])
+        sk2 = np.concatenate([np.full(i.size, s, dtype=np.int64) for i, s in extra])
+        c2, m2, i2 = _coarse_cost(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2,
+                                  in_bytes_per_tile, out_bytes_per_tile)
+        grid, order, red, ptype = (np.concatenate((a, a[idx])) for a in (grid, order, red, ptype))
+        sk, cycles, memory, inter = (np.concatenate(x) for x in ((sk, sk2), (cycles, c2), (memory, m2), (inter, i2)))
+        fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
+    return CoarseRows(grid, order, red, ptype, sk, cycles.astype(np.int64), memory.astype(np.int64),
+                      inter.astype(np.int64), fits)
+
+
+def _coarse_cost(g: GemmShape, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_bytes_per_tile):
+    """(cycles, memory, interleaved bytes) per option row; see ``coarse_rows``."""
     gb, gm, gn, gkk = grid.T
-    per_group = np.ceil(g.batch / gb).astype(np.int64)
+    per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
     n = (-(-(g.N // g.grain) // gn) * g.grain) if g.panels else -(-g.N // gn)
     n = np.minimum(n, g.N)
     unit = k_unit(g)
-    k = -(-(-(-g.K // unit)) // gkk) * unit
+    units = -(-g.K // unit)
+    kq = gkk * sk                                   # K blocks in all
+    k = -(-units // kq) * unit
     ia = g.in_dtype.itemsize
     pbytes = np.array([t.itemsize for t in g.partial_types()])[ptype]
     ob = g.out_dtype.itemsize
@@ -242,27 +277,26 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     bw, pbw = target.exchange_bytes_per_cycle, target.paired_bytes_per_cycle
     a_rate = np.where((order == 1) & (gn % 2 == 0), pbw, bw)
     b_rate = np.where((order == 2) & (gm % 2 == 0), pbw, bw)
-    prep = -(-a_blk // a_rate) + -(-b_blk // b_rate)
+    prep = (-(-a_blk // a_rate) + -(-b_blk // b_rate)) * sk
     # The kernel dispatch picks for the largest block and for the last K block (its tail may not
     # fill the AMP's 64-bit loads and fall back to the vector unit); the slower one sets the step.
-    units = -(-g.K // unit)
-    k_last = g.K - (units - units // np.minimum(gkk, units)) * unit
+    k_last = g.K - (units - units // np.minimum(kq, units)) * unit
     partials = np.where(gkk > 1, ptype, g.partial_types().index(g.out_dtype))
     amp = np.maximum(matmul_block_cycles(g, target, m, n, k, partials),
-                     matmul_block_cycles(g, target, m, n, k_last, partials)) * per_group
+                     matmul_block_cycles(g, target, m, n, k_last, partials)) * per_group * sk
+    acc_bytes = np.where(gkk > 1, pbytes, ob)
+    accumulate = (sk - 1) * (282 + 6 * -(-(m * n) // np.where(acc_bytes == 4, 24, 48)) * 13)
     has_red = red > 0
     piece = np.where(red == 2, -(-m // gkk), m)
     red_recv = np.where(has_red, (gkk - 1) * piece * n * pbytes * per_group, 0)
     red_cyc = np.where(has_red, 282 + 6 * -(-(piece * n) // 48) * (11 + 2 * (gkk - 1)) * per_group, 0)
     out_recv = np.where(has_red, piece * n * ob * per_group, c_blk)
-    syncs = target.sync_cycles * (2 + has_red.astype(np.int64))
-    cycles = prep + amp + -(-red_recv // bw) + red_cyc + -(-out_recv // bw) + syncs
+    syncs = target.sync_cycles * (1 + sk + has_red.astype(np.int64))
+    cycles = prep + amp + accumulate + -(-red_recv // bw) + red_cyc + -(-out_recv // bw) + syncs
     reducer_in = np.where(red == 1, gkk * p_blk, np.where(red == 2, gkk * piece * n * pbytes * per_group, 0))
-    memory = in_bytes_per_tile + out_bytes_per_tile + a_blk + b_blk + np.where(has_red, p_blk + reducer_in, c_blk)
-    inter = b_blk
-    fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
-    return CoarseRows(grid, order, red, ptype, cycles.astype(np.int64), memory.astype(np.int64),
-                      inter.astype(np.int64), fits)
+    result = np.where(has_red, p_blk + reducer_in, c_blk) + np.where(sk > 1, m * n * acc_bytes, 0)
+    memory = in_bytes_per_tile + out_bytes_per_tile + a_blk + b_blk + result
+    return cycles, memory, b_blk
 
 
 def matmul_block_cycles(g: GemmShape, target, m, n, k, partials) -> np.ndarray:
@@ -300,132 +334,155 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
 
     ``a_buf``/``b_buf`` are the operands' boundary (or resident) buffers and
     ``c_buf`` the result's boundary buffer; their layouts are the candidate's.
+
+    With a serial K split (``sk > 1``) each tile walks its K range in ``sk``
+    chunks: per chunk one exchange brings the next A and B blocks, the AMP
+    writes the chunk's product next to the running sum, and a two-part
+    reduction adds it in place. The running sum lives in an accumulator
+    buffer ``[part 0: sum; part 1: chunk]``; the partials (or the result) are a
+    view of its part 0.
     """
     prog = Program()
     for b in (a_buf, b_buf, c_buf):
         prog.add_buffer(b)
     T = tile_of(choice)
-    gb, gm, gn, gk = choice.gb, choice.gm, choice.gn, choice.gk
+    gb, gm, gn, gk, sk = choice.gb, choice.gm, choice.gn, choice.gk, choice.sk
     group = _batch_groups(g.batch, gb)
     mb = balanced_bounds(g.M, gm)
-    kb = aligned_bounds(g.K, gk, k_unit(g))
+    kb = aligned_bounds(g.K, gk * sk, k_unit(g))           # K block q = l * sk + s
+    nkb = len(kb) - 1
     nb = aligned_bounds(g.N, gn, g.grain) if g.panels else balanced_bounds(g.N, gn)
     batch_a = g.batch if g.a_batched else 1
     batch_b = g.batch if g.b_batched else 1
     name = g.op
+    ptype = choice.partials if gk > 1 else g.out_dtype
 
-    # A grid: blocks (a-batch, i) x l, replicated over j (and over batch groups when A is shared).
-    a_rows = np.concatenate([b * g.M + mb[:-1] for b in range(batch_a)] + [[batch_a * g.M]])
-    if g.a_batched:
-        a_hold = np.stack([T[group[b], :, :, :].transpose(0, 2, 1) for b in range(g.batch)])  # [b, i, l, j]
-        a_hold = a_hold.reshape(batch_a * gm, gk, gn)
+    # Holders per grid cell, independent of the serial step.
+    if g.a_batched:     # [a-batch * gm, gk, replicas]
+        a_hold = np.stack([T[group[b]].transpose(0, 2, 1) for b in range(g.batch)]).reshape(batch_a * gm, gk, gn)
     else:
         a_hold = T.transpose(1, 3, 0, 2).reshape(gm, gk, gb * gn)
-    a_grid = Grid.of(a_rows, kb, a_hold)
-    # B grid: blocks (b-batch, l) x j, replicated over i (and over groups when B is shared).
-    b_rows = np.concatenate([b * g.K + kb[:-1] for b in range(batch_b)] + [[batch_b * g.K]])
-    if g.b_batched:
-        b_hold = np.stack([T[group[b], :, :, :].transpose(2, 1, 0) for b in range(g.batch)])  # [b, l, j, i]
-        b_hold = b_hold.reshape(batch_b * gk, gn, gm)
+    if g.b_batched:     # [b-batch * gk, gn, replicas]
+        b_hold = np.stack([T[group[b]].transpose(2, 1, 0) for b in range(g.batch)]).reshape(batch_b * gk, gn, gm)
     else:
         b_hold = T.transpose(3, 2, 0, 1).reshape(gk, gn, gb * gm)
-    b_grid = Grid.of(b_rows, nb, b_hold, grain=g.grain if g.panels else 0)
-    A = prog.add_buffer(Buffer(f"{name}.A", a_grid, g.a2, g.in_dtype, scale=g.a_scale))
-    B = prog.add_buffer(Buffer(f"{name}.B", b_grid, g.b2, g.in_dtype, region="interleaved", scale=g.b_scale))
-    prog.steps.append(ExchangeStep(f"{name}.prep", (Copy(a_buf.name, A.name), Copy(b_buf.name, B.name))))
+    a_rows = np.concatenate([b * g.M + mb[:-1] for b in range(batch_a)] + [[batch_a * g.M]])
+    b_rows = np.concatenate([b * g.K + kb[:-1] for b in range(batch_b)] + [[batch_b * g.K]])
+
+    def step_grids(s: int):
+        """A and B grids of serial step s: K block l*sk+s of every cell, nothing else held."""
+        ah = np.full((a_hold.shape[0], nkb, a_hold.shape[2]), -1, dtype=np.int64)
+        ah[:, s::sk] = a_hold
+        bh = np.full((batch_b * nkb, gn, b_hold.shape[2]), -1, dtype=np.int64)
+        bh.reshape(batch_b, nkb, gn, -1)[:, s::sk] = b_hold.reshape(batch_b, gk, gn, -1)
+        return Grid.of(a_rows, kb, ah), Grid.of(b_rows, nb, bh, grain=g.grain if g.panels else 0), ah, bh
 
     # Result pieces: (b, i, p) row pieces x j, p over the reducing partners.
     pieces = gk if choice.reduction == "rows" else 1
     piece_b = [balanced_bounds(int(mb[i + 1] - mb[i]), pieces) for i in range(gm)]   # local to block i
-    c_rows = [b * g.M + mb[i] + piece_b[i][p] for b in range(g.batch) for i in range(gm) for p in range(pieces)]
-    c_rows = np.asarray(c_rows + [g.batch * g.M])
-    c_hold = np.stack([T[group[b], i, :, p] for b in range(g.batch) for i in range(gm) for p in range(pieces)])
-    c_grid = Grid.of(c_rows, nb, c_hold)
-    Cg = prog.add_buffer(Buffer(f"{name}.C", c_grid, g.c2, g.out_dtype, scale=g.c_scale))
-
-    ptype = choice.partials
-    a_off = a_grid.block_offsets(g.in_dtype.itemsize)
-    b_off = b_grid.block_offsets(g.in_dtype.itemsize)
-    out_scale_total = g.a_scale + g.b_scale
-    vertices = []
+    cells = [(b, i, p) for b in range(g.batch) for i in range(gm) for p in range(pieces)]
+    c_rows = np.asarray([b * g.M + mb[i] + piece_b[i][p] for b, i, p in cells] + [g.batch * g.M])
+    c_hold = np.stack([T[group[b], i, :, p] for b, i, p in cells])
+    # The AMP's output: partials rows (b, i, p, l) when K is split over tiles, else the result itself.
     if gk > 1:
-        # Partials: logical rows ordered (b, i, p, l) so a reducer's parts are adjacent.
-        heights = np.array([piece_b[i][p + 1] - piece_b[i][p] for b in range(g.batch) for i in range(gm)
-                            for p in range(pieces) for _ in range(gk)])
-        p_rows = np.concatenate(([0], np.cumsum(heights)))
-        prod_hold = np.stack([T[group[b], i, :, l] for b in range(g.batch) for i in range(gm)
-                              for p in range(pieces) for l in range(gk)])
-        red_hold = np.stack([T[group[b], i, :, p] for b in range(g.batch) for i in range(gm)
-                             for p in range(pieces) for l in range(gk)])
-        p_shape = (int(p_rows[-1]), g.N)
-        p_prod = Grid.of(p_rows, nb, prod_hold)
-        p_prod = Grid(p_prod.row_bounds, p_prod.col_bounds, p_prod.holders, 1, 0, ptype.itemsize)
-        p_red = Grid.of(p_rows, nb, red_hold)
-        p_red = Grid(p_red.row_bounds, p_red.col_bounds, p_red.holders, 1, 0, ptype.itemsize)
-        P = prog.add_buffer(Buffer(f"{name}.P", p_prod, p_shape, ptype))
-        R = prog.add_buffer(Buffer(f"{name}.Pr", p_red, p_shape, ptype))
-        out_grid, out_buf = p_prod, P
+        heights = np.array([piece_b[i][p + 1] - piece_b[i][p] for b, i, p in cells for _ in range(gk)])
+        out_rows = np.concatenate(([0], np.cumsum(heights)))
+        out_hold = np.stack([T[group[b], i, :, l] for b, i, p in cells for l in range(gk)])
+        out_shape = (int(out_rows[-1]), g.N)
     else:
-        out_grid, out_buf = c_grid, Cg
+        out_rows, out_hold, out_shape = c_rows, c_hold, g.c2
+    dense = ptype.itemsize                      # no padding: a tile's pieces form one m x n block
+    out_grid = Grid(*_grid_fields(Grid.of(out_rows, nb, out_hold)), align_bytes=dense)
+    if sk > 1:
+        # Accumulator [part 0; part 1] over the AMP output's rows; the output is a view of part 0.
+        total = int(out_rows[-1])
+        acc_rows = np.concatenate((out_rows, total + out_rows[1:]))
+        acc = Grid(*_grid_fields(Grid.of(acc_rows, nb, np.concatenate((out_hold, out_hold)))), align_bytes=dense)
+        ACC = prog.add_buffer(Buffer(f"{name}.acc", acc, (2 * total, g.N), ptype))
+        OUT = prog.add_buffer(Buffer(f"{name}.P" if gk > 1 else f"{name}.C", out_grid, out_shape, ptype,
+                                     scale=0 if gk > 1 else g.c_scale, view_of=ACC.name))
+        acc_off = acc.block_offsets(ptype.itemsize)
+    else:
+        OUT = prog.add_buffer(Buffer(f"{name}.P" if gk > 1 else f"{name}.C", out_grid, out_shape, ptype,
+                                     scale=0 if gk > 1 else g.c_scale))
+    out_off = out_grid.block_offsets(ptype.itemsize)
+    scale = g.a_scale + g.b_scale - (0 if gk > 1 else g.c_scale)
+    half = int(out_rows.size - 1)     # accumulator row blocks of part 1 follow those of part 0
 
-    out_off = out_grid.block_offsets(out_buf.dtype.itemsize)
-    for b in range(g.batch):
-        ab = b if g.a_batched else 0
-        bb = b if g.b_batched else 0
-        for i in range(gm):
-            m = int(mb[i + 1] - mb[i])
-            for j in range(gn):
-                n = int(nb[j + 1] - nb[j])
-                for l in range(gk):
-                    k = int(kb[l + 1] - kb[l])
-                    t = int(T[group[b], i, j, l])
-                    a_r = a_hold[ab * gm + i, l] if g.a_batched else a_hold[i, l]
-                    ai = int(np.flatnonzero(a_r == t)[0])
-                    b_r = b_hold[bb * gk + l, j]
-                    bi = int(np.flatnonzero(b_r == t)[0])
-                    a_o = int(a_off[ab * gm + i, l, ai])
-                    b_o = int(b_off[bb * gk + l, j, bi])
-                    if gk > 1:
-                        row_blk = ((b * gm + i) * pieces) * gk + l      # piece 0 of this (b, i, l)
-                        o_o = int(out_off[row_blk, j, 0])
-                        scale = out_scale_total
-                        ptype_v = ptype
-                    else:
-                        o_o = int(out_off[b * gm + i, j, 0])
-                        scale = out_scale_total - g.c_scale
-                        ptype_v = g.out_dtype
-                    call = MatMulCall(m, n, k, g.in_dtype, ptype_v, "interleaved",
-                                      "panels" if g.panels else "rows", scale, g.grain if g.panels else 0)
-                    vertices.append(_vertex(t, call, (Operand(A.name, a_o, m * k), Operand(B.name, b_o, k * n)),
-                                            (Operand(out_buf.name, o_o, m * n),), target))
-    prog.steps.append(ComputeStep(f"{name}.amp", tuple(vertices)))
+    for s in range(sk):
+        a_grid, b_grid, ah, bh = step_grids(s)
+        suffix = f"{s}" if sk > 1 else ""
+        A = prog.add_buffer(Buffer(f"{name}.A{suffix}", a_grid, g.a2, g.in_dtype, scale=g.a_scale))
+        B = prog.add_buffer(Buffer(f"{name}.B{suffix}", b_grid, g.b2, g.in_dtype, region="interleaved",
+                                   scale=g.b_scale))
+        prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(a_buf.name, A.name), Copy(b_buf.name, B.name))))
+        a_off = a_grid.block_offsets(g.in_dtype.itemsize)
+        b_off = b_grid.block_offsets(g.in_dtype.itemsize)
+        amp, red = [], []
+        for b in range(g.batch):
+            ab = b if g.a_batched else 0
+            bb = b if g.b_batched else 0
+            for i in range(gm):
+                m = int(mb[i + 1] - mb[i])
+                for j in range(gn):
+                    n = int(nb[j + 1] - nb[j])
+                    for l in range(gk):
+                        q = l * sk + s
+                        k = int(kb[q + 1] - kb[q])
+                        t = int(T[group[b], i, j, l])
+                        ai = int(np.flatnonzero(ah[ab * gm + i, q] == t)[0])
+                        bi = int(np.flatnonzero(bh[bb * nkb + q, j] == t)[0])
+                        blk = ((b * gm + i) * pieces) * gk + l if gk > 1 else b * gm + i   # piece 0
+                        call = MatMulCall(m, n, k, g.in_dtype, ptype, "interleaved",
+                                          "panels" if g.panels else "rows", scale, g.grain if g.panels else 0)
+                        ins = (Operand(A.name, int(a_off[ab * gm + i, q, ai]), m * k),
+                               Operand(B.name, int(b_off[bb * nkb + q, j, bi]), k * n))
+                        if sk == 1:
+                            out = Operand(OUT.name, int(out_off[blk, j, 0]), m * n)
+                        else:
+                            part0 = int(acc_off[blk, j, 0])
+                            out = Operand(ACC.name, part0 if s == 0 else int(acc_off[half + blk, j, 0]), m * n)
+                            if s > 0:
+                                rc = ReduceCall(m * n, 2, ptype, ptype)
+                                red.append(_vertex(t, rc, (Operand(ACC.name, part0, 2 * m * n),),
+                                                   (Operand(ACC.name, part0, m * n),), target))
+                        amp.append(_vertex(t, call, ins, (out,), target))
+        prog.steps.append(ComputeStep(f"{name}.amp{suffix}", tuple(amp)))
+        if red:
+            prog.steps.append(ComputeStep(f"{name}.accumulate{suffix}", tuple(red)))
 
+    Cg = OUT
     if gk > 1:
-        prog.steps.append(ExchangeStep(f"{name}.reduce.exchange", (Copy(P.name, R.name),)))
+        c_grid = Grid.of(c_rows, nb, c_hold)
+        Cg = prog.add_buffer(Buffer(f"{name}.Cr", c_grid, g.c2, g.out_dtype, scale=g.c_scale))
+        red_hold = np.stack([T[group[b], i, :, p] for b, i, p in cells for _ in range(gk)])
+        p_red = Grid(*_grid_fields(Grid.of(out_rows, nb, red_hold)), align_bytes=dense)
+        R = prog.add_buffer(Buffer(f"{name}.Pr", p_red, out_shape, ptype))
+        prog.steps.append(ExchangeStep(f"{name}.reduce.exchange", (Copy(OUT.name, R.name),)))
         r_off = p_red.block_offsets(ptype.itemsize)
         c_off = c_grid.block_offsets(g.out_dtype.itemsize)
         red = []
-        for b in range(g.batch):
-            for i in range(gm):
-                for p in range(pieces):
-                    h = int(piece_b[i][p + 1] - piece_b[i][p])
-                    if h == 0:
-                        continue
-                    for j in range(gn):
-                        n = int(nb[j + 1] - nb[j])
-                        t = int(T[group[b], i, j, p])
-                        blk = ((b * gm + i) * pieces + p) * gk
-                        call = ReduceCall(h * n, gk, ptype, g.out_dtype, -g.c_scale)
-                        c_blk = (b * gm + i) * pieces + p
-                        red.append(_vertex(t, call, (Operand(R.name, int(r_off[blk, j, 0]), gk * h * n),),
-                                           (Operand(Cg.name, int(c_off[c_blk, j, 0]), h * n),), target))
+        for ci, (b, i, p) in enumerate(cells):
+            h = int(piece_b[i][p + 1] - piece_b[i][p])
+            if h == 0:
+                continue
+            for j in range(gn):
+                n = int(nb[j + 1] - nb[j])
+                t = int(T[group[b], i, j, p])
+                call = ReduceCall(h * n, gk, ptype, g.out_dtype, -g.c_scale)
+                red.append(_vertex(t, call, (Operand(R.name, int(r_off[ci * gk, j, 0]), gk * h * n),),
+                                   (Operand(Cg.name, int(c_off[ci, j, 0]), h * n),), target))
         prog.steps.append(ComputeStep(f"{name}.reduce", tuple(red)))
 
     prog.steps.append(ExchangeStep(f"{name}.out", (Copy(Cg.name, c_buf.name),)))
     return prog
 
 
-_DISPATCH_CACHE: dict = {}
+def _grid_fields(grid: Grid) -> tuple:
+    return grid.row_bounds, grid.col_bounds, grid.holders, grid.replicas, grid.grain
+
+
+_DISPATCH_CACHE: dict = {}   # (call, target) -> (variant name, cycles)
 _BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> packed block shape -> cycles
 
 
