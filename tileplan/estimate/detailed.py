@@ -133,3 +133,27 @@ def cost_program(program: Program, target) -> Detailed:
                    standard=int(mem.standard.max(initial=0)), interleaved=int(mem.interleaved.max(initial=0)),
                    total_memory=int(mem.total.max(initial=0)), bytes_moved=moved)
     return Detailed(est, steps, mem.total, mem)
+
+
+def scheduled(program: Program, tiles: int) -> Program:
+    """The program as lowering will schedule it: copies that move nothing are dropped (their
+    destination aliases the source, as views do), and independent exchanges back to back share
+    one superstep (``lowering.passes``: eliminate_noop_copies, group_exchanges)."""
+    from .program import group_exchange_steps
+    aliases = {b.name: b.view_of for b in program.buffers.values() if b.view_of is not None}
+    steps = []
+    for step in program.steps:
+        if isinstance(step, ExchangeStep):
+            keep = []
+            for cp in step.copies:
+                plan = plan_for(program.buffers[cp.src], program.buffers[cp.dst], tiles)
+                if plan.is_identity and not plan.needs_rearrangement and cp.dst not in aliases:
+                    aliases[cp.dst] = cp.src
+                else:
+                    keep.append(cp)
+            if keep:
+                steps.append(ExchangeStep(step.name, tuple(keep)))
+        else:
+            steps.append(step)
+    steps, _ = group_exchange_steps(steps, aliases)
+    return Program(dict(program.buffers), steps)

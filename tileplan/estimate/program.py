@@ -96,3 +96,31 @@ class Program:
             self.add_buffer(b)
         self.steps.extend(other.steps)
         return self
+
+
+def group_exchange_steps(steps: list, aliases: dict[str, str]) -> tuple[list, list[str]]:
+    """Merge each exchange step into the one before it when no compute lies between them and
+    they are independent: no copy of the second reads memory the first writes, or writes memory
+    the first touches. Buffers are compared by the memory they occupy (``aliases``: buffer ->
+    buffer whose memory it shares). Returns the new steps and one log line per merge.
+
+    The low pass ``group_exchanges`` and the planner's whole-graph estimate both use this, so
+    the estimate counts the syncs the lowered program has.
+    """
+    def root(name: str) -> str:
+        while name in aliases:
+            name = aliases[name]
+        return name
+
+    out, log = [], []
+    for step in steps:
+        prev = out[-1] if out else None
+        if isinstance(step, ExchangeStep) and isinstance(prev, ExchangeStep):
+            written = {root(c.dst) for c in prev.copies}
+            touched = written | {root(c.src) for c in prev.copies}
+            if not any(root(c.src) in written or root(c.dst) in touched for c in step.copies):
+                out[-1] = ExchangeStep(f"{prev.name}+{step.name}", prev.copies + step.copies)
+                log.append(f"group_exchanges: {step.name} joins {prev.name}")
+                continue
+        out.append(step)
+    return out, log

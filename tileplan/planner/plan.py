@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import TileplanError
 from ..estimate.cost import Estimate
-from ..estimate.detailed import cost_program
+from ..estimate.detailed import cost_program, scheduled
 from ..estimate.memory import buffer_tile_bytes
 from ..estimate.program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Add, Graph, MatMul, Role
@@ -237,7 +237,7 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     if sol is None:
         raise no_fit_error(problem)
     mid = MidGraph.build(ctx, cands, sol.picks)
-    detailed = cost_program(mid.program, target)
+    detailed = cost_program(scheduled(mid.program, target.tiles), target)
     return Plan(graph, target, mid, cands, sol.picks, detailed.estimate, detailed, graph.roofline_cycles(target),
                 time.perf_counter() - t0, solver, ctx.runner_ups, sol)
 

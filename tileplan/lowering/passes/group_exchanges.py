@@ -9,28 +9,11 @@ another (``eliminate_noop_copies`` runs first) counts as its root buffer.
 
 from __future__ import annotations
 
-from ...estimate.program import ExchangeStep, Program
+from ...estimate.program import Program, group_exchange_steps
 
 
 def run(state):
-    steps = []
-    for step in state.program.steps:
-        prev = steps[-1] if steps else None
-        if isinstance(step, ExchangeStep) and isinstance(prev, ExchangeStep) and _independent(prev, step, state.aliases):
-            steps[-1] = ExchangeStep(f"{prev.name}+{step.name}", prev.copies + step.copies)
-            state.log.append(f"group_exchanges: {step.name} joins {prev.name}")
-        else:
-            steps.append(step)
+    steps, log = group_exchange_steps(state.program.steps, state.aliases)
+    state.log.extend(log)
     state.program = Program(dict(state.program.buffers), steps)
     return state
-
-
-def _independent(a: ExchangeStep, b: ExchangeStep, aliases: dict[str, str]) -> bool:
-    def root(name: str) -> str:
-        while name in aliases:
-            name = aliases[name]
-        return name
-
-    written = {root(c.dst) for c in a.copies}
-    touched = written | {root(c.src) for c in a.copies}
-    return not any(root(c.src) in written or root(c.dst) in touched for c in b.copies)
