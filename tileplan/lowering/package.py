@@ -8,7 +8,8 @@ program.json       the tile program's index (buffers, steps, calls, passes)
 program.npz        the tile program's arrays (addresses, vertex and transfer tables)
 params.npz         parameter values, when the model file carried them (ONNX, torch)
 codelets/*.cpp     one Poplar codelet per kernel specialisation
-host.cpp           the same graph built with the Poplar host API
+host.cpp           the same graph built with the Poplar host API, reading
+host/tables.bin    its variables, operands, vertices and copies (binary tables)
 report.json        estimate vs program by step, memory per tile, pass log
 manifest.json      SHA-256 of every file above, and the format version
 ```
@@ -78,8 +79,8 @@ def package_files(plan, state, target, params: dict | None, plan_json: dict, rep
         "program.json": dumps(index).encode(),
         "program.npz": npz,
         "report.json": dumps(report).encode(),
-        "host.cpp": emit_host(tp, target, plan.graph.name).encode(),
     }
+    files.update(emit_host(tp, target, plan.graph.name))    # host.cpp and host/tables.bin
     for name, src in emit_codelets(tp, target).items():
         files[name] = src.encode()
     if params:

@@ -1,11 +1,16 @@
-"""``host.cpp``: the tile program rebuilt with the Poplar host API.
+"""``host.cpp`` and ``host/tables.bin``: the tile program rebuilt with the Poplar host API.
 
-For users who have the Poplar SDK: ``g++ -std=c++17 host.cpp -lpoplar -o host
-&& ./host DATA_DIR`` builds the same graph (every vertex on the same tile with
-the same shapes, every value on the same tiles, every exchange moving the same
-elements between the same tiles, in the same step order), runs it on an
-IPUModel (or, with ``-DTILEPLAN_HARDWARE``, on an attached IPU) and writes the
-outputs next to the inputs.
+For users who have the Poplar SDK: from the package folder, ``g++ -std=c++17
+host.cpp -lpoplar -o host && ./host DATA_DIR`` builds the same graph (every
+vertex on the same tile with the same shapes, every value on the same tiles,
+every exchange moving the same elements between the same tiles, in the same
+step order), runs it on an IPUModel (or, with ``-DTILEPLAN_HARDWARE``, on an
+attached IPU) and writes the outputs next to the inputs.
+
+``host.cpp`` is small and generic: it reads the program from
+``host/tables.bin`` at startup (layout below) and adds variables, vertices and
+copies in loops. Its size does not depend on the number of vertices or
+transfers; the tables grow with them.
 
 How byte addresses become Poplar tensors
 -----------------------------------------
@@ -19,8 +24,9 @@ compiler chooses addresses and reuses memory itself from liveness. So the host
 program does not declare one variable per buffer (a vertex operand address
 cannot be traced back to one buffer without liveness, which the tile program
 does not store) nor one byte array per tile (typed fields could not connect to
-it). Instead, emission replays the program over a per-tile map of which *value*
-each byte range holds, and declares one Poplar variable per value written:
+it). Instead, emission replays the program over a map of which *value* each
+byte range of each tile holds, and declares one Poplar variable per value
+written:
 
 - one per host tensor (inputs and parameters), with one piece per owner-map
   interval (replicas included), each piece mapped to its tile;
@@ -34,18 +40,48 @@ all its transfers' slices (multicast sources appear once per destination), and
 on-tile copies (``copy`` vertex groups) are ``Copy`` programs too, since a
 Poplar ``Copy`` between slices on one tile is exactly that and our byte-copy
 vertex could not connect to typed data. Bytes read but never written (padding)
-come from an uninitialised variable of the reader's type. Placement in the
-interleaved region is left to Poplar; FP8 travels as ``UNSIGNED_CHAR`` (F143
-bytes, decoded by the codelets), not Poplar's ``QUARTER``.
+come from an uninitialised variable of the reader's type. A partly overwritten
+element becomes undefined (the program wrote over it: it was dead). Placement
+in the interleaved region is left to Poplar; FP8 travels as ``UNSIGNED_CHAR``
+(F143 bytes, decoded by the codelets), not Poplar's ``QUARTER``.
 
-Size: the tables (variables, pieces, slices, operands) are static const arrays
-and the vertices are added in loops, one loop per vertex group; the text grows
-with the number of transfers and vertices, never with one statement each. It
-is still O(transfer rows), and so is the replay (pure Python): the 64-tile
-smoke package gives ~350 kB in well under a second, but the full-size SigLIP
-MLP on 1472 tiles (1.35M transfer rows at batch 1, 2.4M at batch 4, mostly the
-multicast of weight panels) gives 27-48 MB in 100-200 s. The fix is a
-vectorised replay and binary side tables read by host.cpp; not done yet.
+The replay is vectorised: the byte map is one sorted partition of the address
+space ``tile * 2**32 + address`` into intervals (numpy arrays), every step
+reads all its operands with one ``searchsorted`` and applies all its writes
+as one overlay. Operand slices are stored as strided runs (a multicast source
+read by consecutive destinations is one run), which keeps the tables of the
+full-size SigLIP MLP on 1472 tiles (millions of transfer rows) small.
+
+``host/tables.bin``
+-------------------
+Little-endian. ``char magic[8] = "TPHOST1\\0"``, ``uint32 sections``, then per
+section: ``char name[16]`` (NUL-padded), ``uint32 element_bytes`` (1 for
+``strings``, 4 for every other section: signed int32), ``uint32 columns``,
+``uint64 rows``, then ``rows * columns * element_bytes`` bytes, row-major.
+A name is a byte offset into ``strings`` (NUL-terminated names). Sections:
+
+==============  =================================================================
+strings         the names, each NUL-terminated
+variables       name, element type (0 U8, 1 F16, 2 F32), first piece, pieces
+pieces          tile, elements (a variable is its pieces in order)
+runs            variable, begin, elements, count, stride: the ``count`` slices
+                ``[begin + c * stride, begin + c * stride + elements)``
+operands        first run, runs (an operand concatenates its runs' slices)
+host_tensors    role (0 parameter, 1 input, 2 output), name (stream handle and
+                file name), element type, elements, operand (row-major order,
+                replica 0), first replica copy, replica copies
+host_copies     source operand, destination operand (fill further replicas)
+steps           kind (0 compute, 1 exchange), name, first group, groups,
+                first copy, copies (a compute step executes its compute set,
+                then its copies; an exchange is its copies)
+groups          vertex class, first field, fields, first param, params,
+                first vertex, vertices, first operand: vertex ``i``'s field
+                ``j`` connects to operand ``first operand + i * fields + j``
+fields          name (vector fields: the inputs, then the outputs)
+params          name, unsigned (1) or int (0), value
+vertices        tile
+copies          source operand, destination operand (one ``Copy`` each)
+==============  =================================================================
 
 Host I/O: ``DATA_DIR/<tensor>.bin`` holds each input and parameter as raw
 row-major elements of its type (FP16 as IEEE half, FP8 as F143 bytes already
@@ -56,9 +92,9 @@ to ``DATA_DIR/<tensor>.bin``.
 
 from __future__ import annotations
 
-import bisect
+import heapq
+import struct
 from collections import defaultdict
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -67,429 +103,556 @@ from ...graph.dtypes import DType
 from ..tile_program import ComputeSet, Exchange, TileProgram
 from .codelets import emit_codelets, group_codelet
 
+CTYPES = ("unsigned char", "half", "float")              # element type codes 0 (U8), 1 (F16), 2 (F32)
+TYPE_CODE = {c: i for i, c in enumerate(CTYPES)}
 ELEMENT_BYTES = {"unsigned char": 1, "half": 2, "float": 4}
-POPLAR_TYPE = {"unsigned char": "poplar::UNSIGNED_CHAR", "half": "poplar::HALF", "float": "poplar::FLOAT"}
-TYPE_CODE = {"unsigned char": 0, "half": 1, "float": 2}
 TYPE_SUFFIX = {"unsigned char": "u8", "half": "f16", "float": "f32"}
+_ESZ = np.array([1, 2, 4, 1], np.int64)                   # element bytes by code; code -1 (undefined) -> 1
+STRIDE = 1 << 32                                          # global byte address: tile * STRIDE + address
+HOST_CPP = "host.cpp"
+TABLES_FILE = "host/tables.bin"
+MAGIC = b"TPHOST1\0"
+ROLE = {"parameter": 0, "input": 1, "output": 2}
+SECTIONS = (("strings", 1), ("variables", 4), ("pieces", 2), ("runs", 5), ("operands", 2), ("host_tensors", 7),
+            ("host_copies", 2), ("steps", 6), ("groups", 8), ("fields", 1), ("params", 3), ("vertices", 1),
+            ("copies", 2))
 
 
-# ---- values: Poplar variables, their tile pieces, slices and operands -------------------------
-
-@dataclass
-class Variable:
-    name: str
-    ctype: str
-    pieces: list = field(default_factory=list)   # [tile, elements], adjacent same-tile pieces merged
-    elements: int = 0
-
-    def add_piece(self, tile: int, elements: int) -> int:
-        """Append ``elements`` on ``tile``; returns the first element index of the piece."""
-        begin = self.elements
-        if self.pieces and self.pieces[-1][0] == tile:
-            self.pieces[-1][1] += elements
-        else:
-            self.pieces.append([tile, elements])
-        self.elements += elements
-        return begin
+def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(owner, rank)`` for ``counts[i]`` items per owner i, in owner order."""
+    counts = np.asarray(counts, np.int64)
+    owner = np.repeat(np.arange(counts.size), counts)
+    rank = np.arange(owner.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owner, rank
 
 
-class Values:
-    """Variables plus the deduplicated slice and operand (concatenation) tables."""
-
-    def __init__(self):
-        self.variables: list[Variable] = []
-        self.slices: list[tuple[int, int, int]] = []
-        self._slice_ids: dict[tuple[int, int, int], int] = {}
-        self.refs: list[tuple[int, int]] = []          # (first slice, number of slices) into ref_slices
-        self.ref_slices: list[int] = []
-        self._ref_ids: dict[tuple[int, ...], int] = {}
-
-    def variable(self, name: str, ctype: str) -> int:
-        self.variables.append(Variable(name, ctype))
-        return len(self.variables) - 1
-
-    def ref(self, parts: list[tuple[int, int, int]]) -> int:
-        """The operand id of the concatenation of ``(variable, begin, end)`` slices (adjacent ones merged)."""
-        merged: list[list[int]] = []
-        for v, b, e in parts:
-            if merged and merged[-1][0] == v and merged[-1][2] == b:
-                merged[-1][2] = e
-            else:
-                merged.append([v, b, e])
-        ids = []
-        for v, b, e in merged:
-            key = (v, b, e)
-            if key not in self._slice_ids:
-                self._slice_ids[key] = len(self.slices)
-                self.slices.append(key)
-            ids.append(self._slice_ids[key])
-        key = tuple(ids)
-        if key not in self._ref_ids:
-            self._ref_ids[key] = len(self.refs)
-            self.refs.append((len(self.ref_slices), len(ids)))
-            self.ref_slices.extend(ids)
-        return self._ref_ids[key]
+def _where(a: int, b: int) -> str:
+    return f"tile {int(a) // STRIDE} bytes [{int(a) % STRIDE}, {int(a) % STRIDE + int(b - a)})"
 
 
-# ---- the per-tile map of which value each byte range holds -------------------------------------
+def _run_starts(link: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Greedy strided runs, vectorised: which items start a run, given ``link`` (item k may extend a run
+    holding item k - 1) and ``step`` (the stride from item k - 1 to k). A run takes the stride of its first
+    step, so item k starts a run iff it cannot link, or it breaks the stride of a run item k - 1 extended:
+    ``start[k] = ~link[k] | (~start[k - 1] & diff[k])`` with ``diff[k] = link[k] & link[k - 1] &
+    (step[k] != step[k - 1])``. Within a stretch of consecutive diffs the starts alternate, beginning with
+    the opposite of the item before the stretch (which starts iff it cannot link)."""
+    n = link.size
+    diff = np.zeros(n, bool)
+    if n > 1:
+        diff[1:] = link[1:] & link[:-1] & (step[1:] != step[:-1])
+    start = ~link
+    k = np.flatnonzero(diff)
+    if k.size:
+        first = np.concatenate(([True], k[1:] != k[:-1] + 1))       # k begins a stretch of diffs
+        p = k[first][np.cumsum(first) - 1]                            # the stretch's first item
+        before = ~link[p - 1]                                         # does the item before it start a run
+        start[k] = before ^ ((k - p) % 2 == 0)
+    return start
 
-@dataclass(frozen=True)
-class Chunk:
-    start: int          # byte address on the tile
-    end: int
-    var: int            # variable id
-    elem: int           # element of the variable stored at ``start``
-    ctype: str
 
-    def cut(self, a: int, b: int) -> "Chunk":
-        return Chunk(a, b, self.var, self.elem + (a - self.start) // ELEMENT_BYTES[self.ctype], self.ctype)
+def _i64(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.int64)
 
 
-class Memory:
-    """Per tile, sorted disjoint byte ranges each holding a slice of one variable."""
+# ---- the map of which value each byte holds ---------------------------------------------------
+
+class ByteMap:
+    """A partition of the global byte space ``[0, tiles * STRIDE)`` into intervals, each holding
+    consecutive elements of one variable (``var >= 0``: element ``elem`` at the interval's start, element
+    type code ``ct``) or undefined bytes (``var == -1``). Adjacent intervals that continue each other
+    are merged."""
 
     def __init__(self, tiles: int):
-        self.starts: list[list[int]] = [[] for _ in range(tiles)]
-        self.chunks: list[list[Chunk]] = [[] for _ in range(tiles)]
+        self.limit = tiles * STRIDE
+        self.bounds = np.array([0, self.limit], np.int64)      # interval k is [bounds[k], bounds[k + 1])
+        self.var = np.array([-1], np.int64)
+        self.elem = np.zeros(1, np.int64)
+        self.ct = np.array([-1], np.int64)
 
-    def read(self, tile: int, addr: int, nbytes: int) -> list[tuple[int, int, Chunk | None]]:
-        """``(start, end, chunk or None)`` covering ``[addr, addr + nbytes)`` in order; None: never written."""
-        starts, chunks = self.starts[tile], self.chunks[tile]
-        end = addr + nbytes
-        i = max(bisect.bisect_right(starts, addr) - 1, 0)
-        out, at = [], addr
-        while i < len(chunks) and chunks[i].start < end:
-            c = chunks[i]
-            if c.end > at:
-                if c.start > at:
-                    out.append((at, c.start, None))
-                    at = c.start
-                out.append((at, min(c.end, end), c))
-                at = min(c.end, end)
-            i += 1
-        if at < end:
-            out.append((at, end, None))
-        return out
+    def read(self, qa: np.ndarray, qb: np.ndarray):
+        """The non-empty pieces of the byte ranges ``[qa, qb)``: ``(query, interval, start, end)`` in query
+        order, then address order."""
+        b = self.bounds
+        i0 = np.searchsorted(b, qa, "right") - 1
+        i1 = np.searchsorted(b, qb, "left")
+        q, rank = _expand(np.maximum(i1 - i0, 0))
+        idx = i0[q] + rank
+        ps, pe = np.maximum(b[idx], qa[q]), np.minimum(b[idx + 1], qb[q])
+        keep = ps < pe
+        return q[keep], idx[keep], ps[keep], pe[keep]
 
-    def write(self, tile: int, chunk: Chunk | None, addr: int, nbytes: int) -> None:
-        """Bytes ``[addr, addr + nbytes)`` now hold ``chunk`` (None: undefined)."""
-        starts, chunks = self.starts[tile], self.chunks[tile]
-        end = addr + nbytes
-        lo = max(bisect.bisect_right(starts, addr) - 1, 0)
-        while lo < len(chunks) and chunks[lo].end <= addr:
-            lo += 1
-        hi = lo
-        keep = []
-        while hi < len(chunks) and chunks[hi].start < end:
-            c = chunks[hi]
-            if c.start < addr and (head := _trim(c, c.start, addr)) is not None:
-                keep.append(head)
-            if c.end > end and (tail := _trim(c, end, c.end)) is not None:
-                keep.append(tail)
-            hi += 1
-        new = keep[:1] if keep and keep[0].start < addr else []
-        if chunk is not None:
-            new.append(chunk)
-        new += [c for c in keep if c.start >= end]
-        chunks[lo:hi] = new
-        starts[lo:hi] = [c.start for c in new]
+    def write(self, wa, wb, var, elem, ct, what: str) -> None:
+        """Bytes ``[wa, wb)`` now hold ``var`` from element ``elem`` (``var == -1``: undefined); the writes
+        must not overlap. An element of an older value that a write covers only partly is lost (undefined)."""
+        wa, wb, var, elem, ct = (_i64(x) for x in (wa, wb, var, elem, ct))
+        keep = wb > wa
+        order = np.argsort(wa[keep], kind="stable")
+        wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
+        if not wa.size:
+            return
+        over = np.flatnonzero(wa[1:] < wb[:-1])
+        if over.size:
+            k = int(over[0])
+            raise TileplanError(f"{what}: two writes to tile {wa[k + 1] // STRIDE} bytes "
+                                f"[{wa[k + 1] % STRIDE}, {min(wb[k], wb[k + 1]) % STRIDE}) in one step")
+        b, n = self.bounds, self.var.size
+        i0 = np.searchsorted(b, wa, "right") - 1
+        i1 = np.searchsorted(b, wb, "left")
+        touched = np.cumsum(np.bincount(i0, minlength=n + 1) - np.bincount(i1, minlength=n + 1))[:n] > 0
+        t = np.flatnonzero(touched)
+        # what the writes leave of the touched intervals: their intersections with the gaps between writes
+        gs, ge = np.concatenate(([0], wb)), np.concatenate((wa, [self.limit]))
+        gap = gs < ge
+        gs, ge = gs[gap], ge[gap]
+        ts, te = b[t], b[t + 1]
+        j0 = np.searchsorted(ge, ts, "right")
+        j1 = np.searchsorted(gs, te, "left")
+        k, rank = _expand(np.maximum(j1 - j0, 0))
+        j = j0[k] + rank
+        old = t[k]
+        ps, pe = np.maximum(ts[k], gs[j]), np.minimum(te[k], ge[j])
+        nonempty = ps < pe
+        old, ps, pe = old[nonempty], ps[nonempty], pe[nonempty]
+        ov, oc, os_ = self.var[old], self.ct[old], b[old]
+        z = _ESZ[oc]
+        lo = os_ - (os_ - ps) // z * z                 # whole elements of the old value in [ps, pe)
+        hi = os_ + (pe - os_) // z * z
+        whole = (ov >= 0) & (lo < hi)
+        head = whole & (ps < lo)
+        tail = whole & (hi < pe)
+        lost = ~whole
+        starts = np.concatenate((wa, lo[whole], ps[head], hi[tail], ps[lost]))
+        nv = np.concatenate((var, ov[whole], np.full(int(head.sum() + tail.sum() + lost.sum()), -1)))
+        ne = np.concatenate((elem, self.elem[old][whole] + (lo - os_)[whole] // z[whole],
+                             np.zeros(starts.size - var.size - int(whole.sum()), np.int64)))
+        nc = np.concatenate((ct, oc[whole], np.full(nv.size - var.size - int(whole.sum()), -1)))
+        order = np.argsort(starts, kind="stable")
+        starts, nv, ne, nc = starts[order], nv[order], ne[order], nc[order]
+        # merge the new intervals into the untouched ones (both sorted, disjoint)
+        kept = np.flatnonzero(~touched)
+        pos = np.searchsorted(b[kept], starts) + np.arange(starts.size)
+        total = kept.size + starts.size
+        slot = np.ones(total, bool)
+        slot[pos] = False
+        out = []
+        for old_a, new_a in ((b[:-1], starts), (self.var, nv), (self.elem, ne), (self.ct, nc)):
+            a = np.empty(total, np.int64)
+            a[slot] = old_a[kept]
+            a[pos] = new_a
+            out.append(a)
+        s, v, e, c = out
+        gapb = s[1:] - s[:-1]
+        zz = _ESZ[c[1:]]
+        join = (v[1:] == v[:-1]) & ((v[1:] < 0) | ((gapb % zz == 0) & (e[1:] == e[:-1] + gapb // zz)))
+        first = np.concatenate(([True], ~join))
+        self.bounds = np.concatenate((s[first], [self.limit]))
+        self.var, self.elem, self.ct = v[first], e[first], c[first]
 
 
-def _trim(c: Chunk, a: int, b: int) -> Chunk | None:
-    """The whole elements of ``c`` within bytes [a, b); a partly overwritten element is lost
-    (it was dead: the program writes over it), so its remaining bytes become undefined."""
-    size = ELEMENT_BYTES[c.ctype]
-    lo = c.start + -(-(a - c.start) // size) * size
-    hi = c.start + (b - c.start) // size * size
-    return c.cut(lo, hi) if lo < hi else None
+# ---- the tables host.cpp reads ---------------------------------------------------------------
+
+class Tables:
+    """Variables, their pieces, operands as strided runs of slices, and the program tables."""
+
+    def __init__(self):
+        self.strings = bytearray()
+        self._string_ids: dict[str, int] = {}
+        self.var_name: list[str] = []
+        self.var_type: list[int] = []
+        self.var_size: list[int] = []
+        self._pieces: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._runs: list[np.ndarray] = []
+        self._op_runs: list[np.ndarray] = []
+        self.n_ops = 0
+        self.host_tensors: list[list[int]] = []
+        self.host_copies: list[list[int]] = []
+        self.steps: list[list[int]] = []
+        self.groups: list[list[int]] = []
+        self.fields: list[list[int]] = []
+        self.params: list[list[int]] = []
+        self._vertices: list[np.ndarray] = []
+        self.n_vertices = 0
+        self.copies: list[list[int]] = []
+
+    def string(self, s: str) -> int:
+        if s not in self._string_ids:
+            self._string_ids[s] = len(self.strings)
+            self.strings += s.encode() + b"\0"
+        return self._string_ids[s]
+
+    def variable(self, name: str, ctype: str) -> int:
+        self.var_name.append(name)
+        self.var_type.append(TYPE_CODE[ctype])
+        self.var_size.append(0)
+        return len(self.var_name) - 1
+
+    def pieces(self, var: int, tiles, counts) -> np.ndarray:
+        """Append pieces of ``counts`` elements on ``tiles`` to ``var``; the first element of each."""
+        tiles, counts = _i64(tiles), _i64(counts)
+        begins = self.var_size[var] + np.cumsum(counts) - counts
+        self.var_size[var] += int(counts.sum())
+        self._pieces.append((var, tiles, counts))
+        return begins
+
+    def operands(self, n: int, q, var, begin, end) -> int:
+        """Add ``n`` operands, operand ``i`` concatenating the slices ``[begin, end)`` of ``var`` where
+        ``q == i`` (``q`` ascending, slices in order); returns the id of the first."""
+        q, var, begin, end = (_i64(x) for x in (q, var, begin, end))
+        keep = end > begin
+        q, var, begin, end = q[keep], var[keep], begin[keep], end[keep]
+        if q.size:   # merge slices that continue each other
+            cont = (q[1:] == q[:-1]) & (var[1:] == var[:-1]) & (begin[1:] == end[:-1])
+            first = np.flatnonzero(np.concatenate(([True], ~cont)))
+            last = np.concatenate((first[1:] - 1, [q.size - 1]))
+            q, var, begin, end = q[first], var[first], begin[first], end[last]
+        length = end - begin
+        link = np.concatenate(([False], (q[1:] == q[:-1]) & (var[1:] == var[:-1]) & (length[1:] == length[:-1])))
+        step = np.concatenate(([0], begin[1:] - begin[:-1]))
+        start = np.flatnonzero(_run_starts(link, step))
+        count = np.diff(np.concatenate((start, [q.size])))
+        stride = np.where(count > 1, step[np.minimum(start + 1, max(q.size - 1, 0))], 0)
+        self._runs.append(np.stack([var[start], begin[start], length[start], count, stride], axis=1))
+        self._op_runs.append(np.bincount(q[start], minlength=n)[:n])
+        first_op = self.n_ops
+        self.n_ops += n
+        return first_op
+
+    def vertices(self, tiles) -> int:
+        self._vertices.append(_i64(tiles))
+        self.n_vertices += len(tiles)
+        return self.n_vertices - len(tiles)
+
+    def sections(self) -> dict[str, np.ndarray]:
+        """Every section as an int64 ``[rows, columns]`` array (``strings`` as bytes)."""
+        nv = len(self.var_name)
+        if self._pieces:
+            pv = np.concatenate([np.full(t.size, v, np.int64) for v, t, _ in self._pieces])
+            pt = np.concatenate([t for _, t, _ in self._pieces])
+            pc = np.concatenate([c for _, _, c in self._pieces])
+            order = np.argsort(pv, kind="stable")
+            pv, pt, pc = pv[order], pt[order], pc[order]
+            keep = pc > 0
+            pv, pt, pc = pv[keep], pt[keep], pc[keep]
+            first = np.flatnonzero(np.concatenate(([True], (pv[1:] != pv[:-1]) | (pt[1:] != pt[:-1]))))
+            pv, pt, pc = pv[first], pt[first], np.add.reduceat(pc, first) if first.size else pc[:0]
+        else:
+            pv = pt = pc = np.zeros(0, np.int64)
+        npieces = np.bincount(pv, minlength=nv)[:nv]
+        runs = np.concatenate(self._runs) if self._runs else np.zeros((0, 5), np.int64)
+        op_runs = np.concatenate(self._op_runs) if self._op_runs else np.zeros(0, np.int64)
+
+        def table(rows, columns):
+            return np.asarray(rows, np.int64).reshape(-1, columns)
+
+        names = _i64([self.string(s) for s in self.var_name])      # before ``strings`` is taken
+        return {
+            "strings": bytes(self.strings),
+            "variables": np.stack([names, _i64(self.var_type), np.cumsum(npieces) - npieces, npieces], axis=1),
+            "pieces": np.stack([pt, pc], axis=1),
+            "runs": runs,
+            "operands": np.stack([np.cumsum(op_runs) - op_runs, op_runs], axis=1),
+            "host_tensors": table(self.host_tensors, 7),
+            "host_copies": table(self.host_copies, 2),
+            "steps": table(self.steps, 6),
+            "groups": table(self.groups, 8),
+            "fields": table(self.fields, 1),
+            "params": table(self.params, 3),
+            "vertices": (np.concatenate(self._vertices) if self._vertices else np.zeros(0, np.int64))[:, None],
+            "copies": table(self.copies, 2),
+        }
+
+
+def pack_tables(sections: dict[str, np.ndarray]) -> bytes:
+    """``host/tables.bin`` (layout in the module docstring); int32 values, checked."""
+    out = [MAGIC, struct.pack("<I", len(SECTIONS))]
+    strings = sections["strings"]
+    for name, columns in SECTIONS:
+        if name == "strings":
+            out += [struct.pack("<16sIIQ", name.encode(), 1, 1, len(strings)), strings]
+            continue
+        a = np.asarray(sections[name], np.int64).reshape(-1, columns)
+        if a.size and (a.min() < -2**31 or a.max() >= 2**31):
+            raise TileplanError(f"host tables: {name} holds a value outside int32 "
+                                f"({int(a.min())}..{int(a.max())})")
+        out += [struct.pack("<16sIIQ", name.encode(), 4, columns, a.shape[0]), a.astype("<i4").tobytes()]
+    return b"".join(out)
 
 
 # ---- replaying the program -------------------------------------------------------------------
 
-@dataclass
-class HostTensor:
-    name: str            # the graph tensor (stream handle and file name)
-    buffer: str
-    kind: str            # "input", "parameter" or "output"
-    dtype: str
-    shape: list
-    layout: str
-    ctype: str
-    elements: int
-    ref: int             # the tensor in logical (row-major) order, replica 0
-    replica_copies: list  # (src ref, dst ref): one Copy filling every further replica
-
-
-@dataclass
-class Group:
-    call: object         # the kernel call and variant (for readers of the replay, e.g. tests)
-    variant: str
-    comment: str
-    vertex: str
-    fields: list         # vector field names, in operand order
-    params: list         # (name, C++ literal)
-    tiles: list
-    refs: list           # per vertex, one ref per vector field
-
-
-@dataclass
-class Step:
-    kind: str            # "compute" or "exchange"
-    name: str
-    comment: str
-    groups: list = field(default_factory=list)
-    copies: list = field(default_factory=list)   # (src ref, dst ref, comment)
-
-
 class Replay:
+    """Replays a tile program over the byte map, filling ``Tables``."""
+
     def __init__(self, tp: TileProgram, target, registry=None):
         self.tp, self.target, self.registry = tp, target, registry
-        self.values = Values()
-        self.memory = Memory(tp.tiles)
-        self.upload: list[HostTensor] = []
-        self.inputs: list[HostTensor] = []
-        self.outputs: list[HostTensor] = []
-        self.steps: list[Step] = []
-        self._undefined: dict[str, int] = {}        # per step and type: the uninitialised variable
-        self._step_vars: dict[tuple[str, str], int] = {}   # per step and type: the received elements
-        self._step_name = ""
+        self.tables = Tables()
+        self.map = ByteMap(tp.tiles)
+        self._vars: dict[tuple[str, str], int] = {}
+        self._step = ""
+        self.summary = {"vertices": 0, "transfers": 0}
+
+    def _named_var(self, name: str, ctype: str) -> int:
+        if (name, ctype) not in self._vars:
+            self._vars[(name, ctype)] = self.tables.variable(name, ctype)
+        return self._vars[(name, ctype)]
 
     # reads ---------------------------------------------------------------------------------
 
-    def typed_read(self, tile: int, addr: int, nbytes: int, ctype: str, what: str) -> list[tuple[int, int, int]]:
+    def typed_read(self, tiles, addrs, nbytes, ctype: str, what: str, *, written: bool = False):
+        """The slices ``(query, var, begin, end)`` that typed reads of ``nbytes`` (one size or one per read)
+        at ``(tiles, addrs)`` see. Never-written bytes read as a piece of the step's uninitialised variable of
+        the type, or are an error if ``written``."""
         size = ELEMENT_BYTES[ctype]
-        if nbytes % size:
-            raise TileplanError(f"{what}: {nbytes} bytes is not a whole number of {ctype} elements")
-        parts = []
-        for a, b, c in self.memory.read(tile, addr, nbytes):
-            if c is None:
-                v = self._undefined_var(ctype)
-                begin = self.values.variables[v].add_piece(tile, (b - a) // size)
-                parts.append((v, begin, begin + (b - a) // size))
+        nbytes = _i64(nbytes)
+        if np.any(nbytes % size):
+            raise TileplanError(f"{what}: {int(nbytes.flat[np.argmax(nbytes % size != 0)])} bytes is not a whole "
+                                f"number of {ctype} elements")
+        qa = _i64(tiles) * STRIDE + _i64(addrs)
+        q, idx, ps, pe = self.map.read(qa, qa + nbytes)
+        var, ct, start = self.map.var[idx], self.map.ct[idx], self.map.bounds[idx]
+        defined = var >= 0
+        undefined = np.flatnonzero(~defined)
+        if written and undefined.size:
+            k = int(undefined[0])
+            raise TileplanError(f"{what}: tile {ps[k] // STRIDE} bytes from {ps[k] % STRIDE} are never written")
+        bad = np.flatnonzero(defined & ((ct != TYPE_CODE[ctype]) | ((ps - start) % size != 0)
+                                        | ((pe - ps) % size != 0)))
+        if bad.size:
+            k = int(bad[0])
+            raise TileplanError(f"{what}: {_where(ps[k], pe[k])} hold {CTYPES[ct[k]]} elements of "
+                                f"{self.tables.var_name[int(var[k])]!r}, read as {ctype}")
+        begin = self.map.elem[idx] + (ps - start) // size
+        count = (pe - ps) // size
+        if undefined.size:
+            v = self._named_var(f"{self._step}.uninitialised.{TYPE_SUFFIX[ctype]}", ctype)
+            var = var.copy()
+            var[undefined] = v
+            begin[undefined] = self.tables.pieces(v, ps[undefined] // STRIDE, count[undefined])
+        return q, var, begin, begin + count
+
+    def byte_copies(self, st, sa, dt, da, nbytes, what: str):
+        """Byte copies, all read before any is written: one Copy per element type; returns the copies
+        and the writes. Rows are taken in destination order (tile, address) so that each tile's received
+        elements are one piece of the step's variable."""
+        st, sa, dt, da, nbytes = (_i64(x) for x in (st, sa, dt, da, nbytes))
+        order = np.lexsort((nbytes, sa, st, da, dt))
+        st, sa, dt, da, nbytes = (x[order] for x in (st, sa, dt, da, nbytes))
+        qa = st * STRIDE + sa
+        q, idx, ps, pe = self.map.read(qa, qa + nbytes)
+        var, ct, start = self.map.var[idx], self.map.ct[idx], self.map.bounds[idx]
+        z = _ESZ[ct]
+        defined = var >= 0
+        bad = np.flatnonzero(defined & (((ps - start) % z != 0) | ((pe - ps) % z != 0)))
+        if bad.size:
+            k = int(bad[0])
+            raise TileplanError(f"{what}: {_where(ps[k], pe[k])} "
+                                f"split {CTYPES[ct[k]]} elements of {self.tables.var_name[int(var[k])]!r}")
+        dst = dt[q] * STRIDE + da[q] + (ps - qa[q])
+        wvar = np.full(q.size, -1, np.int64)
+        welem = np.zeros(q.size, np.int64)
+        wct = np.full(q.size, -1, np.int64)
+        copies = []
+        for code, ctype in enumerate(CTYPES):
+            m = np.flatnonzero(defined & (ct == code))
+            if not m.size:
                 continue
-            if c.ctype != ctype or (a - c.start) % size or (b - a) % size:
-                raise TileplanError(f"{what}: tile {tile} bytes [{a}, {b}) hold {c.ctype} elements of "
-                                    f"{self.values.variables[c.var].name!r}, read as {ctype}")
-            s = c.cut(a, b)
-            parts.append((s.var, s.elem, s.elem + (b - a) // size))
-        return parts
-
-    def byte_read(self, tile: int, addr: int, nbytes: int, what: str) -> list[tuple[int, int, Chunk | None]]:
-        """The typed pieces a byte copy moves: ``(offset, bytes, chunk or None)``."""
-        out = []
-        for a, b, c in self.memory.read(tile, addr, nbytes):
-            if c is not None and ((a - c.start) % ELEMENT_BYTES[c.ctype] or (b - a) % ELEMENT_BYTES[c.ctype]):
-                raise TileplanError(f"{what}: tile {tile} bytes [{a}, {b}) split {c.ctype} elements of "
-                                    f"{self.values.variables[c.var].name!r}")
-            out.append((a - addr, b - a, c.cut(a, b) if c is not None else None))
-        return out
-
-    def _undefined_var(self, ctype: str) -> int:
-        key = f"{self._step_name}.uninitialised.{TYPE_SUFFIX[ctype]}"
-        if key not in self._undefined:
-            self._undefined[key] = self.values.variable(key, ctype)
-        return self._undefined[key]
+            size = ELEMENT_BYTES[ctype]
+            count = (pe[m] - ps[m]) // size
+            v = self._named_var(f"{self._step}.{TYPE_SUFFIX[ctype]}", ctype)
+            begins = self.tables.pieces(v, dt[q[m]], count)
+            src_begin = self.map.elem[idx[m]] + (ps[m] - start[m]) // size
+            zero = np.zeros(m.size, np.int64)
+            src = self.tables.operands(1, zero, var[m], src_begin, src_begin + count)
+            dst_op = self.tables.operands(1, zero, np.full(m.size, v), begins, begins + count)
+            copies.append([src, dst_op])
+            wvar[m], welem[m], wct[m] = v, begins, code
+        return copies, (dst, dst + (pe - ps), wvar, welem, wct)
 
     # the program ---------------------------------------------------------------------------
 
     def run(self) -> "Replay":
         tp = self.tp
-        by_tensor: dict[str, list[int]] = defaultdict(list)
+        by_tensor: dict[tuple[bool, str], list[int]] = defaultdict(list)
         for i, b in enumerate(tp.buffers):
             if b.name in tp.io_maps and b.kind in ("input", "parameter", "output"):
                 by_tensor[(b.kind == "output", b.tensor or b.name)].append(i)
-        self._step_name = "host"
-        for (is_out, tensor), ids in sorted(by_tensor.items(), key=lambda kv: (kv[0][0], kv[1][0])):
+        host = sorted(by_tensor.items(), key=lambda kv: (kv[0][0], kv[1][0]))
+        self._step = "host"
+        for (is_out, tensor), ids in host:
             if not is_out:
                 self._host_write(tensor, ids)
-        for si, step in enumerate(tp.steps):
-            self._step_name = step.name
+        for step in tp.steps:
+            self._step = step.name
             if isinstance(step, Exchange):
                 self._exchange(step)
             else:
-                self._compute(si, step)
-        self._step_name = "outputs"
-        for (is_out, tensor), ids in sorted(by_tensor.items(), key=lambda kv: (kv[0][0], kv[1][0])):
+                self._compute(step)
+        self._step = "outputs"
+        for (is_out, tensor), ids in host:
             if is_out:
                 self._host_read(tensor, ids[0])
         return self
 
     def _pieces(self, b: int):
-        """Owner-map intervals of buffer ``b``: (tile, first element, end element, byte address), with
-        the replica index of each (the first interval starting where a replica's coverage ends)."""
+        """Owner-map intervals of buffer ``b`` sorted by (first element, tile): arrays replica, tile, first
+        element, end element, byte address; a replica continues where its coverage ends (the lowest
+        numbered such replica), a new one starts at element 0."""
         info = self.tp.buffers[b]
         isz = DType(info.dtype).itemsize
-        tile, start, stop, offset = (np.asarray(a) for a in self.tp.io_maps[info.name])
+        tile, start, stop, offset = (_i64(a) for a in self.tp.io_maps[info.name])
         order = np.lexsort((tile, start))
+        tile, start, stop, offset = tile[order], start[order], stop[order], offset[order]
         ends: list[int] = []
-        out = []
-        for k in order.tolist():
-            s, e, t = int(start[k]), int(stop[k]), int(tile[k])
-            r = next((r for r, covered in enumerate(ends) if covered == s), None)
-            if r is None:
-                if s != 0:
-                    raise TileplanError(f"buffer {info.name!r}: owner-map interval [{s}, {e}) on tile {t} "
-                                        f"continues no replica")
+        waiting: dict[int, list[int]] = defaultdict(list)     # coverage -> replicas (a heap)
+        replica = np.empty(tile.size, np.int64)
+        for k, (s, e) in enumerate(zip(start.tolist(), stop.tolist())):
+            if waiting.get(s):
+                r = heapq.heappop(waiting[s])
+            elif s == 0:
                 ends.append(0)
                 r = len(ends) - 1
+            else:
+                raise TileplanError(f"buffer {info.name!r}: owner-map interval [{s}, {e}) on tile {int(tile[k])} "
+                                    f"continues no replica")
             ends[r] = e
-            base = int(self.tp.addr[b, t])
-            if base < 0:
-                raise TileplanError(f"buffer {info.name!r} has owner-map elements on tile {t} but no bytes there")
-            out.append((r, t, s, e, base + int(offset[k]) * isz))
+            heapq.heappush(waiting[e], r)
+            replica[k] = r
+        base = _i64(self.tp.addr[b, tile]) if tile.size else np.zeros(0, np.int64)
+        missing = np.flatnonzero(base < 0)
+        if missing.size:
+            raise TileplanError(f"buffer {info.name!r} has owner-map elements on tile {int(tile[missing[0]])} "
+                                f"but no bytes there")
         size = int(np.prod(info.shape)) if info.shape else 1
         if any(covered != size for covered in ends):
             raise TileplanError(f"buffer {info.name!r}: owner map covers {ends} of {size} elements per replica")
-        return out, len(ends), size
+        return replica, tile, start, stop, base + offset * isz, len(ends), size
 
     def _host_write(self, tensor: str, ids: list[int]) -> None:
-        first = ids[0]
-        info = self.tp.buffers[first]
+        t = self.tables
+        info = self.tp.buffers[ids[0]]
         ctype = DType(info.dtype).cpp
         size_b = ELEMENT_BYTES[ctype]
-        placed = {}
-        refs = {}
-        src: list = []       # replica 0, once per further replica (and per further buffer of the tensor)
-        dst: list = []
+        code = TYPE_CODE[ctype]
+        placed: set[bytes] = set()
+        main = None
+        src, dst = [], []          # slices (var, begin, end) of the replica copies
         for b in ids:
-            pieces, replicas, size = self._pieces(b)
-            key = tuple((t, a, (e - s) * size_b) for r, t, s, e, a in sorted(pieces, key=lambda p: p[1:]))
+            r, tl, s, e, a, replicas, size = self._pieces(b)
+            order = np.lexsort((a, e, s, tl))
+            key = np.stack([tl, a, (e - s) * size_b])[:, order].tobytes()
             if key in placed:
                 continue          # an alias: the same bytes as an earlier buffer of this tensor
-            placed[key] = b
-            v = self.values.variable(self.tp.buffers[b].name, ctype)
-            var = self.values.variables[v]
-            logical = [[] for _ in range(replicas)]
-            for r, t, s, e, a in pieces:
-                begin = var.add_piece(t, e - s)
-                self.memory.write(t, Chunk(a, a + (e - s) * size_b, v, begin, ctype), a, (e - s) * size_b)
-                logical[r].append((s, e, (v, begin, begin + e - s)))
-            if not refs:
-                refs["main"] = logical[0]
-                sources = logical[1:]
+            placed.add(key)
+            v = t.variable(self.tp.buffers[b].name, ctype)
+            begin = t.pieces(v, tl, e - s)
+            wa = tl * STRIDE + a
+            self.map.write(wa, wa + (e - s) * size_b, np.full(tl.size, v), begin, np.full(tl.size, code),
+                           f"host tensor {tensor!r}")
+            if main is None:
+                m = np.flatnonzero(r == 0)           # sorted by first element
+                main = (s[m], e[m], v, begin[m])
+                others = np.flatnonzero(r > 0)
             else:
-                sources = logical
-            for rep in sources:
-                src += [p for s, e, _ in rep for p in _logical_slices(refs["main"], s, e)]
-                dst += [sl for _, _, sl in rep]
-        main = refs["main"]
-        copies = [(self.values.ref(src), self.values.ref(dst))] if dst else []
-        ht = HostTensor(tensor, info.name, info.kind, info.dtype, list(info.shape), info.layout, ctype,
-                        main[-1][1], self.values.ref([sl for _, _, sl in main]), copies)
-        (self.upload if info.kind == "parameter" else self.inputs).append(ht)
+                others = np.arange(r.size)
+            others = others[np.lexsort((s[others], r[others]))]
+            if others.size:
+                ms, me, mv, mb = main
+                os_, oe = s[others], e[others]
+                i0 = np.searchsorted(ms, os_, "right") - 1
+                i1 = np.searchsorted(ms, oe, "left")
+                k, rank = _expand(np.maximum(i1 - i0, 0))
+                i = i0[k] + rank
+                lo, hi = np.maximum(ms[i], os_[k]), np.minimum(me[i], oe[k])
+                src.append((np.full(i.size, mv), mb[i] + lo - ms[i], mb[i] + hi - ms[i]))
+                dst.append((np.full(others.size, v), begin[others], begin[others] + e[others] - s[others]))
+        ms, me, mv, mb = main
+        operand = t.operands(1, np.zeros(ms.size), np.full(ms.size, mv), mb, mb + me - ms)
+        first_copy = len(t.host_copies)
+        if dst:
+            sv, sb, se = (np.concatenate(x) for x in zip(*src))
+            dv, db, de = (np.concatenate(x) for x in zip(*dst))
+            t.host_copies.append([t.operands(1, np.zeros(sv.size), sv, sb, se),
+                                  t.operands(1, np.zeros(dv.size), dv, db, de)])
+        t.host_tensors.append([ROLE["parameter" if info.kind == "parameter" else "input"], t.string(tensor), code,
+                               int(me[-1]), operand, first_copy, len(t.host_copies) - first_copy])
 
     def _host_read(self, tensor: str, b: int) -> None:
+        t = self.tables
         info = self.tp.buffers[b]
         ctype = DType(info.dtype).cpp
-        pieces, _, size = self._pieces(b)
-        parts = []
-        for r, t, s, e, a in pieces:
-            if r == 0:
-                for v, vb, ve in self.typed_read(t, a, (e - s) * ELEMENT_BYTES[ctype], ctype,
-                                                 f"output {tensor!r}"):
-                    if self.values.variables[v].name.endswith(".uninitialised." + TYPE_SUFFIX[ctype]):
-                        raise TileplanError(f"output {tensor!r}: tile {t} bytes from {a} are never written")
-                    parts.append((v, vb, ve))
-        self.outputs.append(HostTensor(tensor, info.name, "output", info.dtype, list(info.shape), info.layout,
-                                       ctype, size, self.values.ref(parts), []))
+        r, tl, s, e, a, _, size = self._pieces(b)
+        m = np.flatnonzero(r == 0)
+        q, var, begin, end = self.typed_read(tl[m], a[m], (e[m] - s[m]) * ELEMENT_BYTES[ctype], ctype,
+                                             f"output {tensor!r}", written=True)
+        operand = t.operands(1, np.zeros(q.size), var, begin, end)
+        t.host_tensors.append([ROLE["output"], t.string(tensor), TYPE_CODE[ctype], size, operand, 0, 0])
 
     def _exchange(self, step: Exchange) -> None:
         tr = step.transfers
-        rows = zip(tr.src_tile.tolist(), tr.src_off.tolist(), tr.dst_tile.tolist(), tr.dst_off.tolist(),
-                   tr.nbytes.tolist())
-        sends = int(np.unique(tr.group).size) if len(tr) else 0
-        copies = self._byte_copies(rows, f"exchange {step.name!r}")
-        self.steps.append(Step("exchange", step.name, f"{step.name}: {len(tr)} transfers ({sends} sends)",
-                               copies=copies))
+        copies, writes = self.byte_copies(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes,
+                                          f"exchange {step.name!r}")
+        self.map.write(*writes, f"exchange {step.name!r}")
+        self.summary["transfers"] += len(tr)
+        t = self.tables
+        t.steps.append([1, t.string(step.name), len(t.groups), 0, len(t.copies), len(copies)])
+        t.copies += copies
 
-    def _byte_copies(self, rows, what: str) -> list:
-        """Reads every row first (a superstep reads before it writes), then writes; one Copy per type.
-
-        Rows are taken in destination order (tile, address) so that each tile's
-        received elements are one piece of the step's variable."""
-        rows = sorted(rows, key=lambda r: (r[2], r[3], r[0], r[1], r[4]))
-        src: dict[str, list] = defaultdict(list)
-        dst: dict[str, list] = defaultdict(list)
-        writes = []
-        moved: dict[str, int] = defaultdict(int)
-        for st, sa, dt, da, n in rows:
-            for off, nb, c in self.byte_read(st, sa, n, what):
-                if c is None:
-                    writes.append((dt, None, da + off, nb))
-                    continue
-                var = self._step_var(c.ctype)
-                count = nb // ELEMENT_BYTES[c.ctype]
-                begin = self.values.variables[var].add_piece(dt, count)
-                src[c.ctype].append((c.var, c.elem, c.elem + count))
-                dst[c.ctype].append((var, begin, begin + count))
-                writes.append((dt, Chunk(da + off, da + off + nb, var, begin, c.ctype), da + off, nb))
-                moved[c.ctype] += count
-        for t, chunk, a, nb in writes:
-            self.memory.write(t, chunk, a, nb)
-        return [(self.values.ref(src[ct]), self.values.ref(dst[ct]), f"{moved[ct]} {ct} elements")
-                for ct in sorted(src, key=TYPE_CODE.get)]
-
-    def _step_var(self, ctype: str) -> int:
-        key = (self._step_name, ctype)
-        if key not in self._step_vars:
-            self._step_vars[key] = self.values.variable(f"{self._step_name}.{TYPE_SUFFIX[ctype]}", ctype)
-        return self._step_vars[key]
-
-    def _compute(self, si: int, step: ComputeSet) -> None:
-        copies = sum(len(g.tile) for g in step.groups if g.call.primitive == "copy")
-        counts = [f"{sum(len(g.tile) for g in step.groups) - copies} vertices"] + ([f"{copies} on-tile copies"]
-                                                                                     if copies else [])
-        out = Step("compute", step.name, f"{step.name}: {', '.join(counts)}")
+    def _compute(self, step: ComputeSet) -> None:
+        t = self.tables
+        first_group = len(t.groups)
         writes = []
         copy_rows = []
         for gi, group in enumerate(step.groups):
+            tiles = _i64(group.tile)
             if group.call.primitive == "copy":
-                copy_rows += list(zip(group.tile.tolist(), group.ins[:, 0].tolist(), group.tile.tolist(),
-                                      group.outs[:, 0].tolist(), [group.in_bytes[0]] * len(group.tile)))
+                copy_rows.append((tiles, group.ins[:, 0], tiles, group.outs[:, 0],
+                                  np.full(tiles.size, group.in_bytes[0])))
                 continue
             source = group_codelet(group, self.target, self.registry)
             what = f"compute set {step.name!r} group {gi} ({group.call})"
-            outs = [self.values.variable(f"{step.name}/g{gi}.{f.name}", f.ctype) for f in source.outputs]
-            tiles = group.tile.tolist()
-            refs = []
-            for i, t in enumerate(tiles):
-                row = [self.values.ref(self.typed_read(t, int(group.ins[i, j]), int(group.in_bytes[j]), f.ctype, what))
-                       for j, f in enumerate(source.inputs)]
-                for j, (f, v) in enumerate(zip(source.outputs, outs)):
-                    count = int(f.size)
-                    begin = self.values.variables[v].add_piece(t, count)
-                    a = int(group.outs[i, j])
-                    writes.append((t, Chunk(a, a + count * ELEMENT_BYTES[f.ctype], v, begin, f.ctype)))
-                    row.append(self.values.ref([(v, begin, begin + count)]))
-                refs.append(row)
-            params = [(f.name, f"{int(f.value)}u" if f.ctype == "unsigned" else f"{int(f.value)}")
-                      for f in source.fields if not f.is_vector]
-            comment = f"group {gi}: {group.call} with {group.variant} on {len(tiles)} tiles"
-            out.groups.append(Group(group.call, group.variant, comment,
-                                    source.vertex, [f.name for f in source.fields if f.is_vector], params,
-                                    tiles, refs))
+            ins, outs = source.inputs, source.outputs
+            n, nf = tiles.size, len(ins) + len(outs)
+            parts = []
+            for j, f in enumerate(ins):
+                q, var, begin, end = self.typed_read(tiles, group.ins[:, j], int(group.in_bytes[j]), f.ctype, what)
+                parts.append((q * nf + j, var, begin, end))
+            for j, f in enumerate(outs):
+                v = t.variable(f"{step.name}/g{gi}.{f.name}", f.ctype)
+                count = int(f.size)
+                begin = t.pieces(v, tiles, np.full(n, count))
+                parts.append((np.arange(n) * nf + len(ins) + j, np.full(n, v), begin, begin + count))
+                wa = tiles * STRIDE + _i64(group.outs[:, j])
+                writes.append((wa, wa + count * ELEMENT_BYTES[f.ctype], np.full(n, v), begin,
+                               np.full(n, TYPE_CODE[f.ctype])))
+            q, var, begin, end = (np.concatenate(x) for x in zip(*parts))
+            order = np.argsort(q, kind="stable")
+            first_op = t.operands(n * nf, q[order], var[order], begin[order], end[order])
+            first_field = len(t.fields)
+            t.fields += [[t.string(f.name)] for f in ins + outs]
+            params = [f for f in source.fields if not f.is_vector]
+            for f in params:
+                value = int(f.value)
+                if not (0 if f.ctype == "unsigned" else -2**31) <= value < 2**31:
+                    raise TileplanError(f"{what}: parameter {f.name} = {value} does not fit the host tables")
+            first_param = len(t.params)
+            t.params += [[t.string(f.name), int(f.ctype == "unsigned"), int(f.value)] for f in params]
+            t.groups.append([t.string(source.vertex), first_field, nf, first_param, len(params),
+                             t.vertices(tiles), n, first_op])
+            self.summary["vertices"] += n
+        copies = []
         if copy_rows:
-            out.copies = self._byte_copies(copy_rows, f"on-tile copies of {step.name!r}")
-        for t, chunk in writes:
-            self.memory.write(t, chunk, chunk.start, chunk.end - chunk.start)
-        self.steps.append(out)
+            st, sa, dt, da, nb = (np.concatenate(x) for x in zip(*copy_rows))
+            copies, w = self.byte_copies(st, sa, dt, da, nb, f"on-tile copies of {step.name!r}")
+            writes.append(w)
+        if writes:
+            self.map.write(*(np.concatenate(x) for x in zip(*writes)), f"compute set {step.name!r}")
+        t.steps.append([0, t.string(step.name), first_group, len(t.groups) - first_group, len(t.copies),
+                        len(copies)])
+        t.copies += copies
 
 
-def _logical_slices(main: list, s: int, e: int) -> list[tuple[int, int, int]]:
-    """Slices of replica 0 (``[(start, end, (var, begin, end))]`` sorted by start) covering elements [s, e)."""
-    starts = [p[0] for p in main]
-    i = max(bisect.bisect_right(starts, s) - 1, 0)
-    out = []
-    while i < len(main) and main[i][0] < e:
-        ps, pe, (v, b, _) = main[i]
-        lo, hi = max(ps, s), min(pe, e)
-        if lo < hi:
-            out.append((v, b + lo - ps, b + hi - ps))
-        i += 1
-    return out
-
-
-# ---- C++ text ------------------------------------------------------------------------------
+# ---- host.cpp --------------------------------------------------------------------------------
 
 def _str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -499,46 +662,140 @@ def _comment(s: str) -> str:
     return " ".join(s.replace("*/", "* /").split())
 
 
-def _rows(rows: list[str], indent: str, per_line: int) -> str:
-    lines = [", ".join(rows[i:i + per_line]) for i in range(0, len(rows), per_line)]
-    return (",\n" + indent).join(lines)
-
-
-def _array(decl: str, rows: list[str], per_line: int = 12, indent: str = "    ") -> str:
-    if not rows:
-        rows = ["{}"] if "{" in decl else ["0"]
-    return f"{decl} = {{\n{indent}{_rows(rows, indent, per_line)}}};"
-
-
-PRELUDE = r"""#include <cstddef>
+INCLUDES_CPP = r"""#include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
+"""
 
-#include <poplar/DeviceManager.hpp>
-#include <poplar/Engine.hpp>
-#include <poplar/Graph.hpp>
-#include <poplar/IPUModel.hpp>
-#include <poplar/Program.hpp>
-
-namespace {
-
-// ---- tables ----------------------------------------------------------------
-// A variable is a list of pieces, each mapped to one tile; an operand is a
-// concatenation of slices [begin, end) of variables.
+TABLES_CPP = r"""
+// ---- the tables (host/tables.bin) ------------------------------------------
+// Little-endian: char magic[8] = "TPHOST1\0", uint32 sections, then per
+// section: char name[16] (NUL-padded), uint32 elementBytes (1 for "strings",
+// 4 for every other section: int32), uint32 columns, uint64 rows, and
+// rows * columns * elementBytes bytes, row-major. Names are byte offsets into
+// "strings" (NUL-terminated). What each section's columns mean: see the
+// Tables struct below and tileplan/lowering/emit/host.py.
 
 enum ElementType : unsigned { U8 = 0, F16 = 1, F32 = 2 };
 
-struct VariableSpec { const char *name; unsigned type; unsigned firstPiece; unsigned numPieces; };
-struct Piece { unsigned tile; unsigned elements; };
-struct Slice { unsigned variable; unsigned begin; unsigned end; };
-struct Operand { unsigned firstSlice; unsigned numSlices; };   // into kOperandSlices
-struct HostTensor { const char *name; unsigned type; std::size_t elements; unsigned operand; };
+struct Table {
+  std::string name;
+  unsigned columns = 0;
+  std::size_t rows = 0;
+  std::vector<unsigned char> data;   // rows * columns little-endian int32
 
-poplar::Type elementType(unsigned type) {
+  std::int32_t operator()(std::size_t row, unsigned column) const {
+    if (row >= rows || column >= columns)
+      throw std::out_of_range("table " + name + ": no row " + std::to_string(row) + " column " +
+                              std::to_string(column));
+    const unsigned char *p = data.data() + 4 * (row * columns + column);
+    return static_cast<std::int32_t>(static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
+                                     static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24);
+  }
+};
+
+struct Tables {
+  std::vector<char> strings;   // NUL-terminated names
+  Table variables;    // name, element type, first piece, pieces
+  Table pieces;       // tile, elements: a variable is its pieces in order, each mapped to its tile
+  Table runs;         // variable, begin, elements, count, stride: the count slices
+                      // [begin + c * stride, begin + c * stride + elements)
+  Table operands;     // first run, runs: an operand concatenates its runs' slices
+  Table hostTensors;  // role (0 parameter, 1 input, 2 output), name, element type, elements, operand,
+                      // first replica copy, replica copies
+  Table hostCopies;   // source operand, destination operand
+  Table steps;        // kind (0 compute, 1 exchange), name, first group, groups, first copy, copies
+  Table groups;       // vertex class, first field, fields, first param, params, first vertex, vertices,
+                      // first operand (vertex i's field j: operand firstOperand + i * fields + j)
+  Table fields;       // name
+  Table params;       // name, unsigned (1) or int (0), value
+  Table vertices;     // tile
+  Table copies;       // source operand, destination operand
+
+  const char *string(std::int32_t offset) const {
+    if (offset < 0 || static_cast<std::size_t>(offset) >= strings.size())
+      throw std::out_of_range("no string at offset " + std::to_string(offset));
+    return strings.data() + offset;
+  }
+};
+
+template <typename T> T readLittleEndian(std::ifstream &in, const std::string &path) {
+  unsigned char bytes[sizeof(T)];
+  if (!in.read(reinterpret_cast<char *>(bytes), sizeof(T))) throw std::runtime_error(path + ": truncated");
+  T value = 0;
+  for (std::size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(bytes[i]) << (8 * i);
+  return value;
+}
+
+Tables readTables(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  char magic[8];
+  if (!in.read(magic, 8) || std::memcmp(magic, "TPHOST1", 8) != 0)
+    throw std::runtime_error(path + ": not a tileplan host table file");
+  std::map<std::string, Table> byName;
+  std::vector<char> strings;
+  const std::uint32_t sections = readLittleEndian<std::uint32_t>(in, path);
+  for (std::uint32_t s = 0; s < sections; ++s) {
+    char name[17] = {};
+    if (!in.read(name, 16)) throw std::runtime_error(path + ": truncated");
+    Table table;
+    table.name = name;
+    const std::uint32_t elementBytes = readLittleEndian<std::uint32_t>(in, path);
+    table.columns = readLittleEndian<std::uint32_t>(in, path);
+    table.rows = static_cast<std::size_t>(readLittleEndian<std::uint64_t>(in, path));
+    const std::size_t bytes = table.rows * table.columns * elementBytes;
+    if (table.name == "strings") {
+      strings.resize(bytes);
+      if (bytes && !in.read(strings.data(), static_cast<std::streamsize>(bytes)))
+        throw std::runtime_error(path + ": truncated in strings");
+      if (!strings.empty() && strings.back() != '\0') throw std::runtime_error(path + ": unterminated strings");
+      continue;
+    }
+    if (elementBytes != 4) throw std::runtime_error(path + ": section " + table.name + " is not int32");
+    table.data.resize(bytes);
+    if (bytes && !in.read(reinterpret_cast<char *>(table.data.data()), static_cast<std::streamsize>(bytes)))
+      throw std::runtime_error(path + ": truncated in " + table.name);
+    byName[table.name] = std::move(table);
+  }
+  auto take = [&](const char *name, unsigned columns) {
+    auto it = byName.find(name);
+    if (it == byName.end()) throw std::runtime_error(path + ": no section " + name);
+    if (it->second.columns != columns)
+      throw std::runtime_error(path + ": section " + name + " has " + std::to_string(it->second.columns) +
+                               " columns, expected " + std::to_string(columns));
+    return std::move(it->second);
+  };
+  Tables t;
+  t.strings = std::move(strings);
+  t.variables = take("variables", 4);
+  t.pieces = take("pieces", 2);
+  t.runs = take("runs", 5);
+  t.operands = take("operands", 2);
+  t.hostTensors = take("host_tensors", 7);
+  t.hostCopies = take("host_copies", 2);
+  t.steps = take("steps", 6);
+  t.groups = take("groups", 8);
+  t.fields = take("fields", 1);
+  t.params = take("params", 3);
+  t.vertices = take("vertices", 1);
+  t.copies = take("copies", 2);
+  return t;
+}
+"""
+
+POPLAR_CPP = r"""
+// ---- building the graph ----------------------------------------------------
+
+poplar::Type elementType(std::int32_t type) {
   switch (type) {
     case U8: return poplar::UNSIGNED_CHAR;   // FP8 (F143 bytes) travels as bytes
     case F16: return poplar::HALF;
@@ -546,43 +803,96 @@ poplar::Type elementType(unsigned type) {
   }
 }
 
-std::size_t elementBytes(unsigned type) { return type == U8 ? 1 : type == F16 ? 2 : 4; }
-"""
+std::size_t elementBytes(std::int32_t type) { return type == U8 ? 1 : type == F16 ? 2 : 4; }
 
-HELPERS = r"""
-// ---- building blocks -------------------------------------------------------
-
-std::vector<poplar::Tensor> addVariables(poplar::Graph &graph) {
+std::vector<poplar::Tensor> addVariables(poplar::Graph &graph, const Tables &t) {
   std::vector<poplar::Tensor> vars;
-  vars.reserve(std::size(kVariables));
-  for (const VariableSpec &spec : kVariables) {
+  vars.reserve(t.variables.rows);
+  for (std::size_t v = 0; v < t.variables.rows; ++v) {
+    const std::size_t first = t.variables(v, 2), count = t.variables(v, 3);
     std::size_t total = 0;
-    for (unsigned p = 0; p < spec.numPieces; ++p) total += kPieces[spec.firstPiece + p].elements;
-    poplar::Tensor var = graph.addVariable(elementType(spec.type), {total}, spec.name);
+    for (std::size_t p = first; p < first + count; ++p) total += t.pieces(p, 1);
+    poplar::Tensor var = graph.addVariable(elementType(t.variables(v, 1)), {total}, t.string(t.variables(v, 0)));
     std::size_t at = 0;
-    for (unsigned p = 0; p < spec.numPieces; ++p) {
-      const Piece &piece = kPieces[spec.firstPiece + p];
-      graph.setTileMapping(var.slice(at, at + piece.elements), piece.tile);
-      at += piece.elements;
+    for (std::size_t p = first; p < first + count; ++p) {
+      const std::size_t elements = t.pieces(p, 1);
+      graph.setTileMapping(var.slice(at, at + elements), static_cast<unsigned>(t.pieces(p, 0)));
+      at += elements;
     }
     vars.push_back(var);
   }
   return vars;
 }
 
-poplar::Tensor operand(const std::vector<poplar::Tensor> &vars, unsigned id) {
-  const Operand &op = kOperands[id];
+poplar::Tensor operand(const Tables &t, const std::vector<poplar::Tensor> &vars, std::size_t id) {
   std::vector<poplar::Tensor> parts;
-  parts.reserve(op.numSlices);
-  for (unsigned i = 0; i < op.numSlices; ++i) {
-    const Slice &s = kSlices[kOperandSlices[op.firstSlice + i]];
-    parts.push_back(vars[s.variable].slice(s.begin, s.end));
+  const std::size_t first = t.operands(id, 0), count = t.operands(id, 1);
+  for (std::size_t r = first; r < first + count; ++r) {
+    const poplar::Tensor &var = vars.at(t.runs(r, 0));
+    const std::int64_t begin = t.runs(r, 1), elements = t.runs(r, 2), stride = t.runs(r, 4);
+    for (std::int64_t c = 0; c < t.runs(r, 3); ++c)
+      parts.push_back(var.slice(begin + c * stride, begin + c * stride + elements));
   }
   return parts.size() == 1 ? parts.front() : poplar::concat(parts);
 }
 
-poplar::program::Copy copy(const std::vector<poplar::Tensor> &vars, unsigned src, unsigned dst) {
-  return poplar::program::Copy(operand(vars, src), operand(vars, dst));
+poplar::program::Copy copy(const Tables &t, const std::vector<poplar::Tensor> &vars, std::size_t src,
+                           std::size_t dst) {
+  return poplar::program::Copy(operand(t, vars, src), operand(t, vars, dst));
+}
+
+// Streams the host tensors of one role in (0 parameters, 1 inputs), then fills their further replicas.
+void streamIn(poplar::Graph &graph, const Tables &t, const std::vector<poplar::Tensor> &vars, std::int32_t role,
+              poplar::program::Sequence &prog) {
+  for (std::size_t h = 0; h < t.hostTensors.rows; ++h) {
+    if (t.hostTensors(h, 0) != role) continue;
+    poplar::DataStream stream = graph.addHostToDeviceFIFO(t.string(t.hostTensors(h, 1)),
+                                                          elementType(t.hostTensors(h, 2)), t.hostTensors(h, 3));
+    prog.add(poplar::program::Copy(stream, operand(t, vars, t.hostTensors(h, 4))));
+    const std::size_t first = t.hostTensors(h, 5), count = t.hostTensors(h, 6);
+    for (std::size_t c = first; c < first + count; ++c)
+      prog.add(copy(t, vars, t.hostCopies(c, 0), t.hostCopies(c, 1)));
+  }
+}
+
+// Program 1: stream the inputs in, run every step in order, stream the outputs out.
+poplar::program::Sequence buildRun(poplar::Graph &graph, const Tables &t, const std::vector<poplar::Tensor> &vars) {
+  poplar::program::Sequence run;
+  streamIn(graph, t, vars, 1, run);
+  for (std::size_t s = 0; s < t.steps.rows; ++s) {
+    const std::size_t firstGroup = t.steps(s, 2), groups = t.steps(s, 3);
+    if (groups > 0) {
+      poplar::ComputeSet cs = graph.addComputeSet(t.string(t.steps(s, 1)));
+      for (std::size_t g = firstGroup; g < firstGroup + groups; ++g) {
+        const char *vertexClass = t.string(t.groups(g, 0));
+        const std::size_t firstField = t.groups(g, 1), fields = t.groups(g, 2);
+        const std::size_t firstParam = t.groups(g, 3), params = t.groups(g, 4);
+        const std::size_t firstVertex = t.groups(g, 5), vertices = t.groups(g, 6);
+        const std::size_t firstOperand = t.groups(g, 7);
+        for (std::size_t i = 0; i < vertices; ++i) {
+          poplar::VertexRef v = graph.addVertex(cs, vertexClass);
+          for (std::size_t j = 0; j < fields; ++j)
+            graph.connect(v[t.string(t.fields(firstField + j, 0))], operand(t, vars, firstOperand + i * fields + j));
+          for (std::size_t p = firstParam; p < firstParam + params; ++p) {
+            const char *name = t.string(t.params(p, 0));
+            if (t.params(p, 1)) graph.setInitialValue(v[name], static_cast<unsigned>(t.params(p, 2)));
+            else graph.setInitialValue(v[name], static_cast<int>(t.params(p, 2)));
+          }
+          graph.setTileMapping(v, static_cast<unsigned>(t.vertices(firstVertex + i, 0)));
+        }
+      }
+      run.add(poplar::program::Execute(cs));
+    }
+    const std::size_t firstCopy = t.steps(s, 4), copies = t.steps(s, 5);
+    for (std::size_t c = firstCopy; c < firstCopy + copies; ++c) run.add(copy(t, vars, t.copies(c, 0), t.copies(c, 1)));
+  }
+  for (std::size_t h = 0; h < t.hostTensors.rows; ++h) {
+    if (t.hostTensors(h, 0) != 2) continue;
+    poplar::DataStream stream = graph.addDeviceToHostFIFO(t.string(t.hostTensors(h, 1)),
+                                                          elementType(t.hostTensors(h, 2)), t.hostTensors(h, 3));
+    run.add(poplar::program::Copy(operand(t, vars, t.hostTensors(h, 4)), stream));
+  }
+  return run;
 }
 
 std::vector<char> readFile(const std::string &path, std::size_t bytes) {
@@ -616,160 +926,71 @@ poplar::Device attachDevice() {
   return model.createDevice({}, /*accurateHalf=*/true);
 #endif
 }
-"""
 
+}  // namespace
 
-def render(replay: Replay, tp: TileProgram, target, model_name: str, codelet_files: list[str]) -> str:
-    v = replay.values
-    out: list[str] = []
-    w = out.append
-    vertices = sum(len(g.tiles) for s in replay.steps for g in s.groups)
-    w(f"// Generated by tileplan.lowering.emit.host; do not edit.\n"
-      f"// Model {_comment(model_name)} on target {_comment(target.name)} ({tp.tiles} tiles): "
-      f"{len(replay.steps)} steps, {vertices} vertices, {len(v.variables)} variables.\n"
-      f"//\n"
-      f"// The tile program of the package, built with the Poplar host API: every vertex on the\n"
-      f"// tile the program puts it, every value mapped to the tiles that hold it, every exchange\n"
-      f"// a Copy of the same elements between the same tiles, in step order. Poplar chooses the\n"
-      f"// byte addresses (see tileplan/lowering/emit/host.py for how ours map to variables).\n"
-      f"//\n"
-      f"// Build and run with the Poplar SDK:\n"
-      f"//   g++ -std=c++17 host.cpp -lpoplar -o host          (add -DTILEPLAN_HARDWARE for an IPU)\n"
-      f"//   ./host DATA_DIR\n"
-      f"// DATA_DIR/<tensor>.bin holds every input and parameter as raw row-major elements (FP16 as\n"
-      f"// IEEE half, FP8 as F143 bytes divided by the tensor's power-of-two scale); the outputs are\n"
-      f"// written to DATA_DIR/<tensor>.bin the same way.\n")
-    w(PRELUDE)
-    w(f"constexpr unsigned kTiles = {tp.tiles};\n"
-      f"constexpr const char *kIpuVersion = {_str(target.family)};   // IPUModel architecture\n")
-    w("const char *const kCodelets[] = {\n" + "".join(f"    {_str(f)},\n" for f in codelet_files) + "};\n")
-    pieces, specs = [], []
-    for var in v.variables:
-        specs.append(f"{{{_str(var.name)}, {TYPE_CODE[var.ctype]}, {len(pieces)}, {len(var.pieces)}}}")
-        pieces += [f"{{{t},{n}}}" for t, n in var.pieces]
-    w("// name, element type, first piece, pieces")
-    w(_array("const VariableSpec kVariables[]", specs, 1) + "\n")
-    w("// {tile, elements}")
-    w(_array("const Piece kPieces[]", pieces, 10) + "\n")
-    w("// {variable, begin, end} in elements")
-    w(_array("const Slice kSlices[]", [f"{{{a},{b},{c}}}" for a, b, c in v.slices], 8) + "\n")
-    w("// {first entry in kOperandSlices, slices}")
-    w(_array("const Operand kOperands[]", [f"{{{a},{b}}}" for a, b in v.refs], 10) + "\n")
-    w(_array("const unsigned kOperandSlices[]", [str(i) for i in v.ref_slices], 20) + "\n")
-
-    def host_rows(items):
-        return [f"{{{_str(h.name)}, {TYPE_CODE[h.ctype]}, {h.elements}, {h.ref}}}" for h in items]
-
-    w("// host tensors: stream handle and file name, element type, elements, operand (row-major order)")
-    w(_array("const HostTensor kParameters[]", host_rows(replay.upload), 1))
-    w(_array("const HostTensor kInputs[]", host_rows(replay.inputs), 1))
-    w(_array("const HostTensor kOutputs[]", host_rows(replay.outputs), 1))
-    w(HELPERS)
-    w("// ---- the program --------------------------------------------------------------\n")
-    w(_host_copies("loadParameters", "program 0: stream the parameters in, then copy them to their replicas",
-                   replay.upload, "parameters"))
-    w(_host_copies("streamInputs", "the prologue of program 1: stream the inputs in, then copy them to their "
-                   "replicas", replay.inputs, "inputs"))
-    w(_steps(replay, tp))
-    w("}  // namespace\n")
-    w(MAIN)
-    return "\n".join(out)
-
-
-def _host_copies(fn: str, doc: str, tensors: list[HostTensor], table: str) -> str:
-    lines = [f"// {doc}.",
-             f"void {fn}(poplar::Graph &graph, const std::vector<poplar::Tensor> &vars, "
-             f"poplar::program::Sequence &prog) {{"]
-    for i, h in enumerate(tensors):
-        lines.append(f"  {{  // {_comment(h.name)}: {h.kind} {h.dtype} {h.shape}, layout {_comment(h.layout)}")
-        lines.append(f"    const HostTensor &t = k{table.capitalize()}[{i}];")
-        lines.append("    poplar::DataStream stream =\n"
-                     "        graph.addHostToDeviceFIFO(t.name, elementType(t.type), t.elements);")
-        lines.append("    prog.add(poplar::program::Copy(stream, operand(vars, t.operand)));")
-        for src, dst in h.replica_copies:
-            lines.append(f"    prog.add(copy(vars, {src}, {dst}));  // to the other replicas")
-        lines.append("  }")
-    lines.append("}\n")
-    return "\n".join(lines)
-
-
-def _steps(replay: Replay, tp: TileProgram) -> str:
-    lines = ["// program 1: stream the inputs in, run every step in order, stream the outputs out.",
-             "poplar::program::Sequence buildRun(poplar::Graph &graph, const std::vector<poplar::Tensor> &vars) {",
-             "  poplar::program::Sequence run;",
-             "  streamInputs(graph, vars, run);"]
-    for si, step in enumerate(replay.steps):
-        lines.append("")
-        lines.append(f"  // step {si}, {step.kind}: {_comment(step.comment)}")
-        if step.groups:
-            lines.append("  {")
-            lines.append(f"    poplar::ComputeSet cs = graph.addComputeSet({_str(step.name)});")
-            for gi, g in enumerate(step.groups):
-                n = len(g.tiles)
-                lines.append(f"    {{  // {_comment(g.comment)}")
-                lines.append("  " + _array(f"    static const unsigned tiles[{n}]", [str(t) for t in g.tiles], 16,
-                                           "        "))
-                fields = ", ".join(g.fields)
-                rows = ["{" + ", ".join(str(r) for r in row) + "}" for row in g.refs]
-                lines.append(f"      // operands: {fields}")
-                lines.append("  " + _array(f"    static const unsigned operands[{n}][{len(g.fields)}]", rows, 8,
-                                           "        "))
-                lines.append(f"      for (unsigned i = 0; i < {n}; ++i) {{")
-                lines.append(f"        poplar::VertexRef v = graph.addVertex(cs, {_str(g.vertex)});")
-                for j, name in enumerate(g.fields):
-                    lines.append(f"        graph.connect(v[{_str(name)}], operand(vars, operands[i][{j}]));")
-                for name, lit in g.params:
-                    lines.append(f"        graph.setInitialValue(v[{_str(name)}], {lit});")
-                lines.append("        graph.setTileMapping(v, tiles[i]);")
-                lines.append("      }")
-                lines.append("    }")
-            lines.append("    run.add(poplar::program::Execute(cs));")
-            lines.append("  }")
-        for src, dst, what in step.copies:
-            lines.append(f"  run.add(copy(vars, {src}, {dst}));  // {_comment(what)}")
-    lines.append("")
-    lines.append("  for (const HostTensor &t : kOutputs) {")
-    lines.append("    poplar::DataStream stream = graph.addDeviceToHostFIFO(t.name, elementType(t.type), t.elements);")
-    lines.append("    run.add(poplar::program::Copy(operand(vars, t.operand), stream));")
-    lines.append("  }")
-    lines.append("  return run;")
-    lines.append("}\n")
-    return "\n".join(lines)
-
-
-MAIN = r"""int main(int argc, char **argv) {
+int main(int argc, char **argv) {
   const std::string dir = argc > 1 ? argv[1] : ".";
+  const std::string tablesPath = argc > 2 ? argv[2] : kTablesFile;
   try {
+    const Tables t = readTables(tablesPath);
     poplar::Device device = attachDevice();
     poplar::Graph graph(device.getTarget());
     for (const char *file : kCodelets) graph.addCodelets(file);
-    const std::vector<poplar::Tensor> vars = addVariables(graph);
+    const std::vector<poplar::Tensor> vars = addVariables(graph, t);
 
-    poplar::program::Sequence parameters;
-    loadParameters(graph, vars, parameters);
-    poplar::program::Sequence run = buildRun(graph, vars);
+    poplar::program::Sequence parameters;   // program 0
+    streamIn(graph, t, vars, 0, parameters);
+    poplar::program::Sequence run = buildRun(graph, t, vars);
 
     poplar::Engine engine(graph, {parameters, run});
     engine.load(device);
-    std::vector<std::vector<char>> buffers;
-    buffers.reserve(std::size(kParameters) + std::size(kInputs) + std::size(kOutputs));
-    for (const HostTensor &t : kParameters) {
-      buffers.push_back(readFile(dir + "/" + t.name + ".bin", t.elements * elementBytes(t.type)));
-      engine.connectStream(t.name, buffers.back().data());
-    }
-    for (const HostTensor &t : kInputs) {
-      buffers.push_back(readFile(dir + "/" + t.name + ".bin", t.elements * elementBytes(t.type)));
-      engine.connectStream(t.name, buffers.back().data());
-    }
-    const std::size_t firstOutput = buffers.size();
-    for (const HostTensor &t : kOutputs) {
-      buffers.emplace_back(t.elements * elementBytes(t.type));
-      engine.connectStream(t.name, buffers.back().data());
+    std::vector<std::vector<char>> buffers(t.hostTensors.rows);
+    for (std::size_t h = 0; h < t.hostTensors.rows; ++h) {
+      const std::string name = t.string(t.hostTensors(h, 1));
+      const std::size_t bytes = static_cast<std::size_t>(t.hostTensors(h, 3)) * elementBytes(t.hostTensors(h, 2));
+      buffers[h] = t.hostTensors(h, 0) == 2 ? std::vector<char>(bytes) : readFile(dir + "/" + name + ".bin", bytes);
+      engine.connectStream(name, buffers[h].data());
     }
     engine.run(0);   // parameters
     engine.run(1);   // inputs, every step, outputs
-    for (std::size_t i = 0; i < std::size(kOutputs); ++i)
-      writeFile(dir + "/" + kOutputs[i].name + ".bin", buffers[firstOutput + i]);
+    for (std::size_t h = 0; h < t.hostTensors.rows; ++h)
+      if (t.hostTensors(h, 0) == 2) writeFile(dir + "/" + t.string(t.hostTensors(h, 1)) + ".bin", buffers[h]);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "host: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+"""
+
+POPLAR_INCLUDES = """#ifndef TILEPLAN_DUMP_TABLES
+#include <poplar/DeviceManager.hpp>
+#include <poplar/Engine.hpp>
+#include <poplar/Graph.hpp>
+#include <poplar/IPUModel.hpp>
+#include <poplar/Program.hpp>
+#endif
+"""
+
+# With -DTILEPLAN_DUMP_TABLES (no Poplar needed): print every section of a table file as text, so that tests
+# can check that host.cpp reads what emission wrote.
+DUMP_CPP = r"""
+}  // namespace
+
+int main(int argc, char **argv) {
+  try {
+    const Tables t = readTables(argc > 1 ? argv[1] : kTablesFile);
+    std::printf("strings %zu\n", t.strings.size());
+    const Table *tables[] = {&t.variables, &t.pieces, &t.runs, &t.operands, &t.hostTensors, &t.hostCopies, &t.steps,
+                             &t.groups, &t.fields, &t.params, &t.vertices, &t.copies};
+    for (const Table *table : tables) {
+      std::printf("%s %zu %u\n", table->name.c_str(), table->rows, table->columns);
+      for (std::size_t r = 0; r < table->rows; ++r)
+        for (unsigned c = 0; c < table->columns; ++c)
+          std::printf("%d%c", (*table)(r, c), c + 1 < table->columns ? ' ' : '\n');
+    }
+    for (std::size_t v = 0; v < t.variables.rows; ++v) std::printf("%s\n", t.string(t.variables(v, 0)));
   } catch (const std::exception &e) {
     std::fprintf(stderr, "host: %s\n", e.what());
     return 1;
@@ -779,8 +1000,44 @@ MAIN = r"""int main(int argc, char **argv) {
 """
 
 
-def emit_host(tile_program: TileProgram, target, model_name: str, registry=None) -> str:
-    """The ``host.cpp`` text for a tile program (deterministic: same program, same text)."""
+def render(replay: Replay, tp: TileProgram, target, model_name: str, codelet_files: list[str],
+           sections: dict[str, np.ndarray]) -> str:
+    rows = {name: (len(a) if name == "strings" else int(np.asarray(a).shape[0])) for name, a in sections.items()}
+    header = (
+        f"// Generated by tileplan.lowering.emit.host; do not edit.\n"
+        f"// Model {_comment(model_name)} on target {_comment(target.name)} ({tp.tiles} tiles): "
+        f"{len(tp.steps)} steps, {replay.summary['vertices']} vertices, {replay.summary['transfers']} transfer "
+        f"rows, {rows['variables']} variables.\n"
+        f"//\n"
+        f"// The tile program of the package, built with the Poplar host API: every vertex on the\n"
+        f"// tile the program puts it, every value mapped to the tiles that hold it, every exchange\n"
+        f"// a Copy of the same elements between the same tiles, in step order. Poplar chooses the\n"
+        f"// byte addresses (see tileplan/lowering/emit/host.py for how ours map to variables).\n"
+        f"// The program itself is data: {TABLES_FILE} (its layout is described below), read at startup.\n"
+        f"//\n"
+        f"// Build and run with the Poplar SDK, from the package folder:\n"
+        f"//   g++ -std=c++17 host.cpp -lpoplar -o host          (add -DTILEPLAN_HARDWARE for an IPU)\n"
+        f"//   ./host DATA_DIR [TABLES]                         (TABLES defaults to {TABLES_FILE})\n"
+        f"// DATA_DIR/<tensor>.bin holds every input and parameter as raw row-major elements (FP16 as\n"
+        f"// IEEE half, FP8 as F143 bytes divided by the tensor's power-of-two scale); the outputs are\n"
+        f"// written to DATA_DIR/<tensor>.bin the same way.\n"
+        f"// g++ -std=c++17 -DTILEPLAN_DUMP_TABLES host.cpp (no Poplar needed) prints the tables instead.\n"
+        f"//\n"
+        f"// Table rows: " + ", ".join(f"{n} {rows[n]}" for n, _ in SECTIONS) + ".\n")
+    consts = (f"constexpr unsigned kTiles = {tp.tiles};\n"
+              f"constexpr const char *kIpuVersion = {_str(target.family)};   // IPUModel architecture\n"
+              f"constexpr const char *kTablesFile = {_str(TABLES_FILE)};\n"
+              "const char *const kCodelets[] = {\n" + "".join(f"    {_str(f)},\n" for f in codelet_files) + "};\n")
+    return "\n".join([header, INCLUDES_CPP, POPLAR_INCLUDES, "namespace {\n", consts, TABLES_CPP,
+                      "#ifdef TILEPLAN_DUMP_TABLES", DUMP_CPP, "#else", POPLAR_CPP,
+                      "#endif  // TILEPLAN_DUMP_TABLES\n"])
+
+
+def emit_host(tile_program: TileProgram, target, model_name: str, registry=None) -> dict[str, bytes]:
+    """The host program's package files: ``{"host.cpp": text, "host/tables.bin": tables}`` (deterministic:
+    the same program gives the same bytes; host.cpp's size does not grow with the program)."""
     replay = Replay(tile_program, target, registry).run()
+    sections = replay.tables.sections()
     files = list(emit_codelets(tile_program, target, registry))
-    return render(replay, tile_program, target, model_name, files)
+    text = render(replay, tile_program, target, model_name, files, sections)
+    return {HOST_CPP: text.encode(), TABLES_FILE: pack_tables(sections)}
