@@ -151,6 +151,36 @@ def _run_starts(link: np.ndarray, step: np.ndarray) -> np.ndarray:
     return start
 
 
+def _through(main, s: np.ndarray, e: np.ndarray):
+    """The slices ``(var, begin, end)`` holding elements ``[s, e)`` of a tensor, in order, given ``main``:
+    ``(start, end, var, begin)`` arrays of the slices of its elements, sorted by start."""
+    ms, me, mv, mb = main
+    i0 = np.searchsorted(ms, s, "right") - 1
+    i1 = np.searchsorted(ms, e, "left")
+    k, rank = _expand(np.maximum(i1 - i0, 0))
+    i = i0[k] + rank
+    lo, hi = np.maximum(ms[i], s[k]), np.minimum(me[i], e[k])
+    return mv[i], mb[i] + lo - ms[i], mb[i] + hi - ms[i]
+
+
+def _row_major(main, info):
+    """``(query, var, begin, end)``: one operand of a host tensor's elements in row-major order, from
+    ``main`` (see ``_through``) in the buffer's index space: row-major, or panel-major for ``panels<g>``
+    (panel p of g columns, then rows, then the columns within the panel)."""
+    space = getattr(info, "space", "rows") or "rows"
+    if space == "rows":
+        s, e = main[0], main[1]
+    else:
+        g = int(space[len("panels"):])
+        n = int(info.shape[-1]) if info.shape else 1
+        rows = int(main[1][-1]) // n
+        r, p = (x.reshape(-1) for x in np.meshgrid(np.arange(rows), np.arange(n // g), indexing="ij"))
+        s = _i64(p * rows * g + r * g)
+        e = s + g
+    v, b, e = _through(main, _i64(s), _i64(e))
+    return np.zeros(v.size), v, b, e
+
+
 def _i64(a) -> np.ndarray:
     return np.asarray(a, dtype=np.int64)
 
@@ -551,23 +581,15 @@ class Replay:
                            f"host tensor {tensor!r}")
             if main is None:
                 m = np.flatnonzero(r == 0)           # sorted by first element
-                main = (s[m], e[m], v, begin[m])
+                main = (s[m], e[m], np.full(m.size, v), begin[m])
                 others = np.flatnonzero(r > 0)
             else:
                 others = np.arange(r.size)
             others = others[np.lexsort((s[others], r[others]))]
             if others.size:
-                ms, me, mv, mb = main
-                os_, oe = s[others], e[others]
-                i0 = np.searchsorted(ms, os_, "right") - 1
-                i1 = np.searchsorted(ms, oe, "left")
-                k, rank = _expand(np.maximum(i1 - i0, 0))
-                i = i0[k] + rank
-                lo, hi = np.maximum(ms[i], os_[k]), np.minimum(me[i], oe[k])
-                src.append((np.full(i.size, mv), mb[i] + lo - ms[i], mb[i] + hi - ms[i]))
+                src.append(_through(main, s[others], e[others]))
                 dst.append((np.full(others.size, v), begin[others], begin[others] + e[others] - s[others]))
-        ms, me, mv, mb = main
-        operand = t.operands(1, np.zeros(ms.size), np.full(ms.size, mv), mb, mb + me - ms)
+        operand = t.operands(1, *_row_major(main, info))
         first_copy = len(t.host_copies)
         if dst:
             sv, sb, se = (np.concatenate(x) for x in zip(*src))
@@ -575,7 +597,7 @@ class Replay:
             t.host_copies.append([t.operands(1, np.zeros(sv.size), sv, sb, se),
                                   t.operands(1, np.zeros(dv.size), dv, db, de)])
         t.host_tensors.append([ROLE["parameter" if info.kind == "parameter" else "input"], t.string(tensor), code,
-                               int(me[-1]), operand, first_copy, len(t.host_copies) - first_copy])
+                               int(main[1][-1]), operand, first_copy, len(t.host_copies) - first_copy])
 
     def _host_read(self, tensor: str, b: int) -> None:
         t = self.tables
@@ -585,7 +607,12 @@ class Replay:
         m = np.flatnonzero(r == 0)
         q, var, begin, end = self.typed_read(tl[m], a[m], (e[m] - s[m]) * ELEMENT_BYTES[ctype], ctype,
                                              f"output {tensor!r}", written=True)
-        operand = t.operands(1, np.zeros(q.size), var, begin, end)
+        length = end - begin
+        before = np.cumsum(length) - length                     # elements before each slice ...
+        first = np.flatnonzero(np.concatenate(([True], q[1:] != q[:-1])))
+        before -= np.repeat(before[first], np.diff(np.concatenate((first, [q.size]))))   # ... in its piece
+        at = s[m][q] + before                                   # the slice's first element of the tensor
+        operand = t.operands(1, *_row_major((at, at + length, var, begin), info))
         t.host_tensors.append([ROLE["output"], t.string(tensor), TYPE_CODE[ctype], size, operand, 0, 0])
 
     def _exchange(self, step: Exchange) -> None:
