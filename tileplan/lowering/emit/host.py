@@ -694,7 +694,6 @@ INCLUDES_CPP = r"""#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <stdexcept>
 #include <string>
