@@ -533,6 +533,22 @@ class Replay:
         tile, start, stop, offset = (_i64(a) for a in self.tp.io_maps[info.name])
         order = np.lexsort((tile, start))
         tile, start, stop, offset = tile[order], start[order], stop[order], offset[order]
+        if tile.size and start[0] == 0 and np.array_equal(start[1:], stop[:-1]):
+            replica, ends = np.zeros(tile.size, np.int64), [int(stop[-1])]    # one replica: no search
+        else:
+            replica, ends = self._replicas(info.name, tile, start, stop)
+        base = _i64(self.tp.addr[b, tile]) if tile.size else np.zeros(0, np.int64)
+        missing = np.flatnonzero(base < 0)
+        if missing.size:
+            raise TileplanError(f"buffer {info.name!r} has owner-map elements on tile {int(tile[missing[0]])} "
+                                f"but no bytes there")
+        size = int(np.prod(info.shape)) if info.shape else 1
+        if any(covered != size for covered in ends):
+            raise TileplanError(f"buffer {info.name!r}: owner map covers {ends} of {size} elements per replica")
+        return replica, tile, start, stop, base + offset * isz, len(ends), size
+
+    @staticmethod
+    def _replicas(name: str, tile, start, stop) -> tuple[np.ndarray, list[int]]:
         ends: list[int] = []
         waiting: dict[int, list[int]] = defaultdict(list)     # coverage -> replicas (a heap)
         replica = np.empty(tile.size, np.int64)
@@ -543,20 +559,12 @@ class Replay:
                 ends.append(0)
                 r = len(ends) - 1
             else:
-                raise TileplanError(f"buffer {info.name!r}: owner-map interval [{s}, {e}) on tile {int(tile[k])} "
+                raise TileplanError(f"buffer {name!r}: owner-map interval [{s}, {e}) on tile {int(tile[k])} "
                                     f"continues no replica")
             ends[r] = e
             heapq.heappush(waiting[e], r)
             replica[k] = r
-        base = _i64(self.tp.addr[b, tile]) if tile.size else np.zeros(0, np.int64)
-        missing = np.flatnonzero(base < 0)
-        if missing.size:
-            raise TileplanError(f"buffer {info.name!r} has owner-map elements on tile {int(tile[missing[0]])} "
-                                f"but no bytes there")
-        size = int(np.prod(info.shape)) if info.shape else 1
-        if any(covered != size for covered in ends):
-            raise TileplanError(f"buffer {info.name!r}: owner map covers {ends} of {size} elements per replica")
-        return replica, tile, start, stop, base + offset * isz, len(ends), size
+        return replica, ends
 
     def _host_write(self, tensor: str, ids: list[int]) -> None:
         t = self.tables
