@@ -76,6 +76,9 @@ def step_traffic(program: Program, step: ExchangeStep, tiles: int, buf_ids: dict
 
 
 def plan_for(src, dst, tiles: int):
+    a, b = (getattr(x.layout, "index_space", "rows") for x in (src, dst))
+    if a != b:
+        raise ValueError(f"copy {src.name} -> {dst.name} mixes index spaces {a} and {b}")
     return _plan_cached(src.layout, dst.layout, tuple(src.shape), tuple(dst.shape), src.dtype, tiles)
 
 

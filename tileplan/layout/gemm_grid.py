@@ -27,23 +27,30 @@ from .owner_map import OwnerMap, expand_ranges, exclusive_cumsum
 class Grid:
     row_bounds: tuple[int, ...]
     col_bounds: tuple[int, ...]
-    holders: tuple[int, ...]          # flat [row block, col block, replica] -> tile or -1
+    holders: bytes                    # int64 [row block, col block, replica] -> tile or -1, as raw bytes
+                                      # (hashable and cheap for grids of thousands of replicated blocks)
     replicas: int = 1
     grain: int = 0                    # 0: row-major blocks; > 0: AMP panels of `grain` columns
     align_bytes: int = 8
+    panel_space: bool = False         # panels addressed panel-major (see layout.PackedPanels): one interval
+                                      # per (block, panel) instead of one per (block, panel, row)
 
     def __post_init__(self):
         nr, nc = len(self.row_bounds) - 1, len(self.col_bounds) - 1
-        if len(self.holders) != nr * nc * self.replicas:
-            raise ValueError(f"Grid holders has {len(self.holders)} entries, expected {nr}x{nc}x{self.replicas}")
+        if len(self.holders) != 8 * nr * nc * self.replicas:
+            raise ValueError(f"Grid holders has {len(self.holders) // 8} entries, expected {nr}x{nc}x{self.replicas}")
 
     @classmethod
-    def of(cls, row_bounds, col_bounds, holders: np.ndarray, grain: int = 0) -> "Grid":
+    def of(cls, row_bounds, col_bounds, holders: np.ndarray, grain: int = 0, panel_space: bool = False) -> "Grid":
         h = np.asarray(holders, dtype=np.int64)
         if h.ndim == 2:
             h = h[:, :, None]
         return cls(tuple(int(b) for b in row_bounds), tuple(int(b) for b in col_bounds),
-                   tuple(int(x) for x in h.reshape(-1)), int(h.shape[2]), int(grain))
+                   np.ascontiguousarray(h, dtype="<i8").tobytes(), int(h.shape[2]), int(grain), 8, bool(panel_space))
+
+    @property
+    def index_space(self) -> str:
+        return f"panels{self.grain}" if self.grain and self.panel_space else "rows"
 
     @property
     def local_format(self) -> str:
@@ -55,7 +62,7 @@ class Grid:
 
     def holder_array(self) -> np.ndarray:
         nr, nc = self.shape_blocks
-        return np.asarray(self.holders, dtype=np.int64).reshape(nr, nc, self.replicas)
+        return np.frombuffer(self.holders, dtype="<i8").reshape(nr, nc, self.replicas)
 
     def __str__(self) -> str:
         nr, nc = self.shape_blocks
@@ -127,6 +134,16 @@ def _grid_owner_map(grid: Grid, shape: tuple[int, ...], itemsize: int) -> OwnerM
         stop = start + width[e]
         offset = boff[e] + local_row * width[e]
         return OwnerMap.build(tiles[e], start, stop, offset, size, grid.replicas, "rows")
+    if grid.panel_space:
+        # Panel-major index space: rows r0..r1 of panel p are one interval.
+        rows = int(np.prod(shape[:-1]))
+        e = np.repeat(np.arange(len(bi)), npan)
+        p = expand_ranges(np.zeros(len(bi), dtype=np.int64), npan)
+        panel = c0[e] // g + p
+        start = panel * rows * g + r0[e] * g
+        stop = start + height[e] * g
+        offset = boff[e] + p * height[e] * g
+        return OwnerMap.build(tiles[e], start, stop, offset, size, grid.replicas, "panels")
     # Panels: one interval per (block, panel, row).
     e = np.repeat(np.arange(len(bi)), npan)
     p = expand_ranges(np.zeros(len(bi), dtype=np.int64), npan)

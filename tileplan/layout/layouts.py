@@ -89,6 +89,13 @@ class Layout:
     def local_format(self) -> str:
         return "rows"
 
+    @property
+    def index_space(self) -> str:
+        """How element indices number the tensor: ``"rows"`` (flat row-major) or ``"panels<g>"``
+        (panel-major: panel p of g columns, then rows, then columns within the panel). A copy
+        plan needs both owner maps in one index space."""
+        return "rows"
+
     def owner_map(self, shape: Shape, dtype: DType, tiles: int) -> OwnerMap:
         """The owner map of a tensor of ``shape`` and ``dtype`` on ``tiles`` tiles (cached)."""
         return _cached_owner_map(self, _shape(shape), dtype, int(tiles))
@@ -240,6 +247,53 @@ class Packed(Layout):
         start = row * n + panel * g
         offset = (stream - bounds[owner]) * g
         return OwnerMap.build(owner, start, start + g, offset, k_rows * n, local_format="panels")
+
+
+@dataclass(frozen=True)
+class PackedPanels(Layout):
+    """``Packed``'s distribution, addressed in panel-major index space.
+
+    The same bytes on the same tiles as ``Packed(grain, owners)`` (the stream of
+    panel rows cut into ``owners`` balanced chunks), but element ``(r, c)`` of a
+    ``K x N`` matrix is numbered ``(c // g) * K * g + r * g + c % g``: a chunk of
+    the stream is then one interval, and a copy of a column block of panels into
+    a GEMM grid is one fragment per panel instead of one per panel row. Needs
+    whole panels (``N % grain == 0``); the host writes such a buffer panel-major.
+    """
+
+    grain: int
+    owners: int
+
+    def __post_init__(self):
+        _positive("PackedPanels", "grain", self.grain)
+        _positive("PackedPanels", "owners", self.owners)
+
+    def __str__(self) -> str:
+        return f"Packed({self.grain},{self.owners})"
+
+    @property
+    def local_format(self) -> str:
+        return "panels"
+
+    @property
+    def index_space(self) -> str:
+        return f"panels{self.grain}"
+
+    def _unit(self, shape, dtype):
+        return self.grain
+
+    def _shape_problem(self, shape):
+        if shape[-1] % self.grain:
+            return f"{shape[-1]} columns do not fill whole panels of {self.grain}"
+        return None
+
+    def _build(self, shape, dtype, tiles):
+        k_rows, n = rows_cols(shape)
+        total = k_rows * (n // self.grain)
+        k = min(self.owners, total)
+        bounds = balanced_bounds(total, k) * self.grain
+        return OwnerMap.build(np.arange(k), bounds[:-1], bounds[1:], np.zeros(k, dtype=np.int64), k_rows * n,
+                              local_format="panels")
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,8 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
     for n in alloc.names:
         b = program.buffers[n]
         infos.append(BufferInfo(n, b.dtype.value, list(b.shape), b.kind, b.region, str(b.layout), b.tensor,
-                                bool(b.transpose), int(b.scale)))
+                                bool(b.transpose), int(b.scale),
+                                space=getattr(b.layout, "index_space", "rows")))
     steps = []
     for step in program.steps:
         if isinstance(step, ComputeStep):

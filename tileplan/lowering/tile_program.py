@@ -43,6 +43,7 @@ class BufferInfo:
     scale: int
     alias_of: str | None = None   # the buffer whose memory this one shares (a no-op copy, a donated buffer)
     span: list | None = None      # [first, last] tile-program step that uses it
+    space: str = "rows"           # element index space of its owner map: "rows" or "panels<g>" (panel-major)
 
 
 @dataclass

@@ -375,7 +375,8 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
         ah[:, s::sk] = a_hold
         bh = np.full((batch_b * nkb, gn, b_hold.shape[2]), -1, dtype=np.int64)
         bh.reshape(batch_b, nkb, gn, -1)[:, s::sk] = b_hold.reshape(batch_b, gk, gn, -1)
-        return Grid.of(a_rows, kb, ah), Grid.of(b_rows, nb, bh, grain=g.grain if g.panels else 0), ah, bh
+        return Grid.of(a_rows, kb, ah), Grid.of(b_rows, nb, bh, grain=g.grain if g.panels else 0,
+                                                   panel_space=g.panels), ah, bh
 
     # Result pieces: (b, i, p) row pieces x j, p over the reducing partners.
     pieces = gk if choice.reduction == "rows" else 1
@@ -419,6 +420,7 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
         a_off = a_grid.block_offsets(g.in_dtype.itemsize)
         b_off = b_grid.block_offsets(g.in_dtype.itemsize)
         amp, red = [], []
+        calls: dict = {}
         for b in range(g.batch):
             ab = b if g.a_batched else 0
             bb = b if g.b_batched else 0
@@ -430,11 +432,15 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
                         q = l * sk + s
                         k = int(kb[q + 1] - kb[q])
                         t = int(T[group[b], i, j, l])
-                        ai = int(np.flatnonzero(ah[ab * gm + i, q] == t)[0])
-                        bi = int(np.flatnonzero(bh[bb * nkb + q, j] == t)[0])
+                        # Replica order of the holders: A blocks over (group,) j; B blocks over (group,) i.
+                        ai = j if g.a_batched else int(group[b]) * gn + j
+                        bi = i if g.b_batched else int(group[b]) * gm + i
                         blk = ((b * gm + i) * pieces) * gk + l if gk > 1 else b * gm + i   # piece 0
-                        call = MatMulCall(m, n, k, g.in_dtype, ptype, "interleaved",
-                                          "panels" if g.panels else "rows", scale, g.grain if g.panels else 0)
+                        call = calls.get((m, n, k))
+                        if call is None:
+                            call = calls[(m, n, k)] = MatMulCall(m, n, k, g.in_dtype, ptype, "interleaved",
+                                                                 "panels" if g.panels else "rows", scale,
+                                                                 g.grain if g.panels else 0)
                         ins = (Operand(A.name, int(a_off[ab * gm + i, q, ai]), m * k),
                                Operand(B.name, int(b_off[bb * nkb + q, j, bi]), k * n))
                         if sk == 1:
@@ -443,7 +449,9 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
                             part0 = int(acc_off[blk, j, 0])
                             out = Operand(ACC.name, part0 if s == 0 else int(acc_off[half + blk, j, 0]), m * n)
                             if s > 0:
-                                rc = ReduceCall(m * n, 2, ptype, ptype)
+                                rc = calls.get(("acc", m * n))
+                                if rc is None:
+                                    rc = calls[("acc", m * n)] = ReduceCall(m * n, 2, ptype, ptype)
                                 red.append(_vertex(t, rc, (Operand(ACC.name, part0, 2 * m * n),),
                                                    (Operand(ACC.name, part0, m * n),), target))
                         amp.append(_vertex(t, call, ins, (out,), target))

@@ -28,7 +28,7 @@ from ..estimate.memory import buffer_tile_bytes
 from ..estimate.program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Add, Graph, MatMul, Role
 from ..graph.dtypes import DType
-from ..layout import Imported, Intervals, Packed
+from ..layout import Imported, Intervals, Packed, PackedPanels
 from . import elementwise as ew
 from .candidates import Candidate, Fused
 from .catalogue import gemm_candidates
@@ -55,7 +55,11 @@ def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
             if t.role is not Role.PARAMETER or t.name in out:
                 continue
             if isinstance(op, MatMul) and idx == 1:
-                lay = Packed(target.grain(t.dtype), tiles)
+                grain = target.grain(t.dtype)
+                n = t.shape[-2] if op.transpose_b else t.shape[-1]
+                # Whole panels: panel-major index space (one fragment per panel in copies);
+                # a sub-word tail: Packed falls back to row-major.
+                lay = PackedPanels(grain, tiles) if n % grain == 0 else Packed(grain, tiles)
                 out[t.name] = Storage(lay, True, op.transpose_b)
             elif isinstance(op, MatMul):
                 out[t.name] = Storage(Intervals(tiles), True, op.transpose_a)
@@ -103,7 +107,7 @@ class Context:
         st = self.storage.get(tensor)
         if st is not None and st.private:
             return Buffer(tensor, st.layout, _stored_shape(t, st), t.dtype, "parameter",
-                          "interleaved" if isinstance(st.layout, Packed) else "standard", t.scale, tensor,
+                          "interleaved" if isinstance(st.layout, (Packed, PackedPanels)) else "standard", t.scale, tensor,
                           st.transpose)
         kind = self.kind_of(tensor)
         if st is not None and layout != st.layout:

@@ -93,7 +93,7 @@ class IPUModel:
         """Write a tensor's stored values (already in its dtype) through its layout."""
         b, (tile, start, stop, offset), bi = self._io(name)
         item = DType(b.dtype).itemsize
-        flat = np.ascontiguousarray(stored).reshape(-1).view(np.uint8)
+        flat = to_index_space(np.ascontiguousarray(stored).reshape(b.shape), b.space).reshape(-1).view(np.uint8)
         for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
             a = int(self.program.addr[bi, t]) + o * item
             self.mem[t, a:a + (e - s) * item] = flat[s * item:e * item]
@@ -108,7 +108,7 @@ class IPUModel:
         for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
             a = int(self.program.addr[bi, t]) + o * item
             out[s * item:e * item] = self.mem[t, a:a + (e - s) * item]
-        return out.view(dt.numpy)
+        return from_index_space(out.view(dt.numpy).reshape(b.shape), b.space).reshape(-1)
 
     # ---- execution -------------------------------------------------------------------------
 
@@ -255,6 +255,25 @@ def _check_conflicts(where: str, tile, lo, hi, vid, write) -> None:
             if h[j] <= l[i] and run[j] - key[j] <= l[i]:
                 break
             j -= 1
+
+
+def to_index_space(values: np.ndarray, space: str) -> np.ndarray:
+    """A tensor's values in its buffer's index order: row-major, or panel-major for ``panels<g>``."""
+    if not space.startswith("panels"):
+        return np.ascontiguousarray(values).reshape(-1)
+    g = int(space[len("panels"):])
+    n = values.shape[-1]
+    return np.ascontiguousarray(values.reshape(-1, n // g, g).transpose(1, 0, 2)).reshape(-1)
+
+
+def from_index_space(flat: np.ndarray, space: str, shape=None) -> np.ndarray:
+    """The inverse of ``to_index_space``: values back in row-major order (``flat`` shaped like the tensor)."""
+    if not space.startswith("panels"):
+        return flat
+    g = int(space[len("panels"):])
+    n = flat.shape[-1]
+    rows = flat.size // n
+    return np.ascontiguousarray(flat.reshape(n // g, rows, g).transpose(1, 0, 2)).reshape(flat.shape)
 
 
 def operand_types(call) -> tuple[list[DType], list[DType]]:
