@@ -103,6 +103,40 @@ def local_copy_cycles(runs: Transfers, target) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True, eq=False)
+class CopyCost:
+    """Per-tile cost of one copy: additive over the copies of an exchange step."""
+
+    send: np.ndarray          # int64 [tiles] send cycles of its transfers
+    recv: np.ndarray          # int64 [tiles] receive cycles
+    nbytes: int               # bytes over the exchange (per destination)
+    transfers: int            # transfer rows
+    local_cycles: np.ndarray  # int64 [tiles] cycles of its on-tile copy runs
+    local_bytes: int
+    local_runs: int
+
+
+def copy_cost(src, dst, target) -> "CopyCost | None":
+    """The cost of copying ``src`` into ``dst`` (None when the copy moves nothing), cached by layouts:
+    the same preparation copy recurs across boundary combinations and candidates."""
+    return _copy_cost(src.layout, dst.layout, tuple(src.shape), tuple(dst.shape), src.dtype, target)
+
+
+@functools.lru_cache(maxsize=4096)
+def _copy_cost(src_layout, dst_layout, src_shape, dst_shape, dtype, target):
+    from .program import Buffer, Copy
+    prog = Program({"s": Buffer("s", src_layout, src_shape, dtype), "d": Buffer("d", dst_layout, dst_shape, dtype)})
+    tr, local = step_traffic(prog, ExchangeStep("copy", (Copy("s", "d"),)), target.tiles)
+    if len(tr) == 0 and len(local) == 0:
+        return None
+    send, recv = tile_exchange_cycles(tr, target)
+    out = CopyCost(send, recv, int(tr.nbytes.sum()), len(tr), local_copy_cycles(local, target),
+                   int(local.nbytes.sum()) if len(local) else 0, len(local))
+    for a in (out.send, out.recv, out.local_cycles):
+        a.flags.writeable = False
+    return out
+
+
 def cost_program(program: Program, target) -> Detailed:
     tiles = target.tiles
     compute = exchange = sync = moved = 0
@@ -116,19 +150,21 @@ def cost_program(program: Program, target) -> Detailed:
             compute += c
             steps.append(StepCost(step.name, "compute", c, 0, 0))
         elif isinstance(step, ExchangeStep):
-            tr, local = step_traffic(program, step, tiles)
-            if len(tr):
-                send, recv = tile_exchange_cycles(tr, target)
+            costs = [copy_cost(program.buffers[cp.src], program.buffers[cp.dst], target) for cp in step.copies]
+            costs = [c for c in costs if c is not None]
+            if any(c.transfers for c in costs):
+                send = sum(c.send for c in costs)
+                recv = sum(c.recv for c in costs)
                 c = int(np.maximum(send, recv).max())
-                b = int(tr.nbytes.sum())
+                b = sum(c.nbytes for c in costs)
                 exchange += c
                 sync += target.sync_cycles
                 moved += b
                 steps.append(StepCost(step.name, "exchange", c, target.sync_cycles, b))
-            if len(local):
-                lc = int(local_copy_cycles(local, target).max())
+            if any(c.local_runs for c in costs):
+                lc = int(sum(c.local_cycles for c in costs).max())
                 compute += lc
-                steps.append(StepCost(step.name + ".local", "local_copy", lc, 0, int(local.nbytes.sum())))
+                steps.append(StepCost(step.name + ".local", "local_copy", lc, 0, sum(c.local_bytes for c in costs)))
         else:
             raise TypeError(f"unknown step {step!r}")
     mem = program_memory(program, target)

@@ -182,7 +182,7 @@ def grid_options(g: GemmShape, tiles: int) -> np.ndarray:
     return out[keep]
 
 
-SERIAL_K = (2, 3, 4, 6, 8, 12, 16, 24, 32)     # serial K steps tried for grids whose blocks do not fit
+SERIAL_K = (2, 3, 4, 6, 8, 12, 16)     # serial K steps tried for grids whose blocks do not fit
 
 
 @dataclass(frozen=True, eq=False)
@@ -490,17 +490,21 @@ def _grid_fields(grid: Grid) -> tuple:
     return grid.row_bounds, grid.col_bounds, grid.holders, grid.replicas, grid.grain
 
 
-_DISPATCH_CACHE: dict = {}   # (call, target) -> (variant name, cycles)
+_DISPATCH_CACHE: dict = {}   # id(target) -> (target, {call: (variant name, cycles)})
 _BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> packed block shape -> cycles
 
 
 def _kernel(call, target) -> tuple[str, int]:
-    """(variant name, cycles) of the kernel dispatch picks for ``call``, cached."""
-    key = (call, target)
-    hit = _DISPATCH_CACHE.get(key)
+    """(variant name, cycles) of the kernel dispatch picks for ``call``, cached per target
+    (the target is hashed once per lookup table, not once per vertex)."""
+    per_target = _DISPATCH_CACHE.get(id(target))
+    if per_target is None or per_target[0] is not target:
+        per_target = _DISPATCH_CACHE[id(target)] = (target, {})
+    table = per_target[1]
+    hit = table.get(call)
     if hit is None:
         v = dispatch(call, target)
-        hit = _DISPATCH_CACHE[key] = (v.name, v.cycles(call, target))
+        hit = table[call] = (v.name, v.cycles(call, target))
     return hit
 
 
