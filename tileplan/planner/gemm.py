@@ -436,11 +436,11 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
                         ai = j if g.a_batched else int(group[b]) * gn + j
                         bi = i if g.b_batched else int(group[b]) * gm + i
                         blk = ((b * gm + i) * pieces) * gk + l if gk > 1 else b * gm + i   # piece 0
-                        call = calls.get((m, n, k))
-                        if call is None:
-                            call = calls[(m, n, k)] = MatMulCall(m, n, k, g.in_dtype, ptype, "interleaved",
-                                                                 "panels" if g.panels else "rows", scale,
-                                                                 g.grain if g.panels else 0)
+                        hit = calls.get((m, n, k))
+                        if hit is None:
+                            call = MatMulCall(m, n, k, g.in_dtype, ptype, "interleaved",
+                                              "panels" if g.panels else "rows", scale, g.grain if g.panels else 0)
+                            hit = calls[(m, n, k)] = (call,) + _kernel(call, target)
                         ins = (Operand(A.name, int(a_off[ab * gm + i, q, ai]), m * k),
                                Operand(B.name, int(b_off[bb * nkb + q, j, bi]), k * n))
                         if sk == 1:
@@ -451,10 +451,11 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
                             if s > 0:
                                 rc = calls.get(("acc", m * n))
                                 if rc is None:
-                                    rc = calls[("acc", m * n)] = ReduceCall(m * n, 2, ptype, ptype)
-                                red.append(_vertex(t, rc, (Operand(ACC.name, part0, 2 * m * n),),
-                                                   (Operand(ACC.name, part0, m * n),), target))
-                        amp.append(_vertex(t, call, ins, (out,), target))
+                                    c2 = ReduceCall(m * n, 2, ptype, ptype)
+                                    rc = calls[("acc", m * n)] = (c2,) + _kernel(c2, target)
+                                red.append(Vertex(t, rc[0], (Operand(ACC.name, part0, 2 * m * n),),
+                                                  (Operand(ACC.name, part0, m * n),), rc[1], rc[2]))
+                        amp.append(Vertex(t, hit[0], ins, (out,), hit[1], hit[2]))
         prog.steps.append(ComputeStep(f"{name}.amp{suffix}", tuple(amp)))
         if red:
             prog.steps.append(ComputeStep(f"{name}.accumulate{suffix}", tuple(red)))
