@@ -125,6 +125,9 @@ def copy_cost(src, dst, target) -> "CopyCost | None":
 @functools.lru_cache(maxsize=4096)
 def _copy_cost(src_layout, dst_layout, src_shape, dst_shape, dtype, target):
     from .program import Buffer, Copy
+    fast = _replicated_grid_cost(src_layout, dst_layout, src_shape, dtype, target)
+    if fast is not False:
+        return fast
     prog = Program({"s": Buffer("s", src_layout, src_shape, dtype), "d": Buffer("d", dst_layout, dst_shape, dtype)})
     tr, local = step_traffic(prog, ExchangeStep("copy", (Copy("s", "d"),)), target.tiles)
     if len(tr) == 0 and len(local) == 0:
@@ -132,6 +135,97 @@ def _copy_cost(src_layout, dst_layout, src_shape, dst_shape, dtype, target):
     send, recv = tile_exchange_cycles(tr, target)
     out = CopyCost(send, recv, int(tr.nbytes.sum()), len(tr), local_copy_cycles(local, target),
                    int(local.nbytes.sum()) if len(local) else 0, len(local))
+    for a in (out.send, out.recv, out.local_cycles):
+        a.flags.writeable = False
+    return out
+
+
+def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
+    """The cost of a copy into a replicated GEMM grid, from its replica-0 plan (``False``: not applicable).
+
+    A preparation copy multicasts every fragment to the block's replicas, which hold
+    it at the same offset. Planning the copy into replica 0 only and expanding each
+    fragment to its block's holders gives the same transfers as planning the full
+    replicated copy (as ``step_traffic`` does, which lowering uses), at 1/r of the
+    planning work. Applies when the source is not replicated, every block is held by
+    all or none of its replicas at one offset, and replica 0 alone lays out the same.
+    """
+    from ..layout.gemm_grid import Grid
+    if not isinstance(dst_layout, Grid) or dst_layout.replicas < 2 or dtype is None:
+        return False
+    item = dtype.itemsize
+    h = dst_layout.holder_array()
+    held = h >= 0
+    if not (held.all(axis=2) | ~held.any(axis=2)).all():
+        return False
+    off = dst_layout.block_offsets(item)
+    base = Grid(dst_layout.row_bounds, dst_layout.col_bounds, np.ascontiguousarray(h[:, :, :1]).tobytes(), 1,
+                dst_layout.grain, dst_layout.align_bytes, dst_layout.panel_space)
+    b_off = base.block_offsets(item)[:, :, 0]
+    full = held.all(axis=2)
+    if not ((off == off[:, :, :1]).all(axis=2) | ~full).all() or not (b_off == off[:, :, 0])[full].all():
+        return False
+    src_om = src_layout.owner_map(shape, dtype, target.tiles)
+    if src_om.replicas != 1 or getattr(src_layout, "index_space", "rows") != dst_layout.index_space:
+        return False
+    plan0 = plan_copy(src_om, base.owner_map(shape, dtype, target.tiles), item)
+    if len(plan0.start) == 0:
+        return None
+    # The block of each fragment, from its first element.
+    rows = int(np.prod(shape[:-1]))
+    cols = shape[-1]
+    idx = plan0.start
+    if dst_layout.index_space != "rows":
+        g = dst_layout.grain
+        r, c = (idx % (rows * g)) // g, (idx // (rows * g)) * g + idx % g
+    else:
+        r, c = idx // cols, idx % cols
+    bi = np.searchsorted(np.asarray(dst_layout.row_bounds), r, side="right") - 1
+    bj = np.searchsorted(np.asarray(dst_layout.col_bounds), c, side="right") - 1
+    block = bi * h.shape[1] + bj
+    # Merge runs contiguous in both memories within one block (what step_traffic's merge does).
+    m = fragments_to_transfers(plan0.src_tile, plan0.src_offset * item, block, plan0.dst_offset * item,
+                               (plan0.stop - plan0.start) * item, multicast=False)
+    blk = m.dst_tile.astype(np.int64)
+    H = h.reshape(-1, h.shape[2])[blk]                          # [F, r] destination tiles
+    src = m.src_tile.astype(np.int64)
+    n = m.nbytes
+    local = H == src[:, None]
+    remote = ~local
+    tiles = target.tiles
+    # Paired: the remote destinations of a fragment come in complete tile pairs; aligned; even words.
+    F = len(n)
+    f_idx = np.repeat(np.arange(F), H.shape[1])
+    key = f_idx[remote.reshape(-1)] * (1 << 12) + H.reshape(-1)[remote.reshape(-1)]
+    keys = np.sort(key)
+    partner = key ^ 1
+    pos = np.minimum(np.searchsorted(keys, partner), max(keys.size - 1, 0))
+    ok_rows = (keys[pos] == partner) if keys.size else np.zeros(0, dtype=bool)
+    bad = np.zeros(F, dtype=bool)
+    np.logical_or.at(bad, f_idx[remote.reshape(-1)], ~ok_rows)
+    aligned = (m.src_off % 8 == 0) & (m.dst_off % 8 == 0) & (n % 8 == 0)
+    any_remote = remote.any(axis=1)
+    paired = any_remote & ~bad & aligned
+    lane = np.where(paired, target.paired_bytes_per_cycle, target.exchange_bytes_per_cycle)
+    cyc = -(-n // lane)
+    send = np.zeros(tiles, dtype=np.int64)
+    recv = np.zeros(tiles, dtype=np.int64)
+    s_cyc = (cyc + target.send_control_cycles)[any_remote]
+    np.add.at(send, src[any_remote], s_cyc)
+    partner_tile = src[any_remote] ^ 1
+    borrow = paired[any_remote] & (partner_tile < tiles)
+    np.add.at(send, partner_tile[borrow], s_cyc[borrow])
+    r_rows = np.broadcast_to((cyc + target.receive_control_cycles)[:, None], H.shape)[remote]
+    np.add.at(recv, H[remote], r_rows)
+    nbytes = int((n[:, None] * remote).sum())
+    lf = np.flatnonzero(local.any(axis=1))
+    if lf.size:
+        runs = fragments_to_transfers(src[lf], m.src_off[lf], src[lf], m.dst_off[lf], n[lf], multicast=False)
+        local_cycles = local_copy_cycles(runs, target)
+        local_bytes, local_runs = int(runs.nbytes.sum()), len(runs)
+    else:
+        local_cycles, local_bytes, local_runs = np.zeros(tiles, dtype=np.int64), 0, 0
+    out = CopyCost(send, recv, nbytes, int(remote.sum()), local_cycles, local_bytes, local_runs)
     for a in (out.send, out.recv, out.local_cycles):
         a.flags.writeable = False
     return out
