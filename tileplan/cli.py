@@ -289,7 +289,10 @@ def validate_command(
               "step_tile_cycles_max": [int(s.tile_cycles.max(initial=0)) for s in prof.steps]}
     (pkg.path / "validation.json").write_text(dumps(record))
     if outputs is not None:
-        np.savez(outputs, **{k: val for k, val in sorted(v.values.items())})
+        try:
+            np.savez(outputs, **{k: val for k, val in sorted(v.values.items())})
+        except OSError as exc:
+            raise TileplanError(f"{outputs}: cannot write the outputs ({exc.strerror or exc})") from None
         out.print(f"wrote {outputs}")
     if not v.passed:
         out.print("[red]validation FAILED[/red]: outputs outside tolerance")
