@@ -49,30 +49,43 @@ def same_elements(layout, dtype: DType):
     return layout
 
 
-def replicated(cols: int, tiles: int) -> Grid:
-    """One row of ``cols`` elements held whole on every tile (a broadcast operand)."""
-    return Grid.of((0, 1), (0, cols), np.arange(tiles).reshape(1, 1, tiles))
+def replicated(shape, tiles: int) -> Grid:
+    """A whole tensor held on every tile, row-major from offset 0 (a broadcast operand)."""
+    rows, cols = int(np.prod(shape[:-1])), int(shape[-1])
+    return Grid.of((0, rows), (0, cols), np.arange(tiles).reshape(1, 1, tiles))
 
 
 def is_row_broadcast(graph: Graph, op: Op) -> int | None:
-    """For an Add: the index of the operand broadcast as a row (shape [..1.., N]), else None."""
+    """For an Add: the index of the operand that numpy broadcasts over the leading dimensions of the
+    other (a bias row ``[N]``, or any ``[..., P, N]`` repeated over a batch), else None."""
     if not isinstance(op, Add):
         return None
     a, b = graph.inputs_of(op)
     out = graph.output_of(op)
     for idx, t in ((1, b), (0, a)):
         other = a if idx == 1 else b
-        if t.shape != out.shape and t.cols == out.cols and t.rows == 1 and other.shape == out.shape:
+        if t.shape == out.shape or other.shape != out.shape:
+            continue
+        core = tuple(t.shape)
+        while len(core) > 1 and core[0] == 1:
+            core = core[1:]
+        if tuple(out.shape[len(out.shape) - len(core):]) == core:
             return idx
     return None
+
+
+def broadcast_period(graph: Graph, op: Op) -> int:
+    """Elements after which a broadcast operand repeats along the output's flat index."""
+    idx = is_row_broadcast(graph, op)
+    return graph.inputs_of(op)[idx].size
 
 
 def check_supported(graph: Graph, op: Op) -> None:
     if isinstance(op, Add):
         a, b = graph.inputs_of(op)
         if a.shape != b.shape and is_row_broadcast(graph, op) is None:
-            raise op.err(f"broadcasting {list(a.shape)} with {list(b.shape)} is supported only as a bias "
-                         f"row [..., {graph.output_of(op).cols}] added to every row")
+            raise op.err(f"broadcasting {list(a.shape)} with {list(b.shape)} is supported where one operand "
+                         f"repeats over the leading dimensions of the other (a bias row, a batch broadcast)")
 
 
 def _pieces(om) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -114,7 +127,7 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
                 and np.array_equal(bom.stop, stop)):
             raise ValueError(f"{op.name}: input {b.name} is not laid out like the output {out_buf.name}")
     vertices = []
-    cols = out_t.cols
+    cols = broadcast_period(graph, op) if bias_idx is not None else out_t.cols
     for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
         if isinstance(op, Add) and bias_idx is not None:
             x = dense[0]

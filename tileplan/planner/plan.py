@@ -64,7 +64,7 @@ def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
             elif isinstance(op, MatMul):
                 out[t.name] = Storage(Intervals(tiles), True, op.transpose_a)
             elif isinstance(op, Add) and ew.is_row_broadcast(graph, op) == idx:
-                out[t.name] = Storage(ew.replicated(t.cols, tiles), True)
+                out[t.name] = Storage(ew.replicated(t.shape, tiles), True)
             else:
                 out[t.name] = Storage(ew.intervals(tiles, t.dtype), False)
     return out
@@ -169,7 +169,9 @@ def elementwise_candidates(ctx: Context, op) -> list[Candidate]:
 
 def _elementwise(ctx: Context, op, lay, acts, fused) -> Candidate:
     g = ctx.graph
-    in_lays = [ew.same_elements(lay, g.tensors[n].dtype) for n in op.inputs]
+    bidx = ew.is_row_broadcast(g, op)
+    in_lays = [ew.replicated(g.tensors[n].shape, ctx.target.tiles) if i == bidx
+               else ew.same_elements(lay, g.tensors[n].dtype) for i, n in enumerate(op.inputs)]
     in_bufs = [ctx.tensor_buffer(n, l) for n, l in zip(op.inputs, in_lays)]
     out_name = fused.output if fused is not None else op.output
     out_buf = ctx.tensor_buffer(out_name, lay)
