@@ -328,8 +328,40 @@ def _batch_groups(batch: int, gb: int) -> np.ndarray:
     return np.repeat(np.arange(gb), np.diff(balanced_bounds(batch, gb)))
 
 
+_CORE_CACHE: dict = {}       # (shape, choice, id(target)) -> (target, core program); a few entries
+_A, _B, _C = "<A>", "<B>", "<C>"   # placeholders for the boundary buffers in a cached core program
+
+
 def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer, c_buf: Buffer,
                   target) -> Program:
+    """The fragment program of one candidate: its boundary buffers around the grid's core.
+
+    The core (grid buffers, vertices, internal exchanges) depends only on the GEMM
+    and the choice, not on the boundary layouts, so it is built once and shared by
+    every boundary combination (the compute steps are the same objects).
+    """
+    key = (g, choice, id(target))
+    hit = _CORE_CACHE.get(key)
+    if hit is None or hit[0] is not target:
+        if len(_CORE_CACHE) > 64:
+            _CORE_CACHE.clear()
+        hit = _CORE_CACHE[key] = (target, _build_core(g, choice, target))
+    core = hit[1]
+    names = {_A: a_buf.name, _B: b_buf.name, _C: c_buf.name}
+    prog = Program()
+    for b in (a_buf, b_buf, c_buf):
+        prog.add_buffer(b)
+    for name, b in core.buffers.items():
+        prog.add_buffer(b)
+    for step in core.steps:
+        if isinstance(step, ExchangeStep) and any(c.src in names or c.dst in names for c in step.copies):
+            step = ExchangeStep(step.name, tuple(Copy(names.get(c.src, c.src), names.get(c.dst, c.dst))
+                                                 for c in step.copies))
+        prog.steps.append(step)
+    return prog
+
+
+def _build_core(g: GemmShape, choice: GemmChoice, target) -> Program:
     """The fragment program: prep exchange, AMP compute, reduction, output conversion.
 
     ``a_buf``/``b_buf`` are the operands' boundary (or resident) buffers and
@@ -343,8 +375,6 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
     view of its part 0.
     """
     prog = Program()
-    for b in (a_buf, b_buf, c_buf):
-        prog.add_buffer(b)
     T = tile_of(choice)
     gb, gm, gn, gk, sk = choice.gb, choice.gm, choice.gn, choice.gk, choice.sk
     group = _batch_groups(g.batch, gb)
@@ -416,7 +446,7 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
         A = prog.add_buffer(Buffer(f"{name}.A{suffix}", a_grid, g.a2, g.in_dtype, scale=g.a_scale))
         B = prog.add_buffer(Buffer(f"{name}.B{suffix}", b_grid, g.b2, g.in_dtype, region="interleaved",
                                    scale=g.b_scale))
-        prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(a_buf.name, A.name), Copy(b_buf.name, B.name))))
+        prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(_A, A.name), Copy(_B, B.name))))
         a_off = a_grid.block_offsets(g.in_dtype.itemsize)
         b_off = b_grid.block_offsets(g.in_dtype.itemsize)
         amp, red = [], []
@@ -483,7 +513,7 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
                                    (Operand(Cg.name, int(c_off[ci, j, 0]), h * n),), target))
         prog.steps.append(ComputeStep(f"{name}.reduce", tuple(red)))
 
-    prog.steps.append(ExchangeStep(f"{name}.out", (Copy(Cg.name, c_buf.name),)))
+    prog.steps.append(ExchangeStep(f"{name}.out", (Copy(Cg.name, _C),)))
     return prog
 
 
