@@ -194,18 +194,24 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     remote = ~local
     tiles = target.tiles
     # Paired: the remote destinations of a fragment come in complete tile pairs; aligned; even words.
-    F = len(n)
-    f_idx = np.repeat(np.arange(F), H.shape[1])
-    key = f_idx[remote.reshape(-1)] * (1 << 12) + H.reshape(-1)[remote.reshape(-1)]
-    keys = np.sort(key)
-    partner = key ^ 1
-    pos = np.minimum(np.searchsorted(keys, partner), max(keys.size - 1, 0))
-    ok_rows = (keys[pos] == partner) if keys.size else np.zeros(0, dtype=bool)
-    bad = np.zeros(F, dtype=bool)
-    np.logical_or.at(bad, f_idx[remote.reshape(-1)], ~ok_rows)
+    # The remote set is the block's holders, less the source tile where it holds the block too.
+    hs = np.sort(h.reshape(-1, h.shape[2]), axis=1)
+
+    def complete_pairs(rows: np.ndarray) -> np.ndarray:
+        if rows.shape[1] % 2:
+            return np.zeros(rows.shape[0], dtype=bool)
+        return (rows[:, 0::2] % 2 == 0).all(axis=1) & (rows[:, 1::2] == rows[:, 0::2] + 1).all(axis=1)
+
     aligned = (m.src_off % 8 == 0) & (m.dst_off % 8 == 0) & (n % 8 == 0)
     any_remote = remote.any(axis=1)
-    paired = any_remote & ~bad & aligned
+    has_local = local.any(axis=1)
+    pairs_ok = complete_pairs(hs)[blk]
+    if has_local.any():
+        lb = np.unique(blk[has_local])
+        without = np.stack([complete_pairs(np.delete(hs[lb], k, axis=1)) for k in range(hs.shape[1])], axis=1)
+        k_src = np.argmax(hs[blk[has_local]] == src[has_local][:, None], axis=1)
+        pairs_ok[has_local] = without[np.searchsorted(lb, blk[has_local]), k_src]
+    paired = any_remote & pairs_ok & aligned
     lane = np.where(paired, target.paired_bytes_per_cycle, target.exchange_bytes_per_cycle)
     cyc = -(-n // lane)
     send = np.zeros(tiles, dtype=np.int64)
