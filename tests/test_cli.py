@@ -14,21 +14,12 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
 
 
-@pytest.fixture(autouse=True)
-def wide_output(monkeypatch):
-    """Piped output is 160 columns wide unless COLUMNS says otherwise: keep table cells on one line."""
-    monkeypatch.delenv("COLUMNS", raising=False)
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return info.value.code or 0, out, err
 
 
-def test_machines_lists_every_preset_with_its_figures(capsys):
-    code, out, err = run(capsys, "machines")
+def test_machines_lists_every_preset_with_its_figures(cli):
+    code, out, err = cli("machines")
     assert code == 0 and err == ""
     for name in ("ipu2", "bow", "ipu21", "ipu21-64"):
         assert name in out
@@ -36,15 +27,15 @@ def test_machines_lists_every_preset_with_its_figures(capsys):
         assert figure in out
 
 
-def test_machines_accepts_a_user_target_file(capsys, tmp_path):
+def test_machines_accepts_a_user_target_file(cli, tmp_path):
     path = tmp_path / "quarter.toml"
     path.write_text('inherits = "ipu21"\nname = "quarter"\ndescription = "a quarter"\ntiles = 368\n')
-    code, out, _ = run(capsys, "machines", str(path))
+    code, out, _ = cli("machines", str(path))
     assert code == 0 and "quarter" in out and "368" in out
 
 
-def test_show_siglip_b4_on_ipu21_gives_the_roofline_bound(capsys):
-    code, out, err = run(capsys, "show", str(FIXTURES / "siglip_mlp_fp8_b4.toml"), "--target", "ipu21")
+def test_show_siglip_b4_on_ipu21_gives_the_roofline_bound(cli):
+    code, out, err = cli("show", str(FIXTURES / "siglip_mlp_fp8_b4.toml"), "--target", "ipu21")
     assert code == 0 and err == ""
     assert "153,470 cycles" in out and "102.3 us" in out
     assert "ipu21 (--target)" in out
@@ -53,22 +44,22 @@ def test_show_siglip_b4_on_ipu21_gives_the_roofline_bound(capsys):
         assert text in out
 
 
-def test_show_uses_the_model_files_target_by_default(capsys):
-    code, out, _ = run(capsys, "show", str(FIXTURES / "mlp_smoke_fp8.toml"))
+def test_show_uses_the_model_files_target_by_default(cli):
+    code, out, _ = cli("show", str(FIXTURES / "mlp_smoke_fp8.toml"))
     assert code == 0 and "ipu21-64 (model file)" in out and "64 tiles" in out
 
 
-def test_show_falls_back_to_ipu21_without_any_target(capsys, tmp_path):
+def test_show_falls_back_to_ipu21_without_any_target(cli, tmp_path):
     text = (FIXTURES / "mlp_fp16_small.toml").read_text().replace('target = "ipu21-64"\n', "")
     (tmp_path / "m.toml").write_text(text)
-    code, out, _ = run(capsys, "show", str(tmp_path / "m.toml"))
+    code, out, _ = cli("show", str(tmp_path / "m.toml"))
     assert code == 0 and "ipu21 (default)" in out and "1,472 tiles" in out
 
 
-def test_show_accepts_a_target_file(capsys, tmp_path):
+def test_show_accepts_a_target_file(cli, tmp_path):
     path = tmp_path / "half.toml"
     path.write_text('inherits = "ipu2"\nname = "half"\ntiles = 736\n')
-    code, out, _ = run(capsys, "show", str(FIXTURES / "gemm_4096_fp16.toml"), "--target", str(path))
+    code, out, _ = cli("show", str(FIXTURES / "gemm_4096_fp16.toml"), "--target", str(path))
     bound = 2 * 4096 ** 3 / (736 * 128)
     assert code == 0 and f"{bound:,.0f} cycles" in out and "half (--target)" in out
 
@@ -79,17 +70,17 @@ def test_show_accepts_a_target_file(capsys, tmp_path):
     (["show", "no/such/model.toml"], "no such model file"),
     (["machines", "ipu3"], "unknown target 'ipu3'"),
 ])
-def test_user_errors_are_one_line_and_exit_2(capsys, monkeypatch, argv, words):
+def test_user_errors_are_one_line_and_exit_2(cli, monkeypatch, argv, words):
     monkeypatch.chdir(REPO)
-    code, out, err = run(capsys, *argv)
+    code, out, err = cli(*argv)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and out == "" and len(lines) == 1
     assert lines[0].startswith("error: ") and words in lines[0]
 
 
 @pytest.mark.parametrize("argv", [["show"], ["frobnicate"], ["show", "a.toml", "--tagret", "ipu21"]])
-def test_usage_errors_exit_2(capsys, argv):
-    code, _, err = run(capsys, *argv)
+def test_usage_errors_exit_2(cli, argv):
+    code, _, err = cli(*argv)
     assert code == 2 and "Traceback" not in err
 
 

@@ -22,16 +22,8 @@ SMOKE = FIXTURES / "mlp_smoke_fp8.toml"
 IPU64 = load_target("ipu21-64")
 
 
-@pytest.fixture(autouse=True)
-def wide_output(monkeypatch):
-    monkeypatch.delenv("COLUMNS", raising=False)
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return info.value.code or 0, out, err
 
 
 def tiny_target(tmp_path: Path, sram: int) -> Path:
@@ -71,9 +63,9 @@ def test_plan_json_holds_every_op_its_grid_the_conversions_totals_and_runner_ups
         assert all(r["coarse"]["cycles"] > 0 for r in losers)
 
 
-def test_tileplan_plan_prints_the_report_and_writes_plan_json(capsys, tmp_path):
+def test_tileplan_plan_prints_the_report_and_writes_plan_json(cli, tmp_path):
     out_path = tmp_path / "out" / "plan.json"
-    code, out, err = run(capsys, "plan", str(SMOKE), "-o", str(out_path), "--jobs", "1")
+    code, out, err = cli("plan", str(SMOKE), "-o", str(out_path), "--jobs", "1")
     assert code == 0 and err == ""
     for text in ("fc1", "fc2", "runner-up", "roofline bound", "ratio", "plan time"):
         assert text in out
@@ -99,11 +91,11 @@ def test_the_dp_and_cpsat_pick_plans_with_equal_cycles(fixture):
     assert cp.selection.exact
 
 
-def test_when_the_selection_finds_nothing_that_fits_the_error_names_the_op_the_tile_and_the_bytes(capsys, tmp_path):
+def test_when_the_selection_finds_nothing_that_fits_the_error_names_the_op_the_tile_and_the_bytes(cli, tmp_path):
     # 5,120 usable bytes: every GEMM has a grid (with serial K) that fits alone, no whole plan fits.
     target = tiny_target(tmp_path, 6_144)
     out_path = tmp_path / "plan.json"
-    code, out, err = run(capsys, "plan", str(SMOKE), "--target", str(target), "-o", str(out_path), "--jobs", "1")
+    code, out, err = cli("plan", str(SMOKE), "--target", str(target), "-o", str(out_path), "--jobs", "1")
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ")
@@ -111,9 +103,9 @@ def test_when_the_selection_finds_nothing_that_fits_the_error_names_the_op_the_t
     assert "Traceback" not in err and not out_path.exists()
 
 
-def test_when_no_grid_of_a_gemm_fits_the_error_names_the_op_the_tile_and_the_bytes(capsys, tmp_path):
+def test_when_no_grid_of_a_gemm_fits_the_error_names_the_op_the_tile_and_the_bytes(cli, tmp_path):
     target = tiny_target(tmp_path, 4_096)
-    code, _, err = run(capsys, "plan", str(SMOKE), "--target", str(target), "--jobs", "1")
+    code, _, err = cli("plan", str(SMOKE), "--target", str(target), "--jobs", "1")
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "'fc1'" in lines[0] and "bytes" in lines[0]

@@ -29,16 +29,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SMOKE = FIXTURES / "mlp_smoke_fp8.toml"
 
 
-@pytest.fixture(autouse=True)
-def wide_output(monkeypatch):
-    monkeypatch.delenv("COLUMNS", raising=False)
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return info.value.code or 0, out, err
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +58,8 @@ def save(path: Path, **arrays) -> Path:
     return path
 
 
-def test_validate_passes_the_smoke_package_and_reports_error_cycles_and_memory(capsys, package):
-    code, out, err = run(capsys, "validate", str(package))
+def test_validate_passes_the_smoke_package_and_reports_error_cycles_and_memory(cli, package):
+    code, out, err = cli("validate", str(package))
     assert code == 0 and err == ""
     assert "validation passed" in out
     for figure in ("max abs err", "cosine", "simulated:", "compute", "exchange", "sync", "memory peak"):
@@ -80,34 +72,34 @@ def test_outputs_holds_every_output_by_tensor_name_with_its_shape(computed):
     assert computed["y"].shape == (96, 144) and np.isfinite(computed["y"]).all()
 
 
-def test_the_computed_outputs_pass_as_expected_values_with_tight_tolerance(capsys, package, computed, tmp_path):
+def test_the_computed_outputs_pass_as_expected_values_with_tight_tolerance(cli, package, computed, tmp_path):
     expected = save(tmp_path / "expected.npz", **computed)
-    code, out, _ = run(capsys, "validate", str(package), "--expected", str(expected), "--atol", "1e-9", "--rtol", "0")
+    code, out, _ = cli("validate", str(package), "--expected", str(expected), "--atol", "1e-9", "--rtol", "0")
     assert code == 0 and "validation passed" in out
     record = json.loads((package / "validation.json").read_text())
     assert record["outputs"]["y"]["max_abs"] == 0.0 and (record["atol"], record["rtol"]) == (1e-9, 0.0)
 
 
-def test_expected_values_off_by_more_than_the_tolerance_fail_with_status_1(capsys, package, computed, tmp_path):
+def test_expected_values_off_by_more_than_the_tolerance_fail_with_status_1(cli, package, computed, tmp_path):
     y = computed["y"].copy()
     y[3, 5] += 0.5
     expected = save(tmp_path / "expected.npz", y=y)
-    code, out, _ = run(capsys, "validate", str(package), "--expected", str(expected))
+    code, out, _ = cli("validate", str(package), "--expected", str(expected))
     assert code == 1
     assert "validation FAILED" in out and "0.500000" in out
 
 
-def test_zero_tolerance_fails_an_fp8_package_with_status_1(capsys, package):
-    code, out, _ = run(capsys, "validate", str(package), "--atol", "0", "--rtol", "0")
+def test_zero_tolerance_fails_an_fp8_package_with_status_1(cli, package):
+    code, out, _ = cli("validate", str(package), "--atol", "0", "--rtol", "0")
     assert code == 1 and "validation FAILED" in out
 
 
-def test_inputs_replace_the_seeded_data(capsys, package, tmp_path):
+def test_inputs_replace_the_seeded_data(cli, package, tmp_path):
     graph = load_model(SMOKE)
     x = np.linspace(-2, 2, 96 * 144).reshape(96, 144)
     inputs = save(tmp_path / "inputs.npz", x=x)
     written = tmp_path / "out.npz"
-    code, _, _ = run(capsys, "validate", str(package), "--inputs", str(inputs), "--outputs", str(written))
+    code, _, _ = cli("validate", str(package), "--inputs", str(inputs), "--outputs", str(written))
     assert code == 0
     stored = seeded_values(graph)
     stored["x"] = quantise(x, DType.FP16)
@@ -125,24 +117,24 @@ def test_inputs_replace_the_seeded_data(capsys, package, tmp_path):
     ("--inputs", {"h": np.zeros((96, 288))}, "'h' is not an input or parameter of model 'mlp_smoke_fp8'"),
     ("--inputs", {"x": np.zeros((96,))}, "'x' has shape [96], the model's is [96, 144]"),
 ])
-def test_a_bad_npz_key_or_shape_is_refused_with_status_2(capsys, package, tmp_path, option, arrays, problem):
+def test_a_bad_npz_key_or_shape_is_refused_with_status_2(cli, package, tmp_path, option, arrays, problem):
     path = save(tmp_path / "bad.npz", **arrays)
-    code, out, err = run(capsys, "validate", str(package), option, str(path))
+    code, out, err = cli("validate", str(package), option, str(path))
     assert code == 2 and out == ""
     assert err == f"error: {path}: {problem}\n"
 
 
-def test_an_expected_file_without_arrays_is_refused_rather_than_passed(capsys, package, tmp_path):
+def test_an_expected_file_without_arrays_is_refused_rather_than_passed(cli, package, tmp_path):
     path = save(tmp_path / "empty.npz")
-    code, out, err = run(capsys, "validate", str(package), "--expected", str(path))
+    code, out, err = cli("validate", str(package), "--expected", str(path))
     assert code == 2 and out == ""
     assert err == f"error: {path}: holds no arrays; expected values of the outputs 'y'\n"
 
 
-def test_a_file_that_is_not_an_npz_is_refused_with_status_2(capsys, package, tmp_path):
+def test_a_file_that_is_not_an_npz_is_refused_with_status_2(cli, package, tmp_path):
     path = tmp_path / "expected.npz"
     path.write_text("y = 1\n")
-    code, _, err = run(capsys, "validate", str(package), "--expected", str(path))
+    code, _, err = cli("validate", str(package), "--expected", str(path))
     assert code == 2 and err.startswith(f"error: {path}: not a readable .npz") and err.count("\n") == 1
 
 

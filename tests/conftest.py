@@ -1,0 +1,26 @@
+"""Shared test fixtures: running the CLI in-process."""
+
+from __future__ import annotations
+
+import pytest
+
+from tileplan.cli import main
+
+
+@pytest.fixture(autouse=True)
+def wide_output(monkeypatch):
+    """Piped output is 160 columns wide unless COLUMNS says otherwise: keep table cells on one line."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli(*argv) -> (exit status, stdout, stderr)`` of one ``tileplan`` run in-process."""
+
+    def run(*argv) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as info:
+            main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return info.value.code or 0, out, err
+
+    return run
