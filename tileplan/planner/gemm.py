@@ -275,9 +275,18 @@ def _coarse_cost(g: GemmShape, target, grid, order, red, ptype, sk, in_bytes_per
     c_blk = m * n * ob * per_group
     p_blk = m * n * pbytes * per_group
     bw, pbw = target.exchange_bytes_per_cycle, target.paired_bytes_per_cycle
-    a_rate = np.where((order == 1) & (gn % 2 == 0), pbw, bw)
+    # A's multicast lands on complete tile pairs when the order puts its replicas (j) on adjacent tiles
+    # and gn is even, but the activation layouts hold A's rows on the same tile order as the grid,
+    # so about 1/gk of A's fragments start on a tile that also holds their block: that tile copies
+    # its piece on-tile and the rest of the multicast is no longer in complete pairs.
+    a_paired = np.where((order == 1) & (gn % 2 == 0), 1.0 - 1.0 / gkk, 0.0)
+    a_cycles = np.ceil(a_blk * (a_paired / pbw + (1.0 - a_paired) / bw)).astype(np.int64)
     b_rate = np.where((order == 2) & (gm % 2 == 0), pbw, bw)
-    prep = (-(-a_blk // a_rate) + -(-b_blk // b_rate)) * sk
+    rows_here = -(-(g.batch * g.M if g.a_batched else g.M) // target.tiles)
+    local_runs = np.where(gkk > 1, rows_here, 1)
+    a_local = local_runs * target.local_copy_call_cycles + \
+        -(-(rows_here * k * ia) // target.local_copy_bytes_per_cycle)
+    prep = (a_cycles + -(-b_blk // b_rate) + a_local) * sk
     # The kernel dispatch picks for the largest block and for the last K block (its tail may not
     # fill the AMP's 64-bit loads and fall back to the vector unit); the slower one sets the step.
     k_last = g.K - (units - units // np.minimum(kq, units)) * unit
