@@ -92,8 +92,8 @@ def test_the_dp_and_cpsat_pick_plans_with_equal_cycles(fixture):
 
 
 def test_when_the_selection_finds_nothing_that_fits_the_error_names_the_op_the_tile_and_the_bytes(cli, tmp_path):
-    # 5,120 usable bytes: every GEMM has a grid (with serial K) that fits alone, no whole plan fits.
-    target = tiny_target(tmp_path, 6_144)
+    # 4,096 usable bytes: every GEMM has a grid (with serial K) that fits alone, no whole plan fits.
+    target = tiny_target(tmp_path, 5_120)
     out_path = tmp_path / "plan.json"
     code, out, err = cli("plan", str(SMOKE), "--target", str(target), "-o", str(out_path), "--jobs", "1")
     assert code == 2
@@ -104,7 +104,7 @@ def test_when_the_selection_finds_nothing_that_fits_the_error_names_the_op_the_t
 
 
 def test_when_no_grid_of_a_gemm_fits_the_error_names_the_op_the_tile_and_the_bytes(cli, tmp_path):
-    target = tiny_target(tmp_path, 4_096)
+    target = tiny_target(tmp_path, 3_584)
     code, _, err = cli("plan", str(SMOKE), "--target", str(target), "--jobs", "1")
     assert code == 2
     lines = err.strip().splitlines()

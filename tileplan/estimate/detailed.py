@@ -292,10 +292,10 @@ def cost_program(program: Program, target) -> Detailed:
 
 def scheduled(program: Program, tiles: int) -> Program:
     """The program as lowering will schedule it: copies that move nothing are dropped (their
-    destination aliases the source, as views do), and independent exchanges back to back share
+    destination aliases the source), and independent exchanges back to back share
     one superstep (``lowering.passes``: eliminate_noop_copies, group_exchanges)."""
     from .program import group_exchange_steps
-    aliases = {b.name: b.view_of for b in program.buffers.values() if b.view_of is not None}
+    aliases: dict[str, str] = {}
     steps = []
     for step in program.steps:
         if isinstance(step, ExchangeStep):

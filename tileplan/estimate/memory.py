@@ -2,7 +2,6 @@
 
 A buffer is live from the first step that touches it to the last, except:
 ``parameter`` buffers (resident, written once by the host) live throughout;
-a view (``Buffer.view_of``) adds nothing and keeps the buffer it views alive;
 ``input`` buffers (host inputs) from the start; ``output`` buffers to the end.
 Each buffer's bytes on a tile are rounded up to the 8-byte alignment the
 allocator keeps.
@@ -90,11 +89,6 @@ def buffer_lifetimes(program: Program) -> dict[str, tuple[int, int]]:
         elif buf.kind == "output":
             b = n - 1
         spans[name] = (a, b)
-    # A view shares its root's memory: the root lives as long as any of its views is used.
-    for name, buf in program.buffers.items():
-        if buf.view_of is not None and name in first:
-            a, b = spans[buf.view_of]
-            spans[buf.view_of] = (min(a, spans[name][0]), max(b, spans[name][1]))
     return spans
 
 
@@ -107,8 +101,6 @@ def program_memory(program: Program, target) -> Memory:
     st = np.zeros((nsteps + 1, tiles), dtype=np.int64)
     kinds: dict[str, np.ndarray] = {}
     for name, buf in program.buffers.items():
-        if buf.view_of is not None:
-            continue                     # counted on the buffer it views
         a, b = spans[name]
         tb = buffer_tile_bytes(buf, tiles, target.alignment)
         arr = il if buf.region == "interleaved" else st

@@ -36,7 +36,6 @@ class Buffer:
     scale: int = 0               # FP8 power-of-two scale of the stored values
     tensor: str | None = None    # the graph tensor whose values it holds, where it holds one
     transpose: bool = False      # holds the tensor's values transposed (a parameter stored as W^T)
-    view_of: str | None = None   # another buffer whose memory this one is a view of (same bytes, own layout)
 
     def owner_map(self, tiles: int):
         return self.layout.owner_map(self.shape, self.dtype, tiles)

@@ -60,7 +60,11 @@ class MatMulCall:
     A is row-major. B is row-major (``b_format="rows"``, ``grain=0``) or AMP
     panels (``"panels"``: ``ceil(n / grain)`` panels, each a ``k x grain``
     row-major block). Products accumulate in FP32; the sum is multiplied by
-    ``2**out_scale`` and rounded to ``partials``.
+    ``2**out_scale`` and rounded to ``partials``. With ``accumulate`` the AMP
+    starts from partials already in memory (a third input ``cin``, normally the
+    same bytes as the output): ``C = round(Cin + 2**out_scale * A @ B)``, as
+    poplibs' 1x1 convolution vertices do when they are not told to zero their
+    partials; serial K splits use it.
     """
 
     m: int
@@ -72,6 +76,7 @@ class MatMulCall:
     b_format: str = "rows"
     out_scale: int = 0
     grain: int = 0                        # panel width in elements; 0 when B is row-major
+    accumulate: bool = False              # add into the partials read from ``cin``
     primitive: ClassVar[str] = "matmul"
     __str__ = describe
 
@@ -92,7 +97,7 @@ class MatMulCall:
         return -(-self.n // self.grain) if self.grain else 0
 
     def key(self) -> str:
-        return f"matmul_{self.in_dtype}_{self.partials}_{self.b_format}"
+        return f"matmul_{self.in_dtype}_{self.partials}_{self.b_format}" + ("_acc" if self.accumulate else "")
 
 
 @dataclass(frozen=True)

@@ -178,19 +178,22 @@ def matmul_codelet(call, variant) -> CodeletSource:
     else:
         b_index = "i * n + col"
         b_size = call.k * call.n
+    cin = (_vec("input", "cin", call.partials, call.m * call.n),) if call.accumulate else ()
     fields = (_vec("input", "a", call.in_dtype, call.m * call.k),
-              _vec("input", "b", call.in_dtype, b_size),
+              _vec("input", "b", call.in_dtype, b_size)) + cin + (
               _vec("output", "c", call.partials, call.m * call.n),
               _param("m", call.m), _param("n", call.n), _param("k", call.k),
               _param("grain", call.grain), _param("outScale", call.out_scale, "int"))
+    start = "load_f32(cin[row * n + col]) + " if call.accumulate else ""
     body = f"""    // Worker w computes output rows w, w + workers, ...; FP32 accumulation in K order.
+    // An accumulating vertex reads cin[i] before it writes c[i] (they may be the same bytes).
     for (unsigned row = workerId; row < m; row += workers) {{
       for (unsigned col = 0; col < n; ++col) {{
         float acc = 0.0f;
         for (unsigned i = 0; i < k; ++i) {{
           acc += load_f32(a[row * k + i]) * load_f32(b[{b_index}]);
         }}
-        c[row * n + col] = store_as<{call.partials.cpp}>(std::ldexp(acc, outScale));
+        c[row * n + col] = store_as<{call.partials.cpp}>({start}std::ldexp(acc, outScale));
       }}
     }}"""
     return render(key, body, fields, f"C[m,n] = A[m,k] @ B[k,n] ({call.b_format} B), "

@@ -101,6 +101,10 @@ def matmul_cycles(call: MatMulCall, target: Target) -> int:
     - FP16 with FP32 partials: DERIVED, twice the FP16.16 per-group cost
       (``8R + 320`` interleaved, ``G = 2126`` standard), consistent with half
       the FP16.16 AMP rate (``target.amp_fp16_fp32``); no public measurement.
+    - ``accumulate`` (start from partials in memory): priced as the zeroing
+      form. ASSUMED: the AMP loads its accumulators from memory in the same
+      per-group sequence that otherwise clears them (poplibs' 1x1 convolution
+      vertices take this as a flag of one loop); no public measurement.
     - Row-major B (``b_format="rows"``): DERIVED, the kernel first rearranges B
       into panels in-kernel, priced as ``pack_cycles`` of the ``k x n`` block;
       the published formulas are for packed weights.

@@ -58,16 +58,23 @@ def panels_to_rows(b: np.ndarray, k: int, n: int, grain: int) -> np.ndarray:
     return b.reshape(-1, p, k, grain).transpose(0, 2, 1, 3).reshape(-1, k, p * grain)[:, :, :n]
 
 
-def matmul(call: MatMulCall, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def matmul(call: MatMulCall, a: np.ndarray, b: np.ndarray, cin: np.ndarray | None = None) -> np.ndarray:
     """FP32 products and accumulation (numpy/BLAS order), ``* 2**out_scale``,
-    rounded to ``call.partials``. Products of FP16 or FP8 values are exact in
-    FP32; only the summation order can differ from the tile's."""
+    rounded to ``call.partials``; with ``call.accumulate`` the partials ``cin`` are
+    added (in FP32) before the rounding. Products of FP16 or FP8 values are exact
+    in FP32; only the summation order can differ from the tile's."""
     b_size = call.panels * call.k * call.grain if call.b_format == "panels" else call.k * call.n
     a2 = operand(a, call.in_dtype, call.m * call.k, "A")
     b2 = operand(b, call.in_dtype, b_size, "B")
     batch = np.asarray(a).shape[:-1]
     bm = panels_to_rows(b2, call.k, call.n, call.grain) if call.b_format == "panels" else b2.reshape(-1, call.k, call.n)
     c = np.matmul(_f32(a2).reshape(-1, call.m, call.k), _f32(bm))
+    if call.accumulate:
+        if cin is None:
+            raise ValueError("an accumulating matmul needs its input partials cin")
+        c0 = _f32(operand(cin, call.partials, call.m * call.n, "cin")).reshape(-1, call.m, call.n)
+        total = (c0 + np.ldexp(c, np.int32(call.out_scale)).astype(np.float32)).astype(np.float32)
+        return _result(round_to(total, call.partials).reshape(-1, call.m * call.n), batch)
     return _result(round_to(c, call.partials, call.out_scale).reshape(-1, call.m * call.n), batch)
 
 

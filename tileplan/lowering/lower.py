@@ -36,8 +36,6 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
     registry = registry or default_registry()
     chosen = PASSES if passes is None else [p for p in PASSES if p[0] in passes]
     state = LoweringState(program, target)
-    # A view shares the memory of the buffer it views: allocate it as an alias.
-    state.aliases.update({b.name: b.view_of for b in program.buffers.values() if b.view_of is not None})
     for name, stage, fn, _why in chosen:
         if stage == "program":
             state = fn(state)

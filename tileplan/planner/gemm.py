@@ -216,8 +216,8 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     last K block, whichever is slower; one sync per exchange phase. Memory
     (conservative): boundary pieces plus every operand, partial and result block
     alive at once. Options that do not fit are tried again with serial K splits
-    (``SERIAL_K``): 1/sk of the operand blocks at a time, an accumulator of two
-    partial blocks, sk exchanges and sk - 1 in-place accumulations.
+    (``SERIAL_K``): 1/sk of the operand blocks at a time, sk exchanges and sk
+    AMP calls, the later ones accumulating into the partials in place.
     """
     grids = grid_options(g, target.tiles)
     n_ptypes = len(g.partial_types())
@@ -293,17 +293,15 @@ def _coarse_cost(g: GemmShape, target, grid, order, red, ptype, sk, in_bytes_per
     partials = np.where(gkk > 1, ptype, g.partial_types().index(g.out_dtype))
     amp = np.maximum(matmul_block_cycles(g, target, m, n, k, partials),
                      matmul_block_cycles(g, target, m, n, k_last, partials)) * per_group * sk
-    acc_bytes = np.where(gkk > 1, pbytes, ob)
-    accumulate = (sk - 1) * (282 + 6 * -(-(m * n) // np.where(acc_bytes == 4, 24, 48)) * 13)
     has_red = red > 0
     piece = np.where(red == 2, -(-m // gkk), m)
     red_recv = np.where(has_red, (gkk - 1) * piece * n * pbytes * per_group, 0)
     red_cyc = np.where(has_red, 282 + 6 * -(-(piece * n) // 48) * (11 + 2 * (gkk - 1)) * per_group, 0)
     out_recv = np.where(has_red, piece * n * ob * per_group, c_blk)
     syncs = target.sync_cycles * (1 + sk + has_red.astype(np.int64))
-    cycles = prep + amp + accumulate + -(-red_recv // bw) + red_cyc + -(-out_recv // bw) + syncs
+    cycles = prep + amp + -(-red_recv // bw) + red_cyc + -(-out_recv // bw) + syncs
     reducer_in = np.where(red == 1, gkk * p_blk, np.where(red == 2, gkk * piece * n * pbytes * per_group, 0))
-    result = np.where(has_red, p_blk + reducer_in, c_blk) + np.where(sk > 1, m * n * acc_bytes, 0)
+    result = np.where(has_red, p_blk + reducer_in, c_blk)
     memory = in_bytes_per_tile + out_bytes_per_tile + a_blk + b_blk + result
     return cycles, memory, b_blk
 
@@ -377,11 +375,9 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> Program:
     ``c_buf`` the result's boundary buffer; their layouts are the candidate's.
 
     With a serial K split (``sk > 1``) each tile walks its K range in ``sk``
-    chunks: per chunk one exchange brings the next A and B blocks, the AMP
-    writes the chunk's product next to the running sum, and a two-part
-    reduction adds it in place. The running sum lives in an accumulator
-    buffer ``[part 0: sum; part 1: chunk]``; the partials (or the result) are a
-    view of its part 0.
+    chunks: per chunk one exchange brings the next A and B blocks and the AMP
+    adds the chunk's product into the partials it wrote for the earlier chunks
+    (an accumulating matmul, in place).
     """
     prog = Program()
     T = tile_of(choice)
@@ -433,21 +429,10 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> Program:
         out_rows, out_hold, out_shape = c_rows, c_hold, g.c2
     dense = ptype.itemsize                      # no padding: a tile's pieces form one m x n block
     out_grid = Grid(*_grid_fields(Grid.of(out_rows, nb, out_hold)), align_bytes=dense)
-    if sk > 1:
-        # Accumulator [part 0; part 1] over the AMP output's rows; the output is a view of part 0.
-        total = int(out_rows[-1])
-        acc_rows = np.concatenate((out_rows, total + out_rows[1:]))
-        acc = Grid(*_grid_fields(Grid.of(acc_rows, nb, np.concatenate((out_hold, out_hold)))), align_bytes=dense)
-        ACC = prog.add_buffer(Buffer(f"{name}.acc", acc, (2 * total, g.N), ptype))
-        OUT = prog.add_buffer(Buffer(f"{name}.P" if gk > 1 else f"{name}.C", out_grid, out_shape, ptype,
-                                     scale=0 if gk > 1 else g.c_scale, view_of=ACC.name))
-        acc_off = acc.block_offsets(ptype.itemsize)
-    else:
-        OUT = prog.add_buffer(Buffer(f"{name}.P" if gk > 1 else f"{name}.C", out_grid, out_shape, ptype,
-                                     scale=0 if gk > 1 else g.c_scale))
+    OUT = prog.add_buffer(Buffer(f"{name}.P" if gk > 1 else f"{name}.C", out_grid, out_shape, ptype,
+                                 scale=0 if gk > 1 else g.c_scale))
     out_off = out_grid.block_offsets(ptype.itemsize)
     scale = g.a_scale + g.b_scale - (0 if gk > 1 else g.c_scale)
-    half = int(out_rows.size - 1)     # accumulator row blocks of part 1 follow those of part 0
 
     for s in range(sk):
         a_grid, b_grid, ah, bh = step_grids(s)
@@ -458,7 +443,7 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> Program:
         prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(_A, A.name), Copy(_B, B.name))))
         a_off = a_grid.block_offsets(g.in_dtype.itemsize)
         b_off = b_grid.block_offsets(g.in_dtype.itemsize)
-        amp, red = [], []
+        amp = []
         calls: dict = {}
         for b in range(g.batch):
             ab = b if g.a_batched else 0
@@ -475,29 +460,18 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> Program:
                         ai = j if g.a_batched else int(group[b]) * gn + j
                         bi = i if g.b_batched else int(group[b]) * gm + i
                         blk = ((b * gm + i) * pieces) * gk + l if gk > 1 else b * gm + i   # piece 0
-                        hit = calls.get((m, n, k))
+                        acc = s > 0                      # later serial steps add into the partials
+                        hit = calls.get((m, n, k, acc))
                         if hit is None:
                             call = MatMulCall(m, n, k, g.in_dtype, ptype, "interleaved",
-                                              "panels" if g.panels else "rows", scale, g.grain if g.panels else 0)
-                            hit = calls[(m, n, k)] = (call,) + _kernel(call, target)
+                                              "panels" if g.panels else "rows", scale, g.grain if g.panels else 0,
+                                              acc)
+                            hit = calls[(m, n, k, acc)] = (call,) + _kernel(call, target)
+                        out = Operand(OUT.name, int(out_off[blk, j, 0]), m * n)
                         ins = (Operand(A.name, int(a_off[ab * gm + i, q, ai]), m * k),
-                               Operand(B.name, int(b_off[bb * nkb + q, j, bi]), k * n))
-                        if sk == 1:
-                            out = Operand(OUT.name, int(out_off[blk, j, 0]), m * n)
-                        else:
-                            part0 = int(acc_off[blk, j, 0])
-                            out = Operand(ACC.name, part0 if s == 0 else int(acc_off[half + blk, j, 0]), m * n)
-                            if s > 0:
-                                rc = calls.get(("acc", m * n))
-                                if rc is None:
-                                    c2 = ReduceCall(m * n, 2, ptype, ptype)
-                                    rc = calls[("acc", m * n)] = (c2,) + _kernel(c2, target)
-                                red.append(Vertex(t, rc[0], (Operand(ACC.name, part0, 2 * m * n),),
-                                                  (Operand(ACC.name, part0, m * n),), rc[1], rc[2]))
+                               Operand(B.name, int(b_off[bb * nkb + q, j, bi]), k * n)) + ((out,) if acc else ())
                         amp.append(Vertex(t, hit[0], ins, (out,), hit[1], hit[2]))
         prog.steps.append(ComputeStep(f"{name}.amp{suffix}", tuple(amp)))
-        if red:
-            prog.steps.append(ComputeStep(f"{name}.accumulate{suffix}", tuple(red)))
 
     Cg = OUT
     if gk > 1:

@@ -280,7 +280,7 @@ def operand_types(call) -> tuple[list[DType], list[DType]]:
     """Element types of a call's inputs and outputs, in field order."""
     p = call.primitive
     if p == "matmul":
-        return [call.in_dtype, call.in_dtype], [call.partials]
+        return [call.in_dtype, call.in_dtype] + ([call.partials] if call.accumulate else []), [call.partials]
     if p == "reduce":
         return [call.in_dtype], [call.out_dtype]
     if p in ("add",):
