@@ -154,3 +154,22 @@ def test_an_onnx_models_package_validates_with_the_parameter_values_it_carries(t
         assert pkg.params[name].tobytes() != seeded[name].tobytes(), "the file's values, not the seeded ones"
     v = validate_package(pkg)
     assert v.passed and v.outputs["y"]["max_abs"] <= 0.01
+
+
+def test_a_gemm_whose_blocks_do_not_fit_at_once_runs_serial_k_and_validates(tmp_path):
+    # A 64-tile target with 10,240 B of SRAM per tile: no grid of the smoke MLP fits without
+    # splitting K serially; the accumulating AMP steps must give the reference numbers.
+    import dataclasses
+    from tileplan.lowering.package import load_package
+    from tileplan.lowering.compile import compile_model
+    from tileplan.sim.validate import validate_package
+    base = load_target("ipu21-64")
+    tiny = dataclasses.replace(base, name="tiny", sram_bytes=10_240, standard_bytes=5_120, interleaved_bytes=5_120,
+                               reserve_bytes=1_024)
+    graph = load_model(FIXTURES / "mlp_smoke_fp8.toml")
+    p, _, path = compile_model(graph, tiny, tmp_path / "pkg")
+    serial = [n.candidate.choice.sk for n in p.mid.nodes if n.kind == "op" and n.candidate.choice is not None]
+    assert max(serial) > 1
+    v = validate_package(load_package(path))
+    assert v.passed and v.outputs["y"]["max_abs"] <= 0.01
+    assert v.profile.cycles == p.estimate.cycles

@@ -7,9 +7,11 @@ interleaved region (AMP weight operands, resident parameters) go there first
 and fall back to the standard region; the others go to the standard region
 first and spill into the interleaved one, as ``estimate.memory`` assumes.
 
-Per tile, buffers are placed first-fit in order of (first step, larger first,
-name) at 8-byte aligned addresses, where they overlap no buffer that is live
-at the same time. Tiles with the same buffer sizes get the same placement, so
+Per tile, buffers are placed largest first (then by first step and name), each
+at the lowest 8-byte aligned address where it overlaps no buffer that is live
+at the same time (first fit decreasing). The planner counts bytes, not gaps: a
+plan within a few percent of a tile's capacity can still fail here on
+fragmentation, and the error then names the tile, the buffer and the bytes. Tiles with the same buffer sizes get the same placement, so
 the placement is computed once per distinct size profile. Aliased buffers
 (a copy that moves nothing, a cast that takes over its dead input) share
 their root buffer's address and extend its lifetime.
@@ -59,7 +61,7 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
         rspan[r][0] = min(rspan[r][0], a)
         rspan[r][1] = max(rspan[r][1], b)
     prefer_il = np.array([program.buffers[n].region == "interleaved" for n in roots])
-    order = sorted(range(len(roots)), key=lambda i: (rspan[roots[i]][0], -int(rsize[i].max()), roots[i]))
+    order = sorted(range(len(roots)), key=lambda i: (-int(rsize[i].max()), rspan[roots[i]][0], roots[i]))
     raddr = np.full((len(roots), tiles), -1, dtype=np.int64)
     # One placement per distinct size profile.
     profiles, inverse = np.unique(rsize.T, axis=0, return_inverse=True)
@@ -82,11 +84,14 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
                 if at is not None:
                     break
             else:
-                live = sum(q - o for o, q, s, e in placed if s <= b and a <= e)
+                live = _live_peak(placed, a, b)
+                over = n + live - target.usable_bytes
+                why = (f"{over:,} bytes over" if over > 0 else
+                       "no free gap that large in either region (fragmented)")
                 raise TileplanError(
                     f"tile {tile}: buffer {roots[i]!r} ({n:,} bytes, {'interleaved' if prefer_il[i] else 'standard'} "
-                    f"preferred) does not fit: {live:,} bytes are live beside it and the tile has "
-                    f"{target.usable_bytes:,} usable bytes ({n + live - target.usable_bytes:,} over)")
+                    f"preferred) does not fit: up to {live:,} bytes are live beside it and the tile has "
+                    f"{target.usable_bytes:,} usable bytes; {why}")
             placed.append((at, at + n, a, b))
             addrs[i] = at
         raddr[:, inverse == p] = addrs[:, None]
@@ -106,3 +111,8 @@ def _first_fit(placed, lo: int, hi: int, n: int, a: int, b: int, align: int) -> 
             break
         at = max(at, -(-q // align) * align)
     return at if at + n <= hi else None
+
+
+def _live_peak(placed, a: int, b: int) -> int:
+    """The most bytes placed buffers hold at once during steps [a, b]."""
+    return max((sum(q - o for o, q, s0, e0 in placed if s0 <= t <= e0) for t in range(a, b + 1)), default=0)
