@@ -65,9 +65,15 @@ def build_report(plan, state, target) -> dict:
 def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver: str = "dp", progress=None,
                   registry=None):
     from ..planner.plan import plan as make_plan
-    from ..planner.planjson import plan_to_json
     p = make_plan(graph, target, jobs=jobs, solver=solver, progress=progress)
+    state, path = compile_plan(p, target, out_dir, params=params, registry=registry)
+    return p, state, path
+
+
+def compile_plan(p, target, out_dir, *, params=None, registry=None):
+    """The part of ``compile_model`` after planning: lower the plan, write its package."""
+    from ..planner.planjson import plan_to_json
     state = lower(p.mid.program, target, registry=registry)
     files = package_files(p, state, target, params, plan_to_json(p), build_report(p, state, target))
     path = write_package(Path(out_dir), files)
-    return p, state, path
+    return state, path
