@@ -317,6 +317,35 @@ def report_command(
     out.print(f"wrote {path}")
 
 
+@app.command("bench")
+def bench_command(
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer repeats and a 5-minute budget (see BENCH.md).")] = False,
+    out: Annotated[Path, typer.Option("--out", help="Folder for bench.json and BENCH.md.")] = Path("artifacts"),
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
+                                                help="Worker processes costing the catalogue (default: all cores).")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this benchmark (repeatable).")] = None,
+) -> None:
+    """Benchmark plan and compile time, planner memory, modelled cycles and plan quality on the fixtures."""
+    from .bench import BY_NAME, rich_tables, run_bench, write_artifacts
+
+    for name in only or ():
+        if name not in BY_NAME:
+            raise typer.BadParameter(f"unknown benchmark {name!r} (expected one of {', '.join(BY_NAME)})",
+                                     param_hint="--only")
+    err = Console(stderr=True)
+
+    def on_result(rec: dict) -> None:
+        where = f" in {rec['stage_at_stop']}" if rec["status"] != "ok" and rec["stage_at_stop"] else ""
+        err.print(f"{rec['fixture']}: {rec['status']}{where} ({rec['elapsed_seconds']:.1f} s)")
+
+    doc = run_bench(quick=quick, jobs=jobs or os.cpu_count() or 1, only=only, on_result=on_result)
+    console = _console()
+    for table in rich_tables(doc):
+        console.print(table)
+    paths = write_artifacts(doc, out)
+    console.print(f"bench took {doc['total_seconds']:.0f} s; wrote {paths[0]} and {paths[1]}")
+
+
 class _catalogue_progress:
     """A live progress display of the catalogue costing (stderr, only on a terminal)."""
 

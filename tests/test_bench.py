@@ -1,0 +1,72 @@
+"""`tileplan bench`: every figure lands in bench.json, the table in BENCH.md; timeouts and
+failures are data. No wall-clock assertions (benchmarks measure, tests do not)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tileplan.bench import FIGURES, Benchmark, run_one
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
+    out = tmp_path / "artifacts"
+    proc = subprocess.run([sys.executable, "-m", "tileplan.cli", "bench", "--only", "mlp_smoke_fp8", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    text = (out / "bench.json").read_text()
+    doc = json.loads(text)
+    assert text == json.dumps(doc, sort_keys=True, indent=2) + "\n", "sorted keys"
+    assert {"cpu_count", "python", "numpy"} <= set(doc["machine"])
+    assert list(doc["benchmarks"]) == ["mlp_smoke_fp8"]
+    rec = doc["benchmarks"]["mlp_smoke_fp8"]
+    assert rec["status"] == "ok", rec["status"]
+    assert set(FIGURES) <= set(rec)
+    missing = [k for k in FIGURES if rec[k] is None and k != "stage_at_stop"]
+    assert not missing, f"figures not measured: {missing}"
+    assert rec["stages_done"] == ["plan", "quality", "compile", "validate"]
+    assert len(rec["plan_seconds_all"]) == rec["plan_repeats"] == 5
+    assert set(rec["estimate"]) >= {"compute", "exchange", "sync", "cycles"}
+    sim = rec["simulated"]
+    assert sim["cycles"] == sim["compute"] + sim["exchange"] + sim["sync"] > 0
+    assert rec["simulated_roofline_ratio"] == sim["cycles"] / rec["roofline_cycles"]
+    assert rec["estimate_to_simulated"] == rec["estimate"]["cycles"] / sim["cycles"]
+    assert rec["planner_peak_rss_bytes"] >= rec["planner_rss_self_bytes"] > 0
+    assert 0 < rec["memory_peak_bytes"] <= rec["sram_bytes"] and rec["outputs_passed"] is True
+    assert set(rec["spearman_per_gemm"]) == {"fc1", "fc2"}
+    assert rec["spearman_min"] == min(f["spearman"] for f in rec["spearman_per_gemm"].values()
+                                      if f["spearman"] is not None)
+    search = rec["search"]
+    assert search["optimum_method"] == "exhaustive" and search["paths"] == 16
+    assert search["bounded_cycles"] >= search["optimum_cycles"] and search["gap"] >= 0
+    assert [t["target"] for t in doc["targets"]] and all("met" in t for t in doc["targets"])
+
+    md = (out / "BENCH.md").read_text()
+    assert "| figure | mlp_smoke_fp8 |" in md and "| target | tileplan | met | reference |" in md
+    for label in ("plan time", "compile time", "planner peak RSS", "simulated: cycles", "estimate / simulated",
+                  "memory peak", "max abs error", "Spearman", "bounded search"):
+        assert label in md, label
+    assert "not measured on hardware" in md and "63.5 s" in md and "614,700" in md
+    assert "mlp_smoke_fp8" in proc.stdout and "wrote" in proc.stdout
+
+
+def test_a_benchmark_out_of_time_is_recorded_as_a_timeout():
+    rec = run_one(Benchmark("mlp_smoke_fp8", "ipu21-64", True, (0.01, 0.01)), quick=True, jobs=1, budget=0.01)
+    assert rec["status"] == "timeout" and rec["stage_at_stop"] is not None
+    assert rec["stages_done"] == [] and rec["plan_seconds"] is None
+
+
+def test_a_failing_benchmark_is_recorded_as_an_error():
+    rec = run_one(Benchmark("no_such_fixture", "ipu21-64", True, (60, 60)), quick=True, jobs=1, budget=60)
+    assert rec["status"].startswith("error: ") and "no such model file" in rec["status"]
+    assert rec["stage_at_stop"] == "start"
+
+
+def test_an_unknown_benchmark_name_is_a_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "tileplan.cli", "bench", "--only", "nope"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown benchmark" in proc.stderr

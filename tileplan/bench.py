@@ -1,0 +1,629 @@
+"""``tileplan bench``: the figures users judge tileplan by, per benchmark fixture.
+
+Each benchmark runs in its own fresh (spawned) worker process, in its own
+process group, under a time budget. The worker runs stages in order and sends
+each stage's figures back as soon as it has them, so a benchmark that runs out
+of time or fails keeps what it measured; its ``status`` says what happened
+(``ok``, ``timeout`` with the stage it was in, ``error: ...``, ``skipped: ...``).
+Nothing a worker does can crash the bench.
+
+Stages:
+
+- ``plan``: ``plan(graph, target, jobs=)`` repeated; the figure is the median of
+  ``Plan.plan_seconds`` (in-process, with the catalogue's process pool). The
+  first repeat is cold (fresh process); later repeats find the planner's module
+  caches warm: all repeat times are kept. After the first repeat the worker
+  reads its peak resident memory (``ru_maxrss``) and that of its largest
+  finished child (the pool's workers): the planner's peak memory is their sum.
+- ``quality``: per GEMM, the Spearman correlation of the coarse cycles with the
+  detailed cycles over its detailed candidates (``planner.quality``); on small
+  graphs, the bounded search (``solve_dp(paths=16)``) against the optimum of the
+  same ``select.Problem`` (exhaustive, or the exact DP past 2e6 combinations).
+- ``compile``: the last plan lowered and its package written into a temporary
+  folder; compile time = that plan's time + lowering + package writing.
+- ``validate``: the package run on the bundled IPU model (``validate_package``):
+  simulated cycles by phase, memory peak of the worst tile, max abs error.
+
+Cycles are the IPU model's (a cycle model of the hardware), not hardware
+measurements.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import platform
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "fixtures"
+
+QUICK_DEADLINE = 280.0            # seconds for the whole --quick run (5 minutes with a margin)
+SEARCH_PATHS = 16
+MAX_EXHAUSTIVE = 2_000_000
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str                     # fixture name (fixtures/<name>.toml)
+    target: str
+    small: bool                   # small graph: more repeats, the exhaustive search gap
+    budget: tuple[float, float]   # seconds (quick, full)
+    quick_stages: tuple[str, ...] = ("plan", "quality", "compile", "validate")
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return ("plan", "quality", "compile", "validate")
+
+    def repeats(self, quick: bool) -> int:
+        if self.small:
+            return 3 if quick else 5
+        return 1 if quick else 3
+
+
+# Run order = priority under the --quick deadline: the small graphs, then the two figures with
+# cycle targets (SigLIP b4, the 4096 GEMM), then SigLIP b1 (no target of its own). A benchmark's
+# budget is the smaller of its own and what is left of the --quick deadline.
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("mlp_smoke_fp8", "ipu21-64", True, (60, 600)),
+    Benchmark("mlp_fp16_small", "ipu21-64", True, (60, 600)),
+    Benchmark("siglip_mlp_fp8_b4", "ipu21", False, (200, 3600)),
+    Benchmark("gemm_4096_fp16", "ipu2", False, (150, 3600)),
+    Benchmark("siglip_mlp_fp8_b1", "ipu21", False, (120, 3600), quick_stages=("plan", "quality")),
+)
+BY_NAME = {b.name: b for b in BENCHMARKS}
+
+# Every figure of a benchmark record (None when not measured).
+FIGURES = (
+    "fixture", "target", "tiles", "status", "stage_at_stop", "stages", "stages_done", "budget_seconds",
+    "elapsed_seconds", "jobs",
+    "plan_repeats", "plan_seconds", "plan_seconds_first", "plan_seconds_all",
+    "baseline_rss_bytes", "planner_rss_self_bytes", "planner_rss_children_max_bytes", "planner_peak_rss_bytes",
+    "roofline_cycles", "estimate", "estimate_roofline_ratio",
+    "spearman_per_gemm", "spearman_min", "search",
+    "lower_package_seconds", "compile_seconds",
+    "validate_seconds", "simulated", "simulated_roofline_ratio", "memory_peak_bytes", "memory_peak_tile",
+    "sram_bytes", "max_abs_error", "outputs_passed", "estimate_to_simulated",
+)
+
+# The targets of DESIGN.md ("Benchmarks") and issue 6, and the reference figures beside them.
+REFERENCE = {
+    "rust_planner_siglip_b4_seconds": 63.5,
+    "rust_planner_siglip_b4_threads": 56,
+    "rust_planner_smoke_seconds": 0.185,
+    "hardware_siglip_b4_cycles": 614_700,
+    "hardware_siglip_b4_roofline_ratio_approx": 4.0,
+    "hardware_gemm_4096_fp16_cycles": 2_262_696,   # fixtures/gemm_4096_fp16.toml (ipu-stack README)
+}
+
+
+# ---- the worker --------------------------------------------------------------------------------
+
+def _rss() -> tuple[int, int]:
+    """(this process's peak RSS, the largest waited-for child's peak RSS) in bytes (Linux: KiB)."""
+    scale = 1 if sys.platform == "darwin" else 1024
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale)
+
+
+def _stages(bench: dict, work_dir: str, send) -> None:
+    from .graph.loaders import check_against_target, load_model, load_params
+    from .planner.plan import Context, build_problem, plan
+    from .planner.quality import coarse_ranking, search_gap
+    from .target import load_target
+
+    path = FIXTURES / f"{bench['name']}.toml"
+    graph = load_model(path)
+    target = load_target(bench["target"])
+    check_against_target(graph, target)
+    jobs = bench["jobs"]
+    send("figures", {"tiles": target.tiles, "sram_bytes": target.sram_bytes})
+    stages = bench["stages"]
+
+    send("stage", "plan")
+    base, _ = _rss()
+    times, p = [], None
+    for i in range(bench["repeats"]):
+        p = plan(graph, target, jobs=jobs)
+        times.append(p.plan_seconds)
+        if i == 0:
+            own, child = _rss()
+            est = p.estimate
+            send("figures", {
+                "baseline_rss_bytes": base, "planner_rss_self_bytes": own, "planner_rss_children_max_bytes": child,
+                "planner_peak_rss_bytes": own + child, "plan_seconds_first": times[0],
+                "roofline_cycles": p.roofline,
+                "estimate": {"compute": est.compute, "exchange": est.exchange, "sync": est.sync,
+                             "cycles": est.cycles, "total_memory": est.total_memory},
+                "estimate_roofline_ratio": p.ratio})
+        send("figures", {"plan_seconds_all": list(times), "plan_seconds": statistics.median(times)})
+    send("done", "plan")
+
+    if "quality" in stages:
+        send("stage", "quality")
+        ranking = coarse_ranking(p)
+        rhos = [f["spearman"] for f in ranking.values() if f["spearman"] is not None]
+        send("figures", {"spearman_per_gemm": ranking, "spearman_min": min(rhos) if rhos else None})
+        if bench["small"]:
+            problem = build_problem(Context(graph, target, jobs), p.candidates)
+            send("figures", {"search": search_gap(problem, SEARCH_PATHS, MAX_EXHAUSTIVE)})
+        send("done", "quality")
+
+    if "compile" not in stages:
+        return
+    from .lowering.compile import compile_plan
+    send("stage", "compile")
+    t0 = time.perf_counter()
+    _, pkg_path = compile_plan(p, target, Path(work_dir) / "pkg", params=load_params(path))
+    lower_s = time.perf_counter() - t0
+    send("figures", {"lower_package_seconds": lower_s, "compile_seconds": p.plan_seconds + lower_s})
+    send("done", "compile")
+
+    if "validate" not in stages:
+        return
+    from .lowering.package import load_package
+    from .sim.validate import validate_package
+    send("stage", "validate")
+    t0 = time.perf_counter()
+    v = validate_package(load_package(pkg_path))
+    prof = v.profile
+    peak = prof.memory_peak
+    send("figures", {
+        "validate_seconds": time.perf_counter() - t0,
+        "simulated": {"cycles": prof.cycles, "compute": prof.compute, "exchange": prof.exchange, "sync": prof.sync},
+        "simulated_roofline_ratio": prof.cycles / p.roofline if p.roofline else None,
+        "memory_peak_bytes": int(peak.max()) if peak is not None and peak.size else None,
+        "memory_peak_tile": int(peak.argmax()) if peak is not None and peak.size else None,
+        "max_abs_error": max((o["max_abs"] for o in v.outputs.values()), default=None),
+        "outputs_passed": v.passed,
+        "estimate_to_simulated": p.estimate.cycles / prof.cycles if prof.cycles else None})
+    send("done", "validate")
+
+
+def _worker(conn, bench: dict, work_dir: str) -> None:
+    """Entry point of a benchmark's process: its own process group (so the parent can stop it and
+    its pool in one signal), then the stages, each message sent as soon as it is known. The pool
+    starts its workers the way the parent's would (a spawned process defaults to spawn)."""
+    os.setpgrp()
+    multiprocessing.set_start_method(bench["start_method"], force=True)
+
+    def send(kind, payload=None):
+        conn.send((kind, payload))
+
+    try:
+        _stages(bench, work_dir, send)
+        send("end")
+    except BaseException as exc:      # reported as data; the parent records it
+        last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        where = f" ({Path(last.filename).name}:{last.lineno})" if last else ""
+        message = " ".join(str(exc).split())
+        send("error", f"{type(exc).__name__}: {message}"[:400] + where)
+    finally:
+        conn.close()
+
+
+# ---- the parent --------------------------------------------------------------------------------
+
+def empty_record(b: Benchmark, quick: bool, jobs: int) -> dict:
+    rec = dict.fromkeys(FIGURES)
+    stages = b.quick_stages if quick else b.stages
+    rec.update(fixture=b.name, target=b.target, stages=list(stages), stages_done=[], jobs=jobs,
+               plan_repeats=b.repeats(quick))
+    return rec
+
+
+def _stop(proc) -> None:
+    """Stop a benchmark worker and everything it started (its process group)."""
+    if proc.is_alive():
+        try:
+            if os.getpgid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:                               # not yet in its own group: it has no children yet
+                proc.kill()
+        except ProcessLookupError:
+            pass
+    proc.join()
+
+
+def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float) -> dict:
+    rec = empty_record(b, quick, jobs)
+    rec["budget_seconds"] = round(budget, 1)
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    work_dir = tempfile.mkdtemp(prefix=f"tileplan-bench-{b.name}-")
+    spec = {"name": b.name, "target": b.target, "small": b.small, "jobs": jobs,
+            "repeats": b.repeats(quick), "stages": rec["stages"], "start_method": multiprocessing.get_start_method()}
+    t0 = time.monotonic()
+    proc = ctx.Process(target=_worker, args=(send, spec, work_dir), name=f"bench-{b.name}")
+    stage = "start"
+    try:
+        proc.start()
+        send.close()
+        while True:
+            left = t0 + budget - time.monotonic()
+            if left <= 0 or not recv.poll(left):
+                rec["status"] = "timeout"
+                rec["stage_at_stop"] = stage
+                break
+            try:
+                kind, payload = recv.recv()
+            except EOFError:
+                proc.join(5)
+                rec["status"] = f"error: worker exited with status {proc.exitcode} during {stage}"
+                rec["stage_at_stop"] = stage
+                break
+            if kind == "stage":
+                stage = payload
+            elif kind == "done":
+                rec["stages_done"].append(payload)
+            elif kind == "figures":
+                rec.update(payload)
+            elif kind == "error":
+                rec["status"] = f"error: {payload}"
+                rec["stage_at_stop"] = stage
+                break
+            elif kind == "end":
+                rec["status"] = "ok"
+                break
+    finally:
+        _stop(proc)
+        recv.close()
+        shutil.rmtree(work_dir, ignore_errors=True)
+    rec["elapsed_seconds"] = time.monotonic() - t0
+    return rec
+
+
+def machine_info() -> dict:
+    import numpy
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
+def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_result=None) -> dict:
+    """Run the benchmarks (all, or ``only``) and return the bench.json document."""
+    chosen = [BY_NAME[n] for n in only] if only else list(BENCHMARKS)
+    started = time.monotonic()
+    deadline = started + QUICK_DEADLINE if quick else math.inf
+    results = {}
+    for b in chosen:
+        cap = b.budget[0 if quick else 1]
+        left = deadline - time.monotonic()
+        if left < 10:
+            rec = empty_record(b, quick, jobs)
+            rec["status"] = f"skipped: the --quick time budget ({QUICK_DEADLINE:.0f} s) was spent"
+            rec["budget_seconds"] = 0
+            rec["elapsed_seconds"] = 0.0
+        else:
+            rec = run_one(b, quick=quick, jobs=jobs, budget=min(cap, left))
+        results[b.name] = rec
+        if on_result is not None:
+            on_result(rec)
+    return {
+        "mode": "quick" if quick else "full",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "jobs": jobs,
+        "total_seconds": time.monotonic() - started,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "quick_deadline_seconds": QUICK_DEADLINE if quick else None,
+        "benchmarks": results,
+        "targets": target_figures(results),
+        "reference": REFERENCE,
+    }
+
+
+# ---- targets and tables ------------------------------------------------------------------------
+
+def _get(results: dict, name: str, key: str):
+    rec = results.get(name)
+    return None if rec is None else rec.get(key)
+
+
+def _cycles_ratio(results: dict, name: str):
+    """Simulated / roofline; the planner's estimate / roofline when the package was not simulated."""
+    sim = _get(results, name, "simulated_roofline_ratio")
+    if sim is not None:
+        return sim, "simulated"
+    est = _get(results, name, "estimate_roofline_ratio")
+    return (est, "estimate (not simulated)") if est is not None else (None, None)
+
+
+def target_figures(results: dict) -> list[dict]:
+    """Each target with the figure reached (None when not measured) and whether it is met."""
+    out = []
+
+    def add(target, figure, limit, unit, source, reference):
+        met = None if figure is None else figure <= limit
+        out.append({"target": target, "figure": figure, "limit": limit, "unit": unit, "met": met,
+                    "source": source, "reference": reference})
+
+    add("SigLIP b4 FP8 MLP (1472 tiles): plan + compile", _get(results, "siglip_mlp_fp8_b4", "compile_seconds"),
+        10.0, "s", "siglip_mlp_fp8_b4 compile_seconds",
+        "Rust IPU planner: 63.5 s of mid construction on 56 threads")
+    add("64-tile FP8 smoke MLP: plan", _get(results, "mlp_smoke_fp8", "plan_seconds"), 0.100, "s",
+        "mlp_smoke_fp8 plan_seconds (median)", "Rust IPU planner: 185 ms")
+    ratio, how = _cycles_ratio(results, "siglip_mlp_fp8_b4")
+    add("SigLIP b4 FP8 MLP: cycles / roofline bound", ratio, 1.6, "x", f"siglip_mlp_fp8_b4 {how or 'cycles'}",
+        "hardware (Rust planner's program): 614,700 cycles, about 4x the FP8 roofline bound")
+    ratio, how = _cycles_ratio(results, "gemm_4096_fp16")
+    roof = _get(results, "gemm_4096_fp16", "roofline_cycles")
+    hw = REFERENCE["hardware_gemm_4096_fp16_cycles"]
+    add("4096-square FP16 GEMM: cycles / roofline bound", ratio, 1.3, "x", f"gemm_4096_fp16 {how or 'cycles'}",
+        f"hardware: {hw:,} cycles" + (f" ({hw / roof:.2f}x this roofline)" if roof else "")
+        + " (fixtures/gemm_4096_fp16.toml)")
+    errs = {n: abs(r["estimate_to_simulated"] - 1) for n, r in results.items() if r.get("estimate_to_simulated")}
+    worst = max(errs, key=errs.get) if errs else None
+    add("detailed estimate within 5% of simulated cycles (every fixture)", errs[worst] if worst else None, 0.05,
+        "rel", f"worst |estimate / simulated - 1| ({worst}; {len(errs)} of {len(results)} simulated)"
+        if worst else "estimate_to_simulated", "")
+    gaps = {n: r["search"]["gap"] for n, r in results.items() if r.get("search") and r["search"]["gap"] is not None}
+    worst = max(gaps, key=gaps.get) if gaps else None
+    add("bounded search within 1% of the optimum (small graphs)", gaps[worst] if worst else None, 0.01, "rel",
+        f"worst gap ({worst})" if worst else "search gap", "")
+    add("SigLIP b4 FP8 MLP: planner peak memory", _get(results, "siglip_mlp_fp8_b4", "planner_peak_rss_bytes"),
+        4 * 2**30, "B", "siglip_mlp_fp8_b4 planner_peak_rss_bytes (issue 6)", "")
+    return out
+
+
+def _fmt_seconds(s) -> str:
+    if s is None:
+        return "—"
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s" if s < 100 else f"{s:.0f} s"
+
+
+def _fmt_bytes(b) -> str:
+    if b is None:
+        return "—"
+    if b >= 2**30:
+        return f"{b / 2**30:.2f} GiB"
+    if b >= 2**20:
+        return f"{b / 2**20:.0f} MiB"
+    return f"{b:,} B"
+
+
+def _fmt(v, unit: str) -> str:
+    if v is None:
+        return "—"
+    if unit == "s":
+        return _fmt_seconds(v)
+    if unit == "x":
+        return f"{v:.2f}x"
+    if unit == "rel":
+        return f"{100 * v:.2f}%"
+    if unit == "B":
+        return _fmt_bytes(v)
+    return str(v)
+
+
+def _status(rec: dict) -> str:
+    s = rec["status"] or "—"
+    if s == "timeout":
+        return f"timeout ({rec['budget_seconds']:.0f} s, in {rec['stage_at_stop']})"
+    return s
+
+
+def _phases(d: dict | None) -> str:
+    if not d:
+        return "—"
+    return f"{d['cycles']:,} ({d['compute']:,} / {d['exchange']:,} / {d['sync']:,})"
+
+
+def _spearman(rec: dict) -> str:
+    per = rec.get("spearman_per_gemm")
+    if not per:
+        return "—"
+    parts = [f"{op} {f['spearman']:.2f}" if f["spearman"] is not None else f"{op} n/a"
+             for op, f in sorted(per.items())]
+    return ", ".join(parts)
+
+
+def _search(rec: dict) -> str:
+    s = rec.get("search")
+    if not s:
+        return "—"
+    if s["gap"] is None:
+        return "nothing fits"
+    how = "exhaustive" if s["optimum_method"] == "exhaustive" else "vs exact DP"
+    return f"{100 * s['gap']:.2f}% ({how}, {s['combinations']:,} combinations)"
+
+
+def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
+    """(figure, one cell per benchmark) for the per-benchmark table."""
+    recs = list(results.values())
+
+    def row(label, fn):
+        return label, [fn(r) for r in recs]
+
+    def ratio(key):
+        return lambda r: f"{r[key]:.3f}" if r.get(key) is not None else "—"
+
+    return [
+        row("target machine", lambda r: f"{r['target']} ({r['tiles']:,} tiles)" if r["tiles"] else r["target"]),
+        row("status", _status),
+        row("plan time (median of repeats)",
+            lambda r: f"{_fmt_seconds(r['plan_seconds'])} (x{len(r['plan_seconds_all'])})" if r["plan_seconds_all"]
+            else "—"),
+        row("  first (cold) plan", lambda r: _fmt_seconds(r["plan_seconds_first"])),
+        row("compile time (plan + lower + package)", lambda r: _fmt_seconds(r["compile_seconds"])),
+        row("planner peak RSS (process + largest pool worker)", lambda r: _fmt_bytes(r["planner_peak_rss_bytes"])),
+        row("roofline bound (cycles)", lambda r: f"{r['roofline_cycles']:,.0f}" if r["roofline_cycles"] else "—"),
+        row("estimate: cycles (compute / exchange / sync)", lambda r: _phases(r["estimate"])),
+        row("simulated: cycles (compute / exchange / sync)", lambda r: _phases(r["simulated"])),
+        row("simulated / roofline", ratio("simulated_roofline_ratio")),
+        row("estimate / roofline", ratio("estimate_roofline_ratio")),
+        row("estimate / simulated", ratio("estimate_to_simulated")),
+        row("memory peak, worst tile (simulated)",
+            lambda r: f"{r['memory_peak_bytes']:,} B of {r['sram_bytes']:,} (tile {r['memory_peak_tile']})"
+            if r["memory_peak_bytes"] is not None else "—"),
+        row("max abs error vs float64", lambda r: f"{r['max_abs_error']:.5f}" + ("" if r["outputs_passed"] else " FAIL")
+            if r["max_abs_error"] is not None else "—"),
+        row("coarse vs detailed Spearman (per GEMM)", _spearman),
+        row("bounded search (16 paths) gap to optimum", _search),
+        row("validate time (IPU model)", lambda r: _fmt_seconds(r["validate_seconds"])),
+        row("benchmark wall time / budget",
+            lambda r: f"{_fmt_seconds(r['elapsed_seconds'])} / {r['budget_seconds']:.0f} s"
+            if r["budget_seconds"] else "—"),
+    ]
+
+
+def target_rows(doc: dict) -> list[tuple[str, str, str, str]]:
+    out = []
+    for t in doc["targets"]:
+        limit = _fmt(t["limit"], t["unit"])
+        met = "not measured" if t["met"] is None else "yes" if t["met"] else "**no**"
+        out.append((f"{t['target']} (≤ {limit})", _fmt(t["figure"], t["unit"]), met, t["reference"] or "—"))
+    return out
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    esc = lambda s: str(s).replace("|", "\\|")
+    lines = ["| " + " | ".join(map(esc, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def skipped_by_quick() -> list[str]:
+    out = []
+    for b in BENCHMARKS:
+        if b.repeats(True) != b.repeats(False):
+            out.append(f"{b.name}: {b.repeats(True)} plan repeat(s) instead of {b.repeats(False)}")
+        missing = [s for s in b.stages if s not in b.quick_stages]
+        if missing:
+            out.append(f"{b.name}: no {' / '.join(missing)} (no simulated cycles, memory peak, error, "
+                       f"estimate/simulated or compile time)")
+    return out
+
+
+def markdown(doc: dict) -> str:
+    results = doc["benchmarks"]
+    m = doc["machine"]
+    names = list(results)
+    lines = [
+        "# tileplan benchmarks",
+        "",
+        f"`tileplan bench{' --quick' if doc['mode'] == 'quick' else ''}` on {doc['date']}: "
+        f"{m['cpu_count']} CPUs, Python {m['python']}, numpy {m['numpy']}, {doc['jobs']} planner job(s), "
+        f"load average {', '.join(map(str, m['load_average'] or []))} at the start and "
+        f"{', '.join(map(str, doc.get('load_average_end') or []))} at the end (1, 5, 15 min); "
+        f"commit {(m['git_commit'] or '?')[:12]}{' (with local changes)' if m['git_dirty'] else ''}. "
+        f"Whole run: {doc['total_seconds']:.0f} s. Raw figures: `bench.json`.",
+        "",
+        "**Cycles are modelled, not measured on hardware**: every simulated figure is counted by "
+        "tileplan's bundled IPU model (`tileplan validate`), a cycle model of the IPU; the hardware "
+        "figures in the reference column were measured on IPUs by other software.",
+        "",
+        "## Targets",
+        "",
+        _md_table(["target", "tileplan", "met", "reference"], [list(r) for r in target_rows(doc)]),
+        "",
+        "## Figures per benchmark",
+        "",
+        _md_table(["figure"] + names, [[label] + cells for label, cells in figure_rows(results)]),
+        "",
+        "Phases: compute / exchange / sync cycles. Plan times are in-process `Plan.plan_seconds` "
+        "with the catalogue's process pool; the first repeat runs in a fresh process, later ones find "
+        "the planner's module caches warm. Planner peak RSS: the planning process's `ru_maxrss` plus "
+        "the largest pool worker's (workers run concurrently, so the true peak can be higher). "
+        "Compile time: the plan's time plus lowering and package writing. The exhaustive optimum is "
+        f"replaced by the exact (unbounded) DP when the product of choices exceeds {MAX_EXHAUSTIVE:,}.",
+        "",
+    ]
+    problems = [(n, r) for n, r in results.items() if r["status"] != "ok"]
+    if problems:
+        lines += ["## Timeouts, failures and skips", ""]
+        for n, r in problems:
+            done = ", ".join(r["stages_done"]) or "nothing"
+            lines.append(f"- `{n}`: {_status(r)}; stages finished: {done}.")
+        lines.append("")
+    lines += [
+        "## Modes",
+        "",
+        f"`tileplan bench --quick` stays under 5 minutes on two cores: the whole run has a "
+        f"{QUICK_DEADLINE:.0f} s deadline and each benchmark a budget (quick / full: "
+        + ", ".join(f"{b.name} {b.budget[0]:.0f} / {b.budget[1]:.0f} s" for b in BENCHMARKS)
+        + "); a benchmark's budget is the smaller of its own and what is left of the deadline, and one "
+        "that runs out of time is recorded as a timeout with the figures it had (one that cannot start "
+        "is recorded as skipped). Benchmarks run in this order, the ones with targets first. "
+        "Compared with the full run, --quick skips by design:",
+        "",
+        *[f"- {s}" for s in skipped_by_quick()],
+        "",
+        "`tileplan bench` (full) runs every stage of every benchmark with 5 plan repeats for the small "
+        "graphs and 3 for the big ones; `--only NAME` runs one benchmark, `--jobs N` sets the pool size, "
+        "`--out DIR` the folder of bench.json and BENCH.md.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_artifacts(doc: dict, out_dir: Path) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jpath, mpath = out_dir / "bench.json", out_dir / "BENCH.md"
+    jpath.write_text(json.dumps(_finite(doc), sort_keys=True, indent=2, default=_json_default, allow_nan=False)
+                     + "\n")
+    mpath.write_text(markdown(doc))
+    return jpath, mpath
+
+
+def _finite(o):
+    """NaN and infinities become None (JSON has no such numbers)."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
+def _json_default(o):
+    import numpy as np
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    raise TypeError(f"not JSON: {type(o).__name__}")
+
+
+def rich_tables(doc: dict):
+    from rich.table import Table
+    targets = Table(title="tileplan bench: targets (cycles are the IPU model's, not hardware's)")
+    for col in ("target", "tileplan", "met", "reference"):
+        targets.add_column(col, justify="right" if col == "tileplan" else "left")
+    for r in target_rows(doc):
+        targets.add_row(*(c.replace("**", "") for c in r))
+    figures = Table(title=f"tileplan bench{' --quick' if doc['mode'] == 'quick' else ''}: figures per benchmark")
+    figures.add_column("figure", style="bold")
+    for name in doc["benchmarks"]:
+        figures.add_column(name, justify="right")
+    for label, cells in figure_rows(doc["benchmarks"]):
+        figures.add_row(label, *cells)
+    return figures, targets
