@@ -310,6 +310,7 @@ def machine_info() -> dict:
 def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_result=None) -> dict:
     """Run the benchmarks (all, or ``only``) and return the bench.json document."""
     chosen = [BY_NAME[n] for n in only] if only else list(BENCHMARKS)
+    machine = machine_info()           # before the run: its load average and commit are the start's
     started = time.monotonic()
     deadline = started + QUICK_DEADLINE if quick else math.inf
     results = {}
@@ -329,7 +330,7 @@ def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_resul
     return {
         "mode": "quick" if quick else "full",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        "machine": machine,
         "jobs": jobs,
         "total_seconds": time.monotonic() - started,
         "load_average_end": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
