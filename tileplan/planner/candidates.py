@@ -32,6 +32,7 @@ class Candidate:
     absorbed: bool = False        # a GeLU whose work its bias Add does
     choice: Any = None            # GemmChoice for GEMMs
     lost: str = ""                # why it was dropped (runner-ups only)
+    boundary: tuple | None = None # GEMMs: (A layout, B layout, C layout) of its chunk (None: private storage)
     detailed: bool = True
 
     def __str__(self) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import os
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -51,42 +52,39 @@ def boundary_combinations(ctx, op: MatMul) -> list[tuple]:
     return list(itertools.product(a_opts, b_opts, c_opts))
 
 
-def _chunk(args):
-    """Cost one boundary combination: coarse rows, frontier, detailed survivors (runs in a worker)."""
-    ctx, op, combo = args
-    g = ctx.graph
-    shape = GemmShape.of(g, op, ctx.target)
+@dataclass
+class Chunk:
+    """One boundary combination: its coarse rows and which of them get a detailed estimate."""
+
+    combo: tuple
+    ins: tuple
+    rows: object = None          # gemm.CoarseRows
+    keep: np.ndarray | None = None
+    runners: list = field(default_factory=list)
+    error: str | None = None
+
+
+def _select(ctx, op, shape, combo) -> Chunk:
+    """Coarse rows of one boundary combination, its bounded frontier and the entries to detail."""
     la, lb, lc = combo
-    a_buf = ctx.tensor_buffer(op.inputs[0], la)
-    b_buf = ctx.tensor_buffer(op.inputs[1], lb)
-    c_buf = ctx.tensor_buffer(op.output, lc)
-    tiles = ctx.target.tiles
-    in_bytes = int(ctx.tile_bytes(op.inputs[0], la if la is not None else a_buf.layout).max())
+    a_layout = la if la is not None else ctx.tensor_buffer(op.inputs[0], la).layout
+    in_bytes = int(ctx.tile_bytes(op.inputs[0], a_layout).max())
     out_bytes = int(ctx.tile_bytes(op.output, lc).max())
     rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes)
-    ins = tuple(l for l in (la, lb) if l is not None)
+    chunk = Chunk(combo, tuple(l for l in (la, lb) if l is not None), rows)
     fits = np.flatnonzero(rows.fits)
     if fits.size == 0:
-        return [], [], _overflow(rows, shape, op, ctx.target)
+        chunk.error = _overflow(rows, shape, op, ctx.target)
+        return chunk
     front = fits[frontier(rows.cycles[fits], rows.memory[fits], ctx.frontier_bound,
                           extremes=(rows.interleaved[fits],))]
     by_speed = front[np.lexsort((front, rows.cycles[front]))]
     least = {int(front[np.lexsort((front, rows.cycles[front], col[front]))[0]]) for col in (rows.memory, rows.interleaved)}
-    keep = np.array(sorted(set(by_speed[:DETAIL_BUDGET].tolist()) | least), dtype=np.int64)
-    survivors = []
-    for i in keep.tolist():
-        choice = rows.choice(shape, i)
-        prog = build_program(shape, choice, a_buf, b_buf, c_buf, ctx.target)
-        d = cost_program(prog, ctx.target)
-        coarse = Estimate(compute=int(rows.cycles[i]), total_memory=int(rows.memory[i]))
-        transient = d.memory.by_kind.get("transient", np.zeros(tiles, dtype=np.int64))
-        survivors.append(Candidate(op.name, ins, lc, str(choice), coarse, d.estimate, prog, transient,
-                                   choice=choice))
+    chunk.keep = np.array(sorted(set(by_speed[:DETAIL_BUDGET].tolist()) | least), dtype=np.int64)
     # Runner-ups that never reached the detailed stage: frontier entries beyond the detail budget,
     # then the fastest options the frontier dropped.
-    on_front = np.setdiff1d(front, keep)
+    on_front = np.setdiff1d(front, chunk.keep)
     off_front = np.setdiff1d(fits, front)
-    runners = []
     for group, why in ((on_front, f"on the coarse frontier, outside the detail budget ({DETAIL_BUDGET} fastest "
                                   "and the least-memory entries)"),
                        (off_front, "off the coarse frontier: dominated (another grid is no slower and no larger) "
@@ -94,9 +92,30 @@ def _chunk(args):
         for i in group[np.argsort(rows.cycles[group], kind="stable")][:RUNNERS_UP].tolist():
             choice = rows.choice(shape, i)
             coarse = Estimate(compute=int(rows.cycles[i]), total_memory=int(rows.memory[i]))
-            runners.append(Candidate(op.name, ins, lc, str(choice), coarse, coarse, None,
-                                     np.zeros(0, dtype=np.int64), choice=choice, detailed=False, lost=why))
-    return survivors, runners, None
+            chunk.runners.append(Candidate(op.name, chunk.ins, lc, str(choice), coarse, coarse, None,
+                                           np.zeros(0, dtype=np.int64), choice=choice, detailed=False, lost=why))
+    return chunk
+
+
+def _detail(args) -> list:
+    """Detailed estimates of some grid choices in every boundary combination that kept them.
+
+    Runs in a pool worker or in-process. A choice's core program is built once and shared by its
+    combinations (``gemm.build_program``); from a worker the results travel back without their
+    programs (thousands of vertices each, costly to pickle) and ``program_of`` rebuilds the one
+    selection picks."""
+    ctx, op, work, keep_programs = args
+    shape = GemmShape.of(ctx.graph, op, ctx.target)
+    out = []
+    for choice, combos in work:
+        for combo in combos:
+            la, lb, lc = combo
+            prog = build_program(shape, choice, ctx.tensor_buffer(op.inputs[0], la),
+                                 ctx.tensor_buffer(op.inputs[1], lb), ctx.tensor_buffer(op.output, lc), ctx.target)
+            d = cost_program(prog, ctx.target)
+            transient = d.memory.by_kind.get("transient", np.zeros(ctx.target.tiles, dtype=np.int64))
+            out.append((combo, choice, d.estimate, transient, prog if keep_programs else None))
+    return out
 
 
 def _overflow(rows, shape, op, target) -> str:
@@ -115,22 +134,45 @@ def _overflow(rows, shape, op, target) -> str:
 
 
 def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
-    combos = boundary_combinations(ctx, op)
-    tasks = [(ctx, op, c) for c in combos]
+    shape = GemmShape.of(ctx.graph, op, ctx.target)
+    chunks = [_select(ctx, op, shape, c) for c in boundary_combinations(ctx, op)]
+    # The detailed work, by grid choice: each choice is built once for all the chunks that kept it.
+    wanted: dict = {}
+    for ch in chunks:
+        if ch.error is None:
+            for i in ch.keep.tolist():
+                wanted.setdefault(ch.rows.choice(shape, i), []).append(ch.combo)
+    work = sorted(wanted.items(), key=lambda kv: str(kv[0]))
+    pooled = ctx.jobs > 1 and len(work) > 1
+    parts = [work[k::ctx.jobs] for k in range(ctx.jobs)] if pooled else [work]
+    tasks = [(ctx, op, part, not pooled) for part in parts if part]
     if ctx.progress is not None:
         ctx.progress(op.name, 0, len(tasks))
-    results = []
-    if ctx.jobs > 1 and len(tasks) > 1:
-        with ProcessPoolExecutor(max_workers=min(ctx.jobs, len(tasks))) as pool:
-            for k, r in enumerate(pool.map(_chunk, tasks)):
-                results.append(r)
+    detailed: dict = {}
+    if pooled:
+        with ProcessPoolExecutor(max_workers=len(tasks)) as pool:
+            for k, res in enumerate(pool.map(_detail, tasks)):
+                detailed.update({(combo, choice): r for combo, choice, *r in res})
                 if ctx.progress is not None:
                     ctx.progress(op.name, k + 1, len(tasks))
     else:
         for k, t in enumerate(tasks):
-            results.append(_chunk(t))
+            detailed.update({(combo, choice): r for combo, choice, *r in _detail(t)})
             if ctx.progress is not None:
                 ctx.progress(op.name, k + 1, len(tasks))
+    results = []
+    for ch in chunks:
+        if ch.error is not None:
+            results.append(([], [], ch.error))
+            continue
+        survivors = []
+        for i in ch.keep.tolist():
+            choice = ch.rows.choice(shape, i)
+            est, transient, prog = detailed[(ch.combo, choice)]
+            coarse = Estimate(compute=int(ch.rows.cycles[i]), total_memory=int(ch.rows.memory[i]))
+            survivors.append(Candidate(op.name, ch.ins, ch.combo[2], str(choice), coarse, est, prog, transient,
+                                       choice=choice, boundary=ch.combo))
+        results.append((survivors, ch.runners, None))
     kept: list[Candidate] = []
     lost: list[Candidate] = []
     errors = []
@@ -158,3 +200,14 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     ctx.runner_ups = getattr(ctx, "runner_ups", {})
     ctx.runner_ups[op.name] = lost
     return kept
+
+
+def program_of(ctx, cand: Candidate):
+    """A GEMM candidate's fragment program, rebuilt when it came back from a pool worker without it."""
+    if cand.program is None and cand.choice is not None:
+        op = ctx.graph.op(cand.op)
+        la, lb, lc = cand.boundary
+        cand.program = build_program(GemmShape.of(ctx.graph, op, ctx.target), cand.choice,
+                                     ctx.tensor_buffer(op.inputs[0], la), ctx.tensor_buffer(op.inputs[1], lb),
+                                     ctx.tensor_buffer(op.output, lc), ctx.target)
+    return cand.program

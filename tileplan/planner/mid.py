@@ -66,7 +66,8 @@ class MidGraph:
                 where[gelu.output] = [out_layout.layout]
             elif not cand.absorbed:
                 where[op.output] = [out_layout]
-            nodes.append(MidNode("op", op.name, op.name, cand, op.output, None, out_layout, cand.program,
+            from .catalogue import program_of
+            nodes.append(MidNode("op", op.name, op.name, cand, op.output, None, out_layout, program_of(ctx, cand),
                                  cand.estimate))
             if cand.program is not None:
                 program.extend(cand.program)
