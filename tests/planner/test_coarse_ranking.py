@@ -44,3 +44,30 @@ def test_coarse_ranking_agrees_with_the_detailed_estimates(fixture):
         if fig["spearman"] is None:      # fewer than 3 distinct implementations: nothing to rank
             continue
         assert fig["spearman"] >= 0.8, f"{fixture} {op}: Spearman {fig['spearman']:.3f} over {fig['survivors']} survivors"
+
+
+def test_the_coarse_model_prices_a_block_with_the_kernel_dispatch_picks():
+    # matmul_block_cycles evaluates each variant as a line in the block's rows; it must give
+    # exactly what dispatching the block's own call gives, AMP or vector-unit fallback alike.
+    import numpy as np
+
+    from tileplan.graph.core import MatMul, Role, Tensor, Graph
+    from tileplan.graph.dtypes import DType
+    from tileplan.kernels import dispatch
+    from tileplan.kernels.calls import MatMulCall
+    from tileplan.planner.gemm import GemmShape, matmul_block_cycles
+
+    target = load_target("ipu21")
+    rng = np.random.default_rng(3)
+    for dt, out, n_cols in ((DType.FP8, DType.FP16, 4304), (DType.FP16, DType.FP16, 4096), (DType.FP32, DType.FP32, 96)):
+        g = Graph.build("g", [Tensor("x", (64, 200), dt, Role.INPUT), Tensor("w", (200, n_cols), dt, Role.PARAMETER)],
+                        [MatMul("mm", ("x", "w"), "y")])
+        shape = GemmShape.of(g, g.ops[0], target)
+        m, n, k = (rng.integers(1, hi, 40) for hi in (700, 300, 300))
+        if shape.panels:
+            n = np.maximum(n // shape.grain, 1) * shape.grain
+        got = matmul_block_cycles(shape, target, m, n, k, 0)
+        fmt, grain = ("panels", shape.grain) if shape.panels else ("rows", 0)
+        for i in range(len(m)):
+            call = MatMulCall(int(m[i]), int(n[i]), int(k[i]), dt, out, "interleaved", fmt, 0, grain)
+            assert got[i] == dispatch(call, target).cycles(call, target)

@@ -308,24 +308,37 @@ def _coarse_cost(g: GemmShape, target, grid, order, red, ptype, sk, in_bytes_per
 
 def matmul_block_cycles(g: GemmShape, target, m, n, k, partials) -> np.ndarray:
     """Per row, the cycles of the matmul kernel dispatch picks for an ``m x k @ k x n`` block with
-    partials ``g.partial_types()[partials]``: the detailed estimate's own kernel, evaluated once per
-    distinct block shape."""
+    partials ``g.partial_types()[partials]``: the detailed estimate's own kernels.
+
+    Which variants accept a block does not depend on its rows, and every matmul formula is
+    linear in them (``a + b * m``), so each variant is priced at m = 1 and m = 2 once per
+    distinct (n, k, partials) and the rows are evaluated as lines; the fastest accepted
+    variant wins, as in ``dispatch`` (a test checks the two agree)."""
+    from ..kernels import default_registry
     m, n, k, partials = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(m, n, k, partials))
-    key = (((m << 20 | n) << 20 | k) << 2) | partials          # block sides < 2**20, partials types < 4
+    key = ((n << 20 | k) << 2) | partials                       # block sides < 2**20, partials types < 4
     shapes, inverse = np.unique(key, return_inverse=True)
+    inverse = inverse.reshape(-1)
     ptypes = g.partial_types()
     fmt, grain = ("panels", g.grain) if g.panels else ("rows", 0)
     cache = _BLOCK_CACHE.setdefault((target, g.in_dtype, ptypes, fmt, grain), {})
     mask = (1 << 20) - 1
-    cycles = np.empty(shapes.size, dtype=np.int64)
+    registry = default_registry()
+    best = np.full(m.shape, np.iinfo(np.int64).max, dtype=np.int64)
     for i, s in enumerate(shapes.tolist()):
-        c = cache.get(s)
-        if c is None:
-            call = MatMulCall(s >> 42, s >> 22 & mask, s >> 2 & mask, g.in_dtype, ptypes[s & 3], "interleaved",
-                              fmt, 0, grain)
-            c = cache[s] = _kernel(call, target)[1]
-        cycles[i] = c
-    return cycles[inverse.reshape(-1)]
+        lines = cache.get(s)
+        if lines is None:
+            lines = []
+            for rows in (1, 2):
+                call = MatMulCall(rows, s >> 22 & mask, s >> 2 & mask, g.in_dtype, ptypes[s & 3], "interleaved",
+                                  fmt, 0, grain)
+                lines.append([v.cycles(call, target) for v, reasons in registry.candidates(call, target)
+                              if not reasons])
+            lines = cache[s] = [(c1, c2 - c1) for c1, c2 in zip(*lines)]   # (cycles at m=1, per extra row)
+        sel = inverse == i
+        rows = m[sel]
+        best[sel] = np.min([a + slope * (rows - 1) for a, slope in lines], axis=0)
+    return best
 
 
 # ---- the fragment program of one candidate -----------------------------------------------
