@@ -37,6 +37,7 @@ from ..graph.dtypes import DType
 from ..kernels import dispatch
 from ..kernels.calls import MatMulCall, ReduceCall
 from ..layout.gemm_grid import Grid, aligned_bounds, balanced_bounds
+from ..layout.owner_map import expand_ranges
 from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
 ORDERS = ("bijl", "bilj", "bjli")
@@ -167,15 +168,15 @@ def grid_options(g: GemmShape, tiles: int) -> np.ndarray:
     """
     max_n = g.N // g.grain if g.panels else g.N
     max_k = max(1, -(-g.K // max(8, k_unit(g))))
-    gbs = [d for d in range(1, min(g.batch, tiles) + 1)]
-    rows = []
-    for gb in gbs:
-        for gk in range(1, min(max_k, tiles // gb) + 1):
-            for gm in range(1, min(g.M, tiles // (gb * gk)) + 1):
-                top = min(max_n, tiles // (gb * gk * gm))
-                gn = np.arange(1, top + 1, dtype=np.int64)
-                rows.append(np.stack([np.full_like(gn, gb), np.full_like(gn, gm), gn, np.full_like(gn, gk)], 1))
-    out = np.concatenate(rows) if rows else np.zeros((0, 4), dtype=np.int64)
+    gb, gk, gm = (a.reshape(-1) for a in np.meshgrid(np.arange(1, min(g.batch, tiles) + 1),
+                                                     np.arange(1, min(max_k, tiles) + 1),
+                                                     np.arange(1, min(g.M, tiles) + 1), indexing="ij"))
+    ok = gb * gk * gm <= tiles
+    gb, gk, gm = gb[ok], gk[ok], gm[ok]
+    top = np.minimum(max_n, tiles // (gb * gk * gm))            # gn = 1 .. top for each (gb, gk, gm)
+    gn = expand_ranges(np.ones(top.size, dtype=np.int64), top)
+    out = np.stack([np.repeat(gb, top), np.repeat(gm, top), gn, np.repeat(gk, top)], 1).astype(np.int64)
+    out = out[np.lexsort((out[:, 2], out[:, 1], out[:, 3], out[:, 0]))]     # (gb, gk, gm, gn) order
     # Keep grids that use at least a quarter of the tiles, or the largest ones for small GEMMs.
     used = out.prod(1)
     keep = used >= min(tiles // 4, int(used.max()) if len(used) else 0)
@@ -324,8 +325,8 @@ def matmul_block_cycles(g: GemmShape, target, m, n, k, partials) -> np.ndarray:
     cache = _BLOCK_CACHE.setdefault((target, g.in_dtype, ptypes, fmt, grain), {})
     mask = (1 << 20) - 1
     registry = default_registry()
-    best = np.full(m.shape, np.iinfo(np.int64).max, dtype=np.int64)
-    for i, s in enumerate(shapes.tolist()):
+    table = []
+    for s in shapes.tolist():
         lines = cache.get(s)
         if lines is None:
             lines = []
@@ -335,10 +336,15 @@ def matmul_block_cycles(g: GemmShape, target, m, n, k, partials) -> np.ndarray:
                 lines.append([v.cycles(call, target) for v, reasons in registry.candidates(call, target)
                               if not reasons])
             lines = cache[s] = [(c1, c2 - c1) for c1, c2 in zip(*lines)]   # (cycles at m=1, per extra row)
-        sel = inverse == i
-        rows = m[sel]
-        best[sel] = np.min([a + slope * (rows - 1) for a, slope in lines], axis=0)
-    return best
+        table.append(lines)
+    width = max(len(t) for t in table)
+    big = np.iinfo(np.int64).max // 4
+    base = np.full((len(table), width), big, dtype=np.int64)
+    slope = np.zeros((len(table), width), dtype=np.int64)
+    for i, lines in enumerate(table):
+        for j, (a, b) in enumerate(lines):
+            base[i, j], slope[i, j] = a, b
+    return (base[inverse] + slope[inverse] * (m - 1)[:, None]).min(axis=1)
 
 
 # ---- the fragment program of one candidate -----------------------------------------------
