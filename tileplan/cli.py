@@ -168,33 +168,12 @@ def plan_command(
     solver: Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")] = "dp",
 ) -> None:
     """Plan a model: choose every op's implementation and print the cost report."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .graph.loaders import check_against_target, load_model
     from .planner.plan import plan
     from .planner.planjson import write_plan_json
     from .report.terminal import print_report
 
-    if solver not in ("dp", "cpsat"):
-        raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
-    graph = load_model(model)
-    tgt, _ = resolve_target(target, graph)
-    try:
-        check_against_target(graph, tgt)
-    except TileplanError as exc:
-        raise exc.with_source(str(model)) from None
-
-    err = Console(stderr=True)
-    progress = Progress(TextColumn("costing {task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
-    tasks: dict[str, int] = {}
-
-    def on_progress(op: str, done: int, total: int) -> None:
-        if op not in tasks:
-            tasks[op] = progress.add_task(op, total=total)
-        progress.update(tasks[op], completed=done, total=total)
-
-    with progress:
+    graph, tgt = _model_and_target(model, target, solver)
+    with _catalogue_progress() as on_progress:
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress)
     print_report(result, _console())
     if output is not None:
@@ -214,17 +193,10 @@ def compile_command(
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
     import time
 
-    from .graph.loaders import check_against_target, load_model, load_params
+    from .graph.loaders import load_params
     from .lowering.compile import compile_model
 
-    if solver not in ("dp", "cpsat"):
-        raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
-    graph = load_model(model)
-    tgt, _ = resolve_target(target, graph)
-    try:
-        check_against_target(graph, tgt)
-    except TileplanError as exc:
-        raise exc.with_source(str(model)) from None
+    graph, tgt = _model_and_target(model, target, solver)
     params = load_params(model)
     t0 = time.perf_counter()
     with _catalogue_progress() as on_progress:
@@ -344,6 +316,20 @@ def bench_command(
         console.print(table)
     paths = write_artifacts(doc, out)
     console.print(f"bench took {doc['total_seconds']:.0f} s; wrote {paths[0]} and {paths[1]}")
+
+
+def _model_and_target(model: Path, target: str | None, solver: str):
+    """Load a model and its target for plan/compile, with the checks both share."""
+    from .graph.loaders import check_against_target, load_model
+    if solver not in ("dp", "cpsat"):
+        raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
+    graph = load_model(model)
+    tgt, _ = resolve_target(target, graph)
+    try:
+        check_against_target(graph, tgt)
+    except TileplanError as exc:
+        raise exc.with_source(str(model)) from None
+    return graph, tgt
 
 
 class _catalogue_progress:

@@ -37,6 +37,7 @@ KEEP_PER_CHUNK = 6          # detailed candidates per boundary combination kept 
 DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the fastest by coarse cycles,
                             # plus the least-memory entries of each class
 RUNNERS_UP = 8              # coarse runner-ups kept per chunk for the report
+POOL_MIN_WORK = 8192        # detailed choices x tiles below which the catalogue stays in-process
 
 
 def boundary_combinations(ctx, op: MatMul) -> list[tuple]:
@@ -143,7 +144,9 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
             for i in ch.keep.tolist():
                 wanted.setdefault(ch.rows.choice(shape, i), []).append(ch.combo)
     work = sorted(wanted.items(), key=lambda kv: str(kv[0]))
-    pooled = ctx.jobs > 1 and len(work) > 1
+    # The pool pays for itself only on big grids: worker start-up and pickling cost more than a
+    # few small detailed estimates (POOL_MIN_WORK: choices x tiles).
+    pooled = ctx.jobs > 1 and len(work) > 1 and len(work) * ctx.target.tiles >= POOL_MIN_WORK
     parts = [work[k::ctx.jobs] for k in range(ctx.jobs)] if pooled else [work]
     tasks = [(ctx, op, part, not pooled) for part in parts if part]
     if ctx.progress is not None:
