@@ -241,30 +241,14 @@ class PackCall:
         return self.rows * self.cols
 
     def key(self) -> str:
-        return f"pack_{self.dtype}"
+        return f"{self.primitive}_{self.dtype}"
 
 
 @dataclass(frozen=True)
-class UnpackCall:
-    """AMP panels -> row-major ``[rows, cols]``; the inverse of ``PackCall``."""
+class UnpackCall(PackCall):
+    """AMP panels -> row-major ``[rows, cols]``; the inverse of ``PackCall`` (same fields)."""
 
-    rows: int
-    cols: int
-    dtype: DType
-    grain: int
     primitive: ClassVar[str] = "unpack"
-    __str__ = describe
-
-    def __post_init__(self):
-        _positive(self, rows=self.rows, cols=self.cols, grain=self.grain)
-        _dtype(self, dtype=self.dtype)
-
-    @property
-    def size(self) -> int:
-        return self.rows * self.cols
-
-    def key(self) -> str:
-        return f"unpack_{self.dtype}"
 
 
 @dataclass(frozen=True)
