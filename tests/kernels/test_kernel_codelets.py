@@ -1,16 +1,7 @@
 """Every variant's emitted Poplar codelet, compiled with g++ against the stand-in
 headers in tests/poplar and run on sample data, agrees with its numpy semantics
-(``harness.compare``).
-
-Agreement: bit-exact for casts, copies, pack/unpack, adds and reductions (the
-same FP32 operations in the same order, one rounding); for matmul within one
-ulp of the output type plus the FP32 accumulation-order bound
-``k * 2**-23 * sum|a*b|`` (numpy's BLAS sums in a different order than the
-vertex's sequential K loop); for GeLU within one ulp of the output type plus
-``|x| * 2**-22`` (the C library's tanhf/erff are within an ulp or two of the
-float64 value the reference rounds, and ``1 + t`` magnifies that absolutely by
-at most |x|/2 ulp of 1).
-"""
+(``harness.compare`` states the agreement: bit-exact where the operations are the
+same, within stated ulp bounds for matmul and GeLU)."""
 
 from __future__ import annotations
 
