@@ -291,8 +291,6 @@ class Graph:
                 raise op.err(f"output {op.output!r} is declared {declared.dtype}; from "
                              f"{', '.join(str(t.dtype) for t in ins)} inputs it can be "
                              f"{' or '.join(str(d) for d in allowed)}")
-            if op.kind == "cast" and declared.dtype is ins[0].dtype and declared.scale == ins[0].scale:
-                pass  # an identity cast is legal (it becomes a copy)
 
         consumers: dict[str, list[Op]] = {n: [] for n in table}
         for op in ordered:
