@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tileplan.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"

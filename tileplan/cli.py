@@ -223,7 +223,6 @@ def validate_command(
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default by dtype).")] = None,
 ) -> None:
     """Run a package on the IPU model; compare with float64 (or --expected). Exit 0 pass, 1 fail, 2 bad input."""
-    import json as _json
     import time
 
     import numpy as np

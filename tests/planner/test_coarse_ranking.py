@@ -55,7 +55,8 @@ def test_the_coarse_model_prices_a_block_with_the_kernel_dispatch_picks():
     from tileplan.graph.dtypes import DType
     from tileplan.kernels import dispatch
     from tileplan.kernels.calls import MatMulCall
-    from tileplan.planner.gemm import GemmShape, matmul_block_cycles
+    from tileplan.estimate.coarse import matmul_block_cycles
+    from tileplan.planner.gemm import GemmShape
 
     target = load_target("ipu21")
     rng = np.random.default_rng(3)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tileplan.cli import main
 from tileplan.graph.loaders import load_model
 from tileplan.planner.plan import plan
 from tileplan.planner.planjson import dumps, plan_to_json, write_plan_json

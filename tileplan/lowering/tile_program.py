@@ -20,7 +20,6 @@ kernels' formulas, so the IPU model counts the same way the estimate does.
 from __future__ import annotations
 
 import io
-import json
 from dataclasses import dataclass, field
 from typing import Any
 

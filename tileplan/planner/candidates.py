@@ -8,7 +8,7 @@ per-tile bytes, and (filled by the catalogue) why it did not survive, so that
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

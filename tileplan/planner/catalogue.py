@@ -18,7 +18,6 @@ crowded), or, for survivors that were detailed but not kept for selection,
 from __future__ import annotations
 
 import itertools
-import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 

@@ -17,8 +17,6 @@ sum is never stored); the GeLU then takes its ``absorbed`` candidate.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..graph.core import Add, Cast, GeLU, Graph, Op, Role, Tensor

@@ -25,7 +25,6 @@ is built (``coarse_rows`` marks it infeasible).
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -38,6 +37,7 @@ from ..kernels import dispatch
 from ..kernels.calls import MatMulCall, ReduceCall
 from ..layout.gemm_grid import Grid, aligned_bounds, balanced_bounds
 from ..layout.owner_map import expand_ranges
+from ..estimate.coarse import coarse_cost, k_unit
 from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
 ORDERS = ("bijl", "bilj", "bjli")
@@ -144,11 +144,6 @@ class GemmChoice:
         return f"grid {b}{self.gm}x{self.gn}x{self.gk} {self.order}{red}{serial} {self.partials}"
 
 
-def k_unit(g: GemmShape) -> int:
-    """K blocks start on 64-bit boundaries of A's rows (the AMP loads A rows 64 bits at a time)."""
-    return 8 // g.in_dtype.itemsize if g.in_dtype.itemsize < 8 else 1
-
-
 def tile_of(choice: GemmChoice) -> np.ndarray:
     """int64 [gb, gm, gn, gk]: the physical tile of each grid cell under the choice's order."""
     dims = {"b": choice.gb, "i": choice.gm, "j": choice.gn, "l": choice.gk}
@@ -237,8 +232,8 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     red = np.concatenate([np.full(len(i), r) for i, _, r, _ in rows]).astype(np.int64)
     ptype = np.concatenate([np.full(len(i), p) for i, _, _, p in rows]).astype(np.int64)
     sk = np.ones(len(grid), dtype=np.int64)
-    cycles, memory, inter = _coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile,
-                                         out_bytes_per_tile)
+    cycles, memory, inter = coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile,
+                                        out_bytes_per_tile)
     fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
     # Serial K splits for the options that do not fit at once (one batch element per tile).
     units = -(-g.K // k_unit(g))
@@ -248,103 +243,13 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     if extra:
         idx = np.concatenate([i for i, _ in extra])
         sk2 = np.concatenate([np.full(i.size, s, dtype=np.int64) for i, s in extra])
-        c2, m2, i2 = _coarse_cost(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2,
-                                  in_bytes_per_tile, out_bytes_per_tile)
+        c2, m2, i2 = coarse_cost(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2,
+                                 in_bytes_per_tile, out_bytes_per_tile)
         grid, order, red, ptype = (np.concatenate((a, a[idx])) for a in (grid, order, red, ptype))
         sk, cycles, memory, inter = (np.concatenate(x) for x in ((sk, sk2), (cycles, c2), (memory, m2), (inter, i2)))
         fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
     return CoarseRows(grid, order, red, ptype, sk, cycles.astype(np.int64), memory.astype(np.int64),
                       inter.astype(np.int64), fits)
-
-
-def _coarse_cost(g: GemmShape, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_bytes_per_tile):
-    """(cycles, memory, interleaved bytes) per option row; see ``coarse_rows``."""
-    gb, gm, gn, gkk = grid.T
-    per_group = -(-g.batch // gb)
-    m = -(-g.M // gm)
-    n = (-(-(g.N // g.grain) // gn) * g.grain) if g.panels else -(-g.N // gn)
-    n = np.minimum(n, g.N)
-    unit = k_unit(g)
-    units = -(-g.K // unit)
-    kq = gkk * sk                                   # K blocks in all
-    k = -(-units // kq) * unit
-    ia = g.in_dtype.itemsize
-    pbytes = np.array([t.itemsize for t in g.partial_types()])[ptype]
-    ob = g.out_dtype.itemsize
-    a_blk = m * k * ia * (per_group if g.a_batched else 1)
-    b_blk = k * n * ia * (per_group if g.b_batched else 1)
-    c_blk = m * n * ob * per_group
-    p_blk = m * n * pbytes * per_group
-    bw, pbw = target.exchange_bytes_per_cycle, target.paired_bytes_per_cycle
-    # A's multicast lands on complete tile pairs when the order puts its replicas (j) on adjacent tiles
-    # and gn is even, but the activation layouts hold A's rows on the same tile order as the grid,
-    # so about 1/gk of A's fragments start on a tile that also holds their block: that tile copies
-    # its piece on-tile and the rest of the multicast is no longer in complete pairs.
-    a_paired = np.where((order == 1) & (gn % 2 == 0), 1.0 - 1.0 / gkk, 0.0)
-    a_cycles = np.ceil(a_blk * (a_paired / pbw + (1.0 - a_paired) / bw)).astype(np.int64)
-    b_rate = np.where((order == 2) & (gm % 2 == 0), pbw, bw)
-    rows_here = -(-(g.batch * g.M if g.a_batched else g.M) // target.tiles)
-    local_runs = np.where(gkk > 1, rows_here, 1)
-    a_local = local_runs * target.local_copy_call_cycles + \
-        -(-(rows_here * k * ia) // target.local_copy_bytes_per_cycle)
-    prep = (a_cycles + -(-b_blk // b_rate) + a_local) * sk
-    # The kernel dispatch picks for the largest block and for the last K block (its tail may not
-    # fill the AMP's 64-bit loads and fall back to the vector unit); the slower one sets the step.
-    k_last = g.K - (units - units // np.minimum(kq, units)) * unit
-    partials = np.where(gkk > 1, ptype, g.partial_types().index(g.out_dtype))
-    amp = np.maximum(matmul_block_cycles(g, target, m, n, k, partials),
-                     matmul_block_cycles(g, target, m, n, k_last, partials)) * per_group * sk
-    has_red = red > 0
-    piece = np.where(red == 2, -(-m // gkk), m)
-    red_recv = np.where(has_red, (gkk - 1) * piece * n * pbytes * per_group, 0)
-    red_cyc = np.where(has_red, 282 + 6 * -(-(piece * n) // 48) * (11 + 2 * (gkk - 1)) * per_group, 0)
-    out_recv = np.where(has_red, piece * n * ob * per_group, c_blk)
-    syncs = target.sync_cycles * (1 + sk + has_red.astype(np.int64))
-    cycles = prep + amp + -(-red_recv // bw) + red_cyc + -(-out_recv // bw) + syncs
-    reducer_in = np.where(red == 1, gkk * p_blk, np.where(red == 2, gkk * piece * n * pbytes * per_group, 0))
-    result = np.where(has_red, p_blk + reducer_in, c_blk)
-    memory = in_bytes_per_tile + out_bytes_per_tile + a_blk + b_blk + result
-    return cycles, memory, b_blk
-
-
-def matmul_block_cycles(g: GemmShape, target, m, n, k, partials) -> np.ndarray:
-    """Per row, the cycles of the matmul kernel dispatch picks for an ``m x k @ k x n`` block with
-    partials ``g.partial_types()[partials]``: the detailed estimate's own kernels.
-
-    Which variants accept a block does not depend on its rows, and every matmul formula is
-    linear in them (``a + b * m``), so each variant is priced at m = 1 and m = 2 once per
-    distinct (n, k, partials) and the rows are evaluated as lines; the fastest accepted
-    variant wins, as in ``dispatch`` (a test checks the two agree)."""
-    from ..kernels import default_registry
-    m, n, k, partials = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(m, n, k, partials))
-    key = ((n << 20 | k) << 2) | partials                       # block sides < 2**20, partials types < 4
-    shapes, inverse = np.unique(key, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    ptypes = g.partial_types()
-    fmt, grain = ("panels", g.grain) if g.panels else ("rows", 0)
-    cache = _BLOCK_CACHE.setdefault((target, g.in_dtype, ptypes, fmt, grain), {})
-    mask = (1 << 20) - 1
-    registry = default_registry()
-    table = []
-    for s in shapes.tolist():
-        lines = cache.get(s)
-        if lines is None:
-            lines = []
-            for rows in (1, 2):
-                call = MatMulCall(rows, s >> 22 & mask, s >> 2 & mask, g.in_dtype, ptypes[s & 3], "interleaved",
-                                  fmt, 0, grain)
-                lines.append([v.cycles(call, target) for v, reasons in registry.candidates(call, target)
-                              if not reasons])
-            lines = cache[s] = [(c1, c2 - c1) for c1, c2 in zip(*lines)]   # (cycles at m=1, per extra row)
-        table.append(lines)
-    width = max(len(t) for t in table)
-    big = np.iinfo(np.int64).max // 4
-    base = np.full((len(table), width), big, dtype=np.int64)
-    slope = np.zeros((len(table), width), dtype=np.int64)
-    for i, lines in enumerate(table):
-        for j, (a, b) in enumerate(lines):
-            base[i, j], slope[i, j] = a, b
-    return (base[inverse] + slope[inverse] * (m - 1)[:, None]).min(axis=1)
 
 
 # ---- the fragment program of one candidate -----------------------------------------------
@@ -524,7 +429,6 @@ def _grid_fields(grid: Grid) -> tuple:
 
 
 _DISPATCH_CACHE: dict = {}   # id(target) -> (target, {call: (variant name, cycles)})
-_BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> packed block shape -> cycles
 
 
 def _kernel(call, target) -> tuple[str, int]:

@@ -9,7 +9,7 @@ detailed estimate costs for the whole graph and what lowering compiles.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..estimate.detailed import cost_program

@@ -27,13 +27,11 @@ from ..estimate.detailed import cost_program, scheduled
 from ..estimate.memory import buffer_tile_bytes
 from ..estimate.program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Add, Graph, MatMul, Role
-from ..graph.dtypes import DType
 from ..layout import Imported, Intervals, Packed, PackedPanels
 from . import elementwise as ew
 from .candidates import Candidate, Fused
 from .catalogue import gemm_candidates
-from .gemm import GemmShape
-from .mid import MidGraph, MidNode
+from .mid import MidGraph
 from .select import Choice, Problem, no_fit_error, solve_dp
 
 

@@ -26,7 +26,7 @@ fused with its consumer; it converts to nothing else.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np

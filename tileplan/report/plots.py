@@ -252,7 +252,7 @@ def memory_map(panels: list[tuple[str, list[int], int]], slug: str) -> str:
             for side in ("top", "right", "bottom", "left"):
                 ax.spines[side].set_visible(False)
             ax.set_xticks([])
-            ax.set_yticks([0.5, rows - 0.5], [f"tile 0", f"tile {(rows - 1) * cols}"], fontsize=7)
+            ax.set_yticks([0.5, rows - 0.5], ["tile 0", f"tile {(rows - 1) * cols}"], fontsize=7)
             ax.tick_params(length=0)
             peak = int(np.argmax(values))
             share = f" = {100 * hi / capacity:.1f}% of {_n(capacity)}" if capacity else ""

@@ -23,7 +23,7 @@ import zlib
 import numpy as np
 
 from ..graph.core import Add, Cast, GeLU, Graph, MatMul, Role
-from ..graph.dtypes import DType, dequantise, quantise
+from ..graph.dtypes import dequantise, quantise
 
 
 def seeded_values(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:

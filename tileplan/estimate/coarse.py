@@ -1,0 +1,116 @@
+"""Coarse estimates: every option of a GEMM chunk at once, as numpy arrays (one row per option).
+
+The planner (``planner.gemm.coarse_rows``) enumerates a boundary combination's
+options (grids x tile orders x reductions x partials types x serial K steps);
+``coarse_cost`` prices them all at once: byte-volume exchange prices (the
+paired rate where an order multicasts to complete tile pairs), the kernel that
+dispatch picks on the largest block and on the last K block, one sync per
+exchange phase, and a conservative memory figure (every operand, partial and
+result block alive at once, plus the boundary pieces). The cycles rank options;
+they are not a bound. ``g`` is the planner's ``GemmShape`` (read by attribute).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import default_registry
+from ..kernels.calls import MatMulCall
+
+_BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> (n, k, partials) -> lines
+
+
+def k_unit(g) -> int:
+    """K blocks start on 64-bit boundaries of A's rows (the AMP loads A rows 64 bits at a time)."""
+    return 8 // g.in_dtype.itemsize if g.in_dtype.itemsize < 8 else 1
+
+
+def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_bytes_per_tile):
+    """(cycles, memory, interleaved bytes) per option row; see ``coarse_rows``."""
+    gb, gm, gn, gkk = grid.T
+    per_group = -(-g.batch // gb)
+    m = -(-g.M // gm)
+    n = (-(-(g.N // g.grain) // gn) * g.grain) if g.panels else -(-g.N // gn)
+    n = np.minimum(n, g.N)
+    unit = k_unit(g)
+    units = -(-g.K // unit)
+    kq = gkk * sk                                   # K blocks in all
+    k = -(-units // kq) * unit
+    ia = g.in_dtype.itemsize
+    pbytes = np.array([t.itemsize for t in g.partial_types()])[ptype]
+    ob = g.out_dtype.itemsize
+    a_blk = m * k * ia * (per_group if g.a_batched else 1)
+    b_blk = k * n * ia * (per_group if g.b_batched else 1)
+    c_blk = m * n * ob * per_group
+    p_blk = m * n * pbytes * per_group
+    bw, pbw = target.exchange_bytes_per_cycle, target.paired_bytes_per_cycle
+    # A's multicast lands on complete tile pairs when the order puts its replicas (j) on adjacent tiles
+    # and gn is even, but the activation layouts hold A's rows on the same tile order as the grid,
+    # so about 1/gk of A's fragments start on a tile that also holds their block: that tile copies
+    # its piece on-tile and the rest of the multicast is no longer in complete pairs.
+    a_paired = np.where((order == 1) & (gn % 2 == 0), 1.0 - 1.0 / gkk, 0.0)
+    a_cycles = np.ceil(a_blk * (a_paired / pbw + (1.0 - a_paired) / bw)).astype(np.int64)
+    b_rate = np.where((order == 2) & (gm % 2 == 0), pbw, bw)
+    rows_here = -(-(g.batch * g.M if g.a_batched else g.M) // target.tiles)
+    local_runs = np.where(gkk > 1, rows_here, 1)
+    a_local = local_runs * target.local_copy_call_cycles + \
+        -(-(rows_here * k * ia) // target.local_copy_bytes_per_cycle)
+    prep = (a_cycles + -(-b_blk // b_rate) + a_local) * sk
+    # The kernel dispatch picks for the largest block and for the last K block (its tail may not
+    # fill the AMP's 64-bit loads and fall back to the vector unit); the slower one sets the step.
+    k_last = g.K - (units - units // np.minimum(kq, units)) * unit
+    partials = np.where(gkk > 1, ptype, g.partial_types().index(g.out_dtype))
+    amp = np.maximum(matmul_block_cycles(g, target, m, n, k, partials),
+                     matmul_block_cycles(g, target, m, n, k_last, partials)) * per_group * sk
+    has_red = red > 0
+    piece = np.where(red == 2, -(-m // gkk), m)
+    red_recv = np.where(has_red, (gkk - 1) * piece * n * pbytes * per_group, 0)
+    red_cyc = np.where(has_red, 282 + 6 * -(-(piece * n) // 48) * (11 + 2 * (gkk - 1)) * per_group, 0)
+    out_recv = np.where(has_red, piece * n * ob * per_group, c_blk)
+    syncs = target.sync_cycles * (1 + sk + has_red.astype(np.int64))
+    cycles = prep + amp + -(-red_recv // bw) + red_cyc + -(-out_recv // bw) + syncs
+    reducer_in = np.where(red == 1, gkk * p_blk, np.where(red == 2, gkk * piece * n * pbytes * per_group, 0))
+    result = np.where(has_red, p_blk + reducer_in, c_blk)
+    memory = in_bytes_per_tile + out_bytes_per_tile + a_blk + b_blk + result
+    return cycles, memory, b_blk
+
+
+def matmul_block_cycles(g, target, m, n, k, partials) -> np.ndarray:
+    """Per row, the cycles of the matmul kernel dispatch picks for an ``m x k @ k x n`` block with
+    partials ``g.partial_types()[partials]``: the detailed estimate's own kernels.
+
+    Which variants accept a block does not depend on its rows, and every matmul formula is
+    linear in them (``a + b * m``), so each variant is priced at m = 1 and m = 2 once per
+    distinct (n, k, partials) and the rows are evaluated as lines; the fastest accepted
+    variant wins, as in ``dispatch`` (a test checks the two agree)."""
+    m, n, k, partials = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(m, n, k, partials))
+    key = ((n << 20 | k) << 2) | partials                       # block sides < 2**20, partials types < 4
+    shapes, inverse = np.unique(key, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    ptypes = g.partial_types()
+    fmt, grain = ("panels", g.grain) if g.panels else ("rows", 0)
+    cache = _BLOCK_CACHE.setdefault((target, g.in_dtype, ptypes, fmt, grain), {})
+    mask = (1 << 20) - 1
+    registry = default_registry()
+    table = []
+    for s in shapes.tolist():
+        lines = cache.get(s)
+        if lines is None:
+            lines = []
+            for rows in (1, 2):
+                call = MatMulCall(rows, s >> 22 & mask, s >> 2 & mask, g.in_dtype, ptypes[s & 3], "interleaved",
+                                  fmt, 0, grain)
+                lines.append([v.cycles(call, target) for v, reasons in registry.candidates(call, target)
+                              if not reasons])
+            lines = cache[s] = [(c1, c2 - c1) for c1, c2 in zip(*lines)]   # (cycles at m=1, per extra row)
+        table.append(lines)
+    width = max(len(t) for t in table)
+    big = np.iinfo(np.int64).max // 4
+    base = np.full((len(table), width), big, dtype=np.int64)
+    slope = np.zeros((len(table), width), dtype=np.int64)
+    for i, lines in enumerate(table):
+        for j, (a, b) in enumerate(lines):
+            base[i, j], slope[i, j] = a, b
+    return (base[inverse] + slope[inverse] * (m - 1)[:, None]).min(axis=1)
+
+
