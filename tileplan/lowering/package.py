@@ -107,6 +107,9 @@ def write_package(out_dir: str | Path, files: dict[str, bytes]) -> Path:
             p = tmp / name
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)           # mkdtemp makes 0700; a package is an ordinary folder
         old = None
         if out.exists():
             if not (out / "manifest.json").is_file() and any(out.iterdir()):

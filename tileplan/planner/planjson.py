@@ -169,6 +169,9 @@ def write_plan_json(plan, path: str | Path) -> Path:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)          # mkstemp makes 0600; a plan is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
