@@ -27,18 +27,8 @@ def ranking(fixture: str) -> dict[str, dict]:
     return coarse_ranking(plan(load_model(FIXTURES / f"{fixture}.toml"), load_target("ipu21-64"), jobs=1))
 
 
-# Measured on this tree (coarse vs detailed, per GEMM): odd_fp8_tails' one GEMM has gk > 1
-# candidates within 0.5% of each other in detail, which the coarse model (largest block, no
-# per-run on-tile copy count for partials) cannot order: Spearman 0.44.
-KNOWN_BELOW = {
-    "odd_fp8_tails": "fc: Spearman 0.44 (gk > 1 near-ties within 0.5%; on-tile copies of partials unpriced)",
-}
-
-
-@pytest.mark.parametrize("fixture", [
-    pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BELOW[f])) if f in KNOWN_BELOW else f
-    for f in ("mlp_smoke_fp8", "mlp_fp16_small", "odd_prime_dims", "odd_fp8_tails", "odd_3d_activation",
-              "residual_block")])
+@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "mlp_fp16_small", "odd_prime_dims", "odd_fp8_tails",
+                                     "odd_3d_activation", "residual_block"])
 def test_coarse_ranking_agrees_with_the_detailed_estimates(fixture):
     for op, fig in ranking(fixture).items():
         if fig["spearman"] is None:      # fewer than 3 distinct implementations: nothing to rank

@@ -25,8 +25,12 @@ def k_unit(g) -> int:
     return 8 // g.in_dtype.itemsize if g.in_dtype.itemsize < 8 else 1
 
 
-def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_bytes_per_tile):
-    """(cycles, memory, interleaved bytes) per option row; see ``coarse_rows``."""
+def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_bytes_per_tile,
+                a_cut_density: float = 0.0):
+    """(cycles, memory, interleaved bytes) per option row; see ``coarse_rows``.
+
+    ``a_cut_density``: boundaries of A's boundary layout that fall inside a row, per element
+    (0 for whole rows): each one inside a row piece splits its fragment in two."""
     gb, gm, gn, gkk = grid.T
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
@@ -44,18 +48,32 @@ def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_b
     c_blk = m * n * ob * per_group
     p_blk = m * n * pbytes * per_group
     bw, pbw = target.exchange_bytes_per_cycle, target.paired_bytes_per_cycle
-    # A's multicast lands on complete tile pairs when the order puts its replicas (j) on adjacent tiles
-    # and gn is even, but the activation layouts hold A's rows on the same tile order as the grid,
-    # so about 1/gk of A's fragments start on a tile that also holds their block: that tile copies
-    # its piece on-tile and the rest of the multicast is no longer in complete pairs.
-    a_paired = np.where((order == 1) & (gn % 2 == 0), 1.0 - 1.0 / gkk, 0.0)
-    a_cycles = np.ceil(a_blk * (a_paired / pbw + (1.0 - a_paired) / bw)).astype(np.int64)
-    b_rate = np.where((order == 2) & (gm % 2 == 0), pbw, bw)
+    # Transfers, not just bytes: each fragment pays ceil(bytes / lane) plus the receive control cycles,
+    # and only 8-byte multiples can use the paired lane.
+    # A arrives as one run per row piece when K is split (row pieces are not contiguous), else about
+    # one run per source tile. Its multicast lands on complete tile pairs when the order puts its
+    # replicas (j) on adjacent tiles and gn is even, but the activation layouts hold A's rows in
+    # the grid's tile order, so about 1/gk of A's fragments start on a tile that also holds their
+    # block: that tile copies its piece on-tile and the rest of the multicast is unpaired.
     rows_here = -(-(g.batch * g.M if g.a_batched else g.M) // target.tiles)
+    a_split = gkk * sk > 1
+    a_runs = np.where(a_split, m * (per_group if g.a_batched else 1), -(-m // rows_here))
+    a_bytes = -(-a_blk // a_runs)
+    a_paired = np.where((order == 1) & (gn % 2 == 0) & (a_bytes % 8 == 0), 1.0 - 1.0 / gkk, 0.0)
+    ctrl = target.receive_control_cycles
+    a_cycles = (a_runs * (a_paired * -(-a_bytes // pbw) + (1.0 - a_paired) * -(-a_bytes // bw) + ctrl)).astype(np.int64)
+    # A boundary layout cut inside rows (Intervals) splits some row pieces in two: one more transfer each.
+    a_cuts = np.where(a_split, np.ceil(a_runs * np.minimum(1.0, k * a_cut_density)), 0).astype(np.int64)
+    a_cycles = a_cycles + a_cuts * (ctrl + 1)
+    # B: one run per panel, or per row of a row-major block split over columns.
+    b_runs = -(-n // g.grain) if g.panels else np.where(gn > 1, k * (per_group if g.b_batched else 1), 1)
+    b_bytes = -(-b_blk // b_runs)
+    b_rate = np.where((order == 2) & (gm % 2 == 0) & (b_bytes % 8 == 0), pbw, bw)
+    b_cycles = b_runs * (-(-b_bytes // b_rate) + ctrl)
     local_runs = np.where(gkk > 1, rows_here, 1)
     a_local = local_runs * target.local_copy_call_cycles + \
         -(-(rows_here * k * ia) // target.local_copy_bytes_per_cycle)
-    prep = (a_cycles + -(-b_blk // b_rate) + a_local) * sk
+    prep = (a_cycles + b_cycles + a_local) * sk
     # The kernel dispatch picks for the largest block and for the last K block (its tail may not
     # fill the AMP's 64-bit loads and fall back to the vector unit); the slower one sets the step.
     k_last = g.K - (units - units // np.minimum(kq, units)) * unit

@@ -70,7 +70,11 @@ def _select(ctx, op, shape, combo) -> Chunk:
     a_layout = la if la is not None else ctx.tensor_buffer(op.inputs[0], la).layout
     in_bytes = int(ctx.tile_bytes(op.inputs[0], a_layout).max())
     out_bytes = int(ctx.tile_bytes(op.output, lc).max())
-    rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes)
+    a_om = a_layout.owner_map(ctx.graph.tensors[op.inputs[0]].shape, ctx.graph.tensors[op.inputs[0]].dtype,
+                              ctx.target.tiles)
+    cuts = a_om.start[a_om.start > 0]
+    a_cut_density = float(np.count_nonzero(cuts % shape.K)) / max(a_om.size, 1)
+    rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, a_cut_density)
     chunk = Chunk(combo, tuple(l for l in (la, lb) if l is not None), rows)
     fits = np.flatnonzero(rows.fits)
     if fits.size == 0:

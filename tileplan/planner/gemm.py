@@ -202,7 +202,8 @@ class CoarseRows:
                           int(self.sk[i]))
 
 
-def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile: int) -> CoarseRows:
+def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile: int,
+                a_cut_density: float = 0.0) -> CoarseRows:
     """Every option of one boundary combination, costed at once (numpy, one row per option).
 
     Exchange: bytes each tile receives (A block + B block; partials; the C block
@@ -233,7 +234,7 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     ptype = np.concatenate([np.full(len(i), p) for i, _, _, p in rows]).astype(np.int64)
     sk = np.ones(len(grid), dtype=np.int64)
     cycles, memory, inter = coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile,
-                                        out_bytes_per_tile)
+                                        out_bytes_per_tile, a_cut_density)
     fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
     # Serial K splits for the options that do not fit at once (one batch element per tile).
     units = -(-g.K // k_unit(g))
@@ -244,7 +245,7 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
         idx = np.concatenate([i for i, _ in extra])
         sk2 = np.concatenate([np.full(i.size, s, dtype=np.int64) for i, s in extra])
         c2, m2, i2 = coarse_cost(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2,
-                                 in_bytes_per_tile, out_bytes_per_tile)
+                                 in_bytes_per_tile, out_bytes_per_tile, a_cut_density)
         grid, order, red, ptype = (np.concatenate((a, a[idx])) for a in (grid, order, red, ptype))
         sk, cycles, memory, inter = (np.concatenate(x) for x in ((sk, sk2), (cycles, c2), (memory, m2), (inter, i2)))
         fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
