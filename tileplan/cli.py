@@ -102,14 +102,7 @@ def show(
     target: TargetOption = None,
 ) -> None:
     """Summarise a model graph: ops, tensors, FLOPs, bytes and the roofline bound."""
-    from .graph.loaders import check_against_target, load_model
-
-    graph = load_model(model)
-    tgt, chosen_by = resolve_target(target, graph)
-    try:
-        check_against_target(graph, tgt)
-    except TileplanError as exc:
-        raise exc.with_source(str(model)) from None
+    graph, tgt, chosen_by = _load_checked(model, target)
     roofline = graph.roofline_cycles(tgt)
 
     console = _console()
@@ -317,17 +310,23 @@ def bench_command(
     console.print(f"bench took {doc['total_seconds']:.0f} s; wrote {paths[0]} and {paths[1]}")
 
 
-def _model_and_target(model: Path, target: str | None, solver: str):
-    """Load a model and its target for plan/compile, with the checks both share."""
+def _load_checked(model: Path, target: str | None):
+    """A model, its target and where the target came from, checked against each other."""
     from .graph.loaders import check_against_target, load_model
-    if solver not in ("dp", "cpsat"):
-        raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
     graph = load_model(model)
-    tgt, _ = resolve_target(target, graph)
+    tgt, chosen_by = resolve_target(target, graph)
     try:
         check_against_target(graph, tgt)
     except TileplanError as exc:
         raise exc.with_source(str(model)) from None
+    return graph, tgt, chosen_by
+
+
+def _model_and_target(model: Path, target: str | None, solver: str):
+    """Load a model and its target for plan/compile, with the solver name checked."""
+    if solver not in ("dp", "cpsat"):
+        raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
+    graph, tgt, _ = _load_checked(model, target)
     return graph, tgt
 
 

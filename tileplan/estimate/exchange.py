@@ -65,9 +65,6 @@ class Transfers:
     def _shift_groups(self, base: int) -> "Transfers":
         return Transfers(self.group + base, *(getattr(self, f) for f in _FIELDS[1:]))
 
-    def take(self, index: np.ndarray) -> "Transfers":
-        return Transfers(*(getattr(self, f)[index] for f in _FIELDS))
-
     @property
     def transfer_count(self) -> int:
         return int(np.unique(self.group).size) if len(self) else 0

@@ -360,12 +360,3 @@ class Graph:
                     raise op.err(f"target {target.name!r} has no {dt} AMP, so there is no roofline bound")
                 total += self.flops(op) / (target.tiles * peak)
         return total
-
-    def to_networkx(self) -> nx.DiGraph:
-        g = nx.DiGraph()
-        for op in self.ops:
-            g.add_node(op.name, op=op)
-            for i in op.inputs:
-                if i in self.producers:
-                    g.add_edge(self.producers[i].name, op.name, tensor=i)
-        return g

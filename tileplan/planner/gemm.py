@@ -41,7 +41,6 @@ from ..estimate.coarse import coarse_cost, k_unit
 from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
 ORDERS = ("bijl", "bilj", "bjli")
-REDUCTIONS = ("gather", "rows")
 
 
 @dataclass(frozen=True)

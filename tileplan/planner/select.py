@@ -212,10 +212,11 @@ def _insert(bucket: list, entry, bound: int | None) -> None:
     bucket[:] = [e for e in bucket if not (p.cycles <= e[0].cycles and p.peak <= e[0].peak)]
     bucket.append(entry)
     if bound is not None and len(bucket) > bound:
+        # The bound - 1 fastest, and the least-memory path (or the next fastest if it is among them).
         bucket.sort(key=lambda e: (e[0].cycles, e[0].peak, e[0].picks))
-        keep_low_mem = min(bucket, key=lambda e: (e[0].peak, e[0].cycles, e[0].picks))
-        bucket[:] = bucket[:bound - 1] + ([keep_low_mem] if keep_low_mem not in bucket[:bound - 1] else
-                                          bucket[bound - 1:bound])
+        low = min(bucket, key=lambda e: (e[0].peak, e[0].cycles, e[0].picks))
+        fastest = bucket[:bound - 1]
+        bucket[:] = fastest + [bucket[bound - 1] if low in fastest else low]
 
 
 def no_fit_error(problem: Problem) -> TileplanError:
