@@ -125,11 +125,16 @@ def copy_cost(src, dst, target) -> "CopyCost | None":
 @functools.lru_cache(maxsize=4096)
 def _copy_cost(src_layout, dst_layout, src_shape, dst_shape, dtype, target):
     from .program import Buffer, Copy
-    fast = _replicated_grid_cost(src_layout, dst_layout, src_shape, dtype, target)
-    if fast is not False:
-        return fast
+    for fast_path in (_replicated_grid_cost, _block_move_cost):
+        fast = fast_path(src_layout, dst_layout, src_shape, dtype, target)
+        if fast is not False:
+            return fast
     prog = Program({"s": Buffer("s", src_layout, src_shape, dtype), "d": Buffer("d", dst_layout, dst_shape, dtype)})
     tr, local = step_traffic(prog, ExchangeStep("copy", (Copy("s", "d"),)), target.tiles)
+    return _traffic_cost(tr, local, target)
+
+
+def _traffic_cost(tr: Transfers, local: Transfers, target) -> "CopyCost | None":
     if len(tr) == 0 and len(local) == 0:
         return None
     send, recv = tile_exchange_cycles(tr, target)
@@ -138,6 +143,42 @@ def _copy_cost(src_layout, dst_layout, src_shape, dst_shape, dtype, target):
     for a in (out.send, out.recv, out.local_cycles):
         a.flags.writeable = False
     return out
+
+
+def _block_move_cost(src_layout, dst_layout, shape, dtype, target):
+    """The cost of a copy between two grids of the same blocks, block by block (``False``: not applicable).
+
+    A GEMM's partials move to their reducers this way: both grids cut the tensor at the
+    same row and column bounds, hold each block once, row-major and dense, so a block
+    is one contiguous run in both memories. The row-by-row plan that ``step_traffic``
+    builds (one fragment per block row, millions for a big GEMM) merges back into
+    exactly these runs, so pricing one fragment per block gives the same transfers.
+    """
+    from ..layout.gemm_grid import Grid
+    if not (isinstance(src_layout, Grid) and isinstance(dst_layout, Grid)) or dtype is None:
+        return False
+    if (src_layout.row_bounds != dst_layout.row_bounds or src_layout.col_bounds != dst_layout.col_bounds
+            or src_layout.replicas != 1 or dst_layout.replicas != 1 or src_layout.grain or dst_layout.grain
+            or src_layout.row_bounds[-1] * src_layout.col_bounds[-1] != int(np.prod(shape))
+            or src_layout.col_bounds[-1] != shape[-1]):
+        return False
+    item = dtype.itemsize
+    rb, cb = np.asarray(src_layout.row_bounds), np.asarray(src_layout.col_bounds)
+    size = (np.diff(rb)[:, None] * np.diff(cb)[None, :]).reshape(-1)
+    ts, td = (g.holder_array()[:, :, 0].reshape(-1) for g in (src_layout, dst_layout))
+    os_, od = (g.block_offsets(item)[:, :, 0].reshape(-1) for g in (src_layout, dst_layout))
+    want = (td >= 0) & (size > 0)
+    if (ts[want] < 0).any():
+        return False                      # a block nobody holds: the general path says so
+    ts, td, os_, od, n = ts[want], td[want], os_[want] * item, od[want] * item, size[want] * item
+    if not len(n) or ((ts == td) & (os_ == od)).all():
+        return None                       # the destination aliases the source
+    loc = ts == td
+    ex = fragments_to_transfers(ts[~loc], os_[~loc], td[~loc], od[~loc], n[~loc]) if (~loc).any() \
+        else Transfers.empty()
+    local = fragments_to_transfers(ts[loc], os_[loc], td[loc], od[loc], n[loc], multicast=False) if loc.any() \
+        else Transfers.empty()
+    return _traffic_cost(ex, local, target)
 
 
 def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
