@@ -26,11 +26,12 @@ def k_unit(g) -> int:
 
 
 def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_bytes_per_tile,
-                a_cut_density: float = 0.0):
+                a_cut_density: float = 0.0, amp=None):
     """(cycles, memory, interleaved bytes) per option row; see ``coarse_rows``.
 
     ``a_cut_density``: boundaries of A's boundary layout that fall inside a row, per element
-    (0 for whole rows): each one inside a row piece splits its fragment in two."""
+    (0 for whole rows): each one inside a row piece splits its fragment in two. ``amp``: the
+    rows' matmul cycles when the caller has them (``amp_cycles`` of their grids), else computed."""
     gb, gm, gn, gkk = grid.T
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
@@ -74,12 +75,8 @@ def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_b
     a_local = local_runs * target.local_copy_call_cycles + \
         -(-(rows_here * k * ia) // target.local_copy_bytes_per_cycle)
     prep = (a_cycles + b_cycles + a_local) * sk
-    # The kernel dispatch picks for the largest block and for the last K block (its tail may not
-    # fill the AMP's 64-bit loads and fall back to the vector unit); the slower one sets the step.
-    k_last = g.K - (units - units // np.minimum(kq, units)) * unit
-    partials = np.where(gkk > 1, ptype, g.partial_types().index(g.out_dtype))
-    amp = np.maximum(matmul_block_cycles(g, target, m, n, k, partials),
-                     matmul_block_cycles(g, target, m, n, k_last, partials)) * per_group * sk
+    if amp is None:
+        amp = amp_cycles(g, target, grid, ptype, sk)
     has_red = red > 0
     piece = np.where(red == 2, -(-m // gkk), m)
     red_recv = np.where(has_red, (gkk - 1) * piece * n * pbytes * per_group, 0)
@@ -91,6 +88,26 @@ def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_b
     result = np.where(has_red, p_blk + reducer_in, c_blk)
     memory = in_bytes_per_tile + out_bytes_per_tile + a_blk + b_blk + result
     return cycles, memory, b_blk
+
+
+def amp_cycles(g, target, grid, ptype, sk) -> np.ndarray:
+    """Per row, the matmul step's cycles: ``sk`` calls per batch element of the group. The
+    kernel dispatch picks for the largest block and for the last K block (its tail may not
+    fill the AMP's 64-bit loads and fall back to the vector unit); the slower one sets the step.
+    Depends on the grid, the partials type and sk only, not on the order or the boundaries."""
+    gb, gm, gn, gkk = np.asarray(grid).T
+    per_group = -(-g.batch // gb)
+    m = -(-g.M // gm)
+    n = (-(-(g.N // g.grain) // gn) * g.grain) if g.panels else -(-g.N // gn)
+    n = np.minimum(n, g.N)
+    unit = k_unit(g)
+    units = -(-g.K // unit)
+    kq = gkk * sk
+    k = -(-units // kq) * unit
+    k_last = g.K - (units - units // np.minimum(kq, units)) * unit
+    partials = np.where(gkk > 1, ptype, g.partial_types().index(g.out_dtype))
+    return np.maximum(matmul_block_cycles(g, target, m, n, k, partials),
+                      matmul_block_cycles(g, target, m, n, k_last, partials)) * per_group * sk
 
 
 def matmul_block_cycles(g, target, m, n, k, partials) -> np.ndarray:

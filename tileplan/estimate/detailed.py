@@ -21,7 +21,7 @@ import numpy as np
 
 from ..layout.convert import plan_copy
 from .cost import Estimate
-from .exchange import Transfers, fragments_to_transfers, tile_exchange_cycles
+from .exchange import Transfers, fragments_to_transfers, tile_exchange_cycles, tile_sum
 from .memory import program_memory
 from .program import ComputeStep, ExchangeStep, Program
 
@@ -228,51 +228,55 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     m = fragments_to_transfers(plan0.src_tile, plan0.src_offset * item, block, plan0.dst_offset * item,
                                (plan0.stop - plan0.start) * item, multicast=False)
     blk = m.dst_tile.astype(np.int64)
-    H = h.reshape(-1, h.shape[2])[blk]                          # [F, r] destination tiles
     src = m.src_tile.astype(np.int64)
     n = m.nbytes
-    local = H == src[:, None]
-    remote = ~local
     tiles = target.tiles
-    # Paired: the remote destinations of a fragment come in complete tile pairs; aligned; even words.
-    # The remote set is the block's holders, less the source tile where it holds the block too.
-    hs = np.sort(h.reshape(-1, h.shape[2]), axis=1)
+    # Per block, its holders (distinct tiles) as sorted keys block * span + tile, to ask "is tile t
+    # a holder of block b" for many (b, t) at once without a fragments x replicas matrix.
+    hb = h.reshape(-1, h.shape[2])
+    span = 2 * tiles + 2
+    keys = np.sort((np.arange(len(hb))[:, None] * span + hb).reshape(-1))
 
-    def complete_pairs(rows: np.ndarray) -> np.ndarray:
-        if rows.shape[1] % 2:
-            return np.zeros(rows.shape[0], dtype=bool)
-        return (rows[:, 0::2] % 2 == 0).all(axis=1) & (rows[:, 1::2] == rows[:, 0::2] + 1).all(axis=1)
+    def holds(b, t):
+        k = b * span + t
+        pos = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
+        return keys[pos] == k
 
+    r = hb.shape[1]
+    has_local = holds(blk, src)                  # the source tile holds the block: an on-tile copy
+    remotes = r - has_local                      # remote destinations of each fragment
+    any_remote = remotes > 0
+    # Paired: the remote destinations come in complete tile pairs (each one's partner t ^ 1 among
+    # them); aligned; even words. The remote set is the block's holders less the source tile, so
+    # it is complete when the block's unpaired holders are none (no local copy) or the source alone.
+    hb_blocks = np.repeat(np.arange(len(hb)), r)
+    unpaired = ~holds(hb_blocks, hb.reshape(-1) ^ 1)
+    n_unpaired = np.bincount(hb_blocks, weights=unpaired, minlength=len(hb)).astype(np.int64)
+    src_unpaired = ~holds(blk, src ^ 1)
+    pairs_ok = np.where(has_local, (n_unpaired[blk] == 1) & src_unpaired, n_unpaired[blk] == 0)
     aligned = (m.src_off % 8 == 0) & (m.dst_off % 8 == 0) & (n % 8 == 0)
-    any_remote = remote.any(axis=1)
-    has_local = local.any(axis=1)
-    pairs_ok = complete_pairs(hs)[blk]
-    if has_local.any():
-        lb = np.unique(blk[has_local])
-        without = np.stack([complete_pairs(np.delete(hs[lb], k, axis=1)) for k in range(hs.shape[1])], axis=1)
-        k_src = np.argmax(hs[blk[has_local]] == src[has_local][:, None], axis=1)
-        pairs_ok[has_local] = without[np.searchsorted(lb, blk[has_local]), k_src]
     paired = any_remote & pairs_ok & aligned
     lane = np.where(paired, target.paired_bytes_per_cycle, target.exchange_bytes_per_cycle)
     cyc = -(-n // lane)
-    send = np.zeros(tiles, dtype=np.int64)
-    recv = np.zeros(tiles, dtype=np.int64)
-    s_cyc = (cyc + target.send_control_cycles)[any_remote]
-    np.add.at(send, src[any_remote], s_cyc)
-    partner_tile = src[any_remote] ^ 1
-    borrow = paired[any_remote] & (partner_tile < tiles)
-    np.add.at(send, partner_tile[borrow], s_cyc[borrow])
-    r_rows = np.broadcast_to((cyc + target.receive_control_cycles)[:, None], H.shape)[remote]
-    np.add.at(recv, H[remote], r_rows)
-    nbytes = int((n[:, None] * remote).sum())
-    lf = np.flatnonzero(local.any(axis=1))
+    s_cyc = np.where(any_remote, cyc + target.send_control_cycles, 0)
+    partner_tile = src ^ 1
+    borrow = paired & (partner_tile < tiles)
+    send = tile_sum(src, s_cyc, tiles) + tile_sum(partner_tile[borrow], s_cyc[borrow], tiles)
+    # Receives: every holder of the block takes each of its fragments, except a source holding it.
+    r_cyc = cyc + target.receive_control_cycles
+    per_block = tile_sum(blk, r_cyc, len(hb))
+    flat, held_flat = hb.reshape(-1), hb.reshape(-1) >= 0
+    recv = tile_sum(flat[held_flat], np.repeat(per_block, r)[held_flat], tiles) \
+        - tile_sum(src[has_local], r_cyc[has_local], tiles)
+    nbytes = int((n * remotes).sum())
+    lf = np.flatnonzero(has_local)
     if lf.size:
         runs = fragments_to_transfers(src[lf], m.src_off[lf], src[lf], m.dst_off[lf], n[lf], multicast=False)
         local_cycles = local_copy_cycles(runs, target)
         local_bytes, local_runs = int(runs.nbytes.sum()), len(runs)
     else:
         local_cycles, local_bytes, local_runs = np.zeros(tiles, dtype=np.int64), 0, 0
-    out = CopyCost(send, recv, nbytes, int(remote.sum()), local_cycles, local_bytes, local_runs)
+    out = CopyCost(send, recv, nbytes, int(remotes.sum()), local_cycles, local_bytes, local_runs)
     for a in (out.send, out.recv, out.local_cycles):
         a.flags.writeable = False
     return out

@@ -141,24 +141,28 @@ def paired_mask(tr: Transfers) -> np.ndarray:
     return ~bad[tr.group]
 
 
+def tile_sum(tile: np.ndarray, values: np.ndarray, tiles: int) -> np.ndarray:
+    """int64 [tiles]: ``values`` summed per tile (``np.add.at``, by bincount: exact below 2**53)."""
+    if len(tile) == 0:
+        return np.zeros(tiles, dtype=np.int64)
+    return np.bincount(tile, weights=values, minlength=tiles).astype(np.int64)
+
+
 def tile_exchange_cycles(tr: Transfers, target, tiles: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(send cycles, receive cycles) per tile for one exchange phase."""
     tiles = target.tiles if tiles is None else tiles
-    send = np.zeros(tiles, dtype=np.int64)
-    recv = np.zeros(tiles, dtype=np.int64)
     if len(tr) == 0:
-        return send, recv
+        return np.zeros(tiles, dtype=np.int64), np.zeros(tiles, dtype=np.int64)
     paired = paired_mask(tr)
     lane = np.where(paired, target.paired_bytes_per_cycle, target.exchange_bytes_per_cycle)
     cyc = -(-tr.nbytes // lane)
-    np.add.at(recv, tr.dst_tile, cyc + target.receive_control_cycles)
+    recv = tile_sum(tr.dst_tile, cyc + target.receive_control_cycles, tiles)
     first = np.ones(len(tr), dtype=bool)
     first[1:] = tr.group[1:] != tr.group[:-1]
     s_cyc = cyc[first] + target.send_control_cycles
-    np.add.at(send, tr.src_tile[first], s_cyc)
     partner = tr.src_tile[first] ^ 1
     borrowed = paired[first] & (partner < tiles)
-    np.add.at(send, partner[borrowed], s_cyc[borrowed])
+    send = tile_sum(tr.src_tile[first], s_cyc, tiles) + tile_sum(partner[borrowed], s_cyc[borrowed], tiles)
     return send, recv
 
 

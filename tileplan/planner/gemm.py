@@ -25,6 +25,7 @@ is built (``coarse_rows`` marks it infeasible).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ from ..kernels import dispatch
 from ..kernels.calls import MatMulCall, ReduceCall
 from ..layout.gemm_grid import Grid, aligned_bounds, balanced_bounds
 from ..layout.owner_map import expand_ranges
-from ..estimate.coarse import coarse_cost, k_unit
+from ..estimate.coarse import amp_cycles, coarse_cost, k_unit
 from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
 ORDERS = ("bijl", "bilj", "bjli")
@@ -180,6 +181,25 @@ def grid_options(g: GemmShape, tiles: int) -> np.ndarray:
 SERIAL_K = (2, 3, 4, 6, 8, 12, 16)     # serial K steps tried for grids whose blocks do not fit
 
 
+# Every boundary combination of a GEMM enumerates the same grids, and their matmul cycles do not
+# depend on the boundaries: both are computed once per GEMM shape (and serial K step).
+@functools.lru_cache(maxsize=16)
+def _grid_options(g: GemmShape, tiles: int) -> np.ndarray:
+    out = grid_options(g, tiles)
+    out.flags.writeable = False
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _grid_amp(g: GemmShape, target, sk: int) -> np.ndarray:
+    """int64 [partials type, grid]: the matmul step's cycles of every grid option (``amp_cycles``)."""
+    grids = _grid_options(g, target.tiles)
+    out = np.stack([amp_cycles(g, target, grids, np.full(len(grids), p), sk)
+                    for p in range(len(g.partial_types()))])
+    out.flags.writeable = False
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class CoarseRows:
     """Coarse figures, one row per (grid, order, reduction, partials, serial K) option."""
@@ -215,7 +235,7 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     (``SERIAL_K``): 1/sk of the operand blocks at a time, sk exchanges and sk
     AMP calls, the later ones accumulating into the partials in place.
     """
-    grids = grid_options(g, target.tiles)
+    grids = _grid_options(g, target.tiles)
     n_ptypes = len(g.partial_types())
     gk = grids[:, 3]
     rows = []
@@ -228,12 +248,13 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
                 idx = np.flatnonzero(sel)
                 rows.append((idx, o, r, p))
     grid = np.concatenate([grids[i] for i, *_ in rows]) if rows else np.zeros((0, 4), np.int64)
+    gidx = np.concatenate([i for i, *_ in rows]) if rows else np.zeros(0, np.int64)
     order = np.concatenate([np.full(len(i), o) for i, o, _, _ in rows]).astype(np.int64)
     red = np.concatenate([np.full(len(i), r) for i, _, r, _ in rows]).astype(np.int64)
     ptype = np.concatenate([np.full(len(i), p) for i, _, _, p in rows]).astype(np.int64)
     sk = np.ones(len(grid), dtype=np.int64)
     cycles, memory, inter = coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile,
-                                        out_bytes_per_tile, a_cut_density)
+                                        out_bytes_per_tile, a_cut_density, _grid_amp(g, target, 1)[ptype, gidx])
     fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
     # Serial K splits for the options that do not fit at once (one batch element per tile).
     units = -(-g.K // k_unit(g))
@@ -243,8 +264,9 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     if extra:
         idx = np.concatenate([i for i, _ in extra])
         sk2 = np.concatenate([np.full(i.size, s, dtype=np.int64) for i, s in extra])
+        amp2 = np.concatenate([_grid_amp(g, target, s)[ptype[i], gidx[i]] for i, s in extra])
         c2, m2, i2 = coarse_cost(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2,
-                                 in_bytes_per_tile, out_bytes_per_tile, a_cut_density)
+                                 in_bytes_per_tile, out_bytes_per_tile, a_cut_density, amp2)
         grid, order, red, ptype = (np.concatenate((a, a[idx])) for a in (grid, order, red, ptype))
         sk, cycles, memory, inter = (np.concatenate(x) for x in ((sk, sk2), (cycles, c2), (memory, m2), (inter, i2)))
         fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
