@@ -69,3 +69,20 @@ def test_the_whole_graph_estimate_counts_the_supersteps_lowering_schedules():
     assert any(line.startswith("group_exchanges") for line in st.log)
     lowered = sum(s["cycles"] + s["sync"] for s in program_cycles(st.tile_program, TARGET))
     assert p.estimate.cycles == lowered
+
+
+@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_3d_activation", "residual_block", "mlp_fp16_small"])
+def test_moves_nothing_agrees_with_the_fragment_plan(fixture):
+    """The block-level alias test gives the fragment plan's answer on every copy of every candidate."""
+    p = plan(load_model(FIXTURES / f"{fixture}.toml"), TARGET)
+    answers = []
+    for cands in p.candidates.values():
+        for c in cands:
+            for step in (c.program.steps if c.program else []):
+                for cp in (step.copies if isinstance(step, ExchangeStep) else ()):
+                    a, b = c.program.buffers[cp.src], c.program.buffers[cp.dst]
+                    full = D.plan_for(a, b, TARGET.tiles)
+                    expected = full.is_identity and not full.needs_rearrangement
+                    assert D.moves_nothing(a, b, TARGET.tiles) == expected, (cp, c.desc)
+                    answers.append(expected)
+    assert len(answers) >= 20 and not all(answers)

@@ -75,6 +75,35 @@ def step_traffic(program: Program, step: ExchangeStep, tiles: int, buf_ids: dict
     return Transfers.concat(ex_parts), Transfers.concat(loc_parts)
 
 
+def moves_nothing(src, dst, tiles: int) -> bool:
+    """The copy keeps every element on its tile at its offset: the destination can alias the source.
+
+    Answers from the blocks, without the fragment plan, the two questions a GEMM's copies ask
+    often: grids of the same blocks (partials to reducers) alias when every block stays put; a
+    multicast into a replicated grid from an unreplicated source always moves something."""
+    from ..layout.gemm_grid import Grid
+    sl, dl = src.layout, dst.layout
+    if sl == dl and tuple(src.shape) == tuple(dst.shape) and src.dtype == dst.dtype:
+        return True
+    if isinstance(dl, Grid) and sl != dl and dl.index_space == getattr(sl, "index_space", "rows"):
+        item = dst.dtype.itemsize
+        h = dl.holder_array()
+        rb, cb = np.asarray(dl.row_bounds), np.asarray(dl.col_bounds)
+        nonempty = (np.diff(rb)[:, None] * np.diff(cb)[None, :]) > 0
+        if isinstance(sl, Grid) and sl.row_bounds == dl.row_bounds and sl.col_bounds == dl.col_bounds \
+                and sl.replicas == dl.replicas == 1 and sl.grain == dl.grain and tuple(src.shape) == tuple(dst.shape):
+            hs, hd = sl.holder_array()[:, :, 0], h[:, :, 0]
+            want = (hd >= 0) & nonempty
+            if (hs[want] >= 0).all():
+                os_, od = sl.block_offsets(item)[:, :, 0], dl.block_offsets(item)[:, :, 0]
+                return bool(((hs == hd) & (os_ == od))[want].all())
+        multi = ((h[:, :, 1:] >= 0) & (h[:, :, 1:] != h[:, :, :1])).any(axis=2) & nonempty
+        if multi.any() and sl.owner_map(tuple(src.shape), src.dtype, tiles).replicas == 1:
+            return False
+    plan = plan_for(src, dst, tiles)
+    return plan.is_identity and not plan.needs_rearrangement
+
+
 def plan_for(src, dst, tiles: int):
     a, b = (getattr(x.layout, "index_space", "rows") for x in (src, dst))
     if a != b:
@@ -346,8 +375,7 @@ def scheduled(program: Program, tiles: int) -> Program:
         if isinstance(step, ExchangeStep):
             keep = []
             for cp in step.copies:
-                plan = plan_for(program.buffers[cp.src], program.buffers[cp.dst], tiles)
-                if plan.is_identity and not plan.needs_rearrangement and cp.dst not in aliases:
+                if cp.dst not in aliases and moves_nothing(program.buffers[cp.src], program.buffers[cp.dst], tiles):
                     aliases[cp.dst] = cp.src
                 else:
                     keep.append(cp)

@@ -37,6 +37,8 @@ DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the f
                             # plus the least-memory entries of each class
 RUNNERS_UP = 8              # coarse runner-ups kept per chunk for the report
 POOL_MIN_WORK = 8192        # detailed choices x tiles below which the catalogue stays in-process
+POOL_MIN_TILES = 256        # targets below this plan their GEMMs' catalogues in-process: a whole catalogue
+                            # costs less than starting a worker (the 64-tile smoke plan takes ~40 ms)
 
 
 def boundary_combinations(ctx, op: MatMul) -> list[tuple]:
@@ -218,6 +220,58 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     ctx.runner_ups = getattr(ctx, "runner_ups", {})
     ctx.runner_ups[op.name] = lost
     return kept
+
+
+class Catalogues:
+    """Every GEMM's catalogue, started at once (``start_catalogues``) and collected by ``result``.
+
+    With ``jobs > 1`` and several GEMMs on a big target, whole catalogues run in parallel, one per
+    pool worker (boundary selection and detailed costing both), largest GEMM first, while the
+    caller plans the elementwise ops; a single GEMM splits its detailed work over the pool instead
+    (``gemm_candidates``). Pooled candidates come back without their programs (``program_of``
+    rebuilds the picked ones); the result does not depend on which worker ran what."""
+
+    def __init__(self, ctx, ops: list[MatMul]):
+        self.ctx, self.ops = ctx, ops
+        self.pool = None
+        self.futures: dict = {}
+        if ctx.jobs > 1 and len(ops) > 1 and ctx.target.tiles >= POOL_MIN_TILES:
+            shapes = {op.name: GemmShape.of(ctx.graph, op, ctx.target) for op in ops}
+            size = {n: g.batch * g.M * g.N * g.K for n, g in shapes.items()}
+            self.pool = ProcessPoolExecutor(max_workers=min(ctx.jobs, len(ops)))
+            for op in sorted(ops, key=lambda op: -size[op.name]):
+                self.futures[op.name] = self.pool.submit(_catalogue, ctx, op)
+
+    def result(self) -> dict[str, list[Candidate]]:
+        ctx = self.ctx
+        if self.pool is None:
+            return {op.name: gemm_candidates(ctx, op) for op in self.ops}
+        out: dict[str, list[Candidate]] = {}
+        try:
+            for op in self.ops:
+                if ctx.progress is not None:
+                    ctx.progress(op.name, 0, 1)
+                out[op.name], ctx.runner_ups[op.name] = self.futures[op.name].result()
+                if ctx.progress is not None:
+                    ctx.progress(op.name, 1, 1)
+        finally:
+            self.cancel()
+        return out
+
+    def cancel(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
+
+
+def _catalogue(ctx, op: MatMul) -> tuple[list[Candidate], list[Candidate]]:
+    """One GEMM's catalogue in a pool worker: in-process, returned without programs."""
+    ctx.jobs = 1
+    kept = gemm_candidates(ctx, op)
+    lost = ctx.runner_ups.get(op.name, [])
+    for c in kept + lost:
+        c.program = None
+    return kept, lost
 
 
 def program_of(ctx, cand: Candidate):

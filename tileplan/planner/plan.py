@@ -30,7 +30,7 @@ from ..graph.core import Add, Graph, MatMul, Role
 from ..layout import Imported, Intervals, Packed, PackedPanels
 from . import elementwise as ew
 from .candidates import Candidate, Fused
-from .catalogue import gemm_candidates
+from .catalogue import Catalogues
 from .mid import MidGraph
 from .select import Choice, Problem, no_fit_error, solve_dp
 
@@ -221,15 +221,24 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     for name, t in graph.tensors.items():
         if t.layout is not None:
             t.layout.verify(t.shape, t.dtype, target)
+    # The GEMM catalogues (in pool workers when they run in parallel) while the elementwise ops,
+    # which never depend on a GEMM's candidates, are planned here.
+    pending = Catalogues(ctx, [op for op in graph.ops if isinstance(op, MatMul)])
+    ew_cands: dict[str, list[Candidate]] = {}
+    try:
+        for op in graph.ops:
+            if isinstance(op, MatMul):
+                continue
+            fused_layouts = [c.out.layout for cs in ew_cands.values() for c in cs if c.fused == op.name]
+            ew_cands[op.name] = elementwise_candidates(ctx, op) + (
+                absorbed_candidates(ctx, op, fused_layouts) if fused_layouts else [])
+    except BaseException:
+        pending.cancel()
+        raise
+    gemms = pending.result()
     cands: dict[str, list[Candidate]] = {}
     for op in graph.ops:
-        if isinstance(op, MatMul):
-            cands[op.name] = gemm_candidates(ctx, op)
-        elif op.name in {c.fused for cs in cands.values() for c in cs if c.fused}:
-            fused_layouts = [c.out.layout for cs in cands.values() for c in cs if c.fused == op.name]
-            cands[op.name] = elementwise_candidates(ctx, op) + absorbed_candidates(ctx, op, fused_layouts)
-        else:
-            cands[op.name] = elementwise_candidates(ctx, op)
+        cands[op.name] = gemms[op.name] if isinstance(op, MatMul) else ew_cands[op.name]
         if not cands[op.name]:
             raise TileplanError(f"op {op.name!r} ({op.kind}): no candidate fits the target {target.name!r}")
     problem = build_problem(ctx, cands)
