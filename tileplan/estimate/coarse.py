@@ -12,6 +12,8 @@ they are not a bound. ``g`` is the planner's ``GemmShape`` (read by attribute).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..kernels import default_registry
@@ -32,6 +34,31 @@ def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_b
     ``a_cut_density``: boundaries of A's boundary layout that fall inside a row, per element
     (0 for whole rows): each one inside a row piece splits its fragment in two. ``amp``: the
     rows' matmul cycles when the caller has them (``amp_cycles`` of their grids), else computed."""
+    parts = coarse_parts(g, target, grid, order, red, ptype, sk, amp)
+    return (parts.cycles + cut_cycles(target, parts, sk, a_cut_density),
+            parts.memory + in_bytes_per_tile + out_bytes_per_tile, parts.interleaved)
+
+
+class CoarseParts(NamedTuple):
+    """The boundary-free part of ``coarse_cost``: what every boundary combination of a GEMM shares."""
+
+    cycles: np.ndarray        # int64, without the extra transfers of A's cut row pieces
+    memory: np.ndarray        # int64, without the boundary pieces
+    interleaved: np.ndarray   # int64
+    cut_runs: np.ndarray      # int64 A's row pieces a cut inside a row can split (0 when K is not split)
+    k: np.ndarray             # int64 K elements per block
+
+
+def cut_cycles(target, parts: CoarseParts, sk, a_cut_density: float) -> np.ndarray:
+    """The boundary-dependent cycles: an A boundary layout cut inside rows (Intervals) splits some
+    row pieces in two, one more transfer each, in each of the ``sk`` preparation exchanges."""
+    if not a_cut_density:
+        return np.zeros(len(parts.cycles), dtype=np.int64)
+    cuts = np.ceil(parts.cut_runs * np.minimum(1.0, parts.k * a_cut_density)).astype(np.int64)
+    return cuts * (target.receive_control_cycles + 1) * sk
+
+
+def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarseParts:
     gb, gm, gn, gkk = grid.T
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
@@ -63,9 +90,7 @@ def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_b
     a_paired = np.where((order == 1) & (gn % 2 == 0) & (a_bytes % 8 == 0), 1.0 - 1.0 / gkk, 0.0)
     ctrl = target.receive_control_cycles
     a_cycles = (a_runs * (a_paired * -(-a_bytes // pbw) + (1.0 - a_paired) * -(-a_bytes // bw) + ctrl)).astype(np.int64)
-    # A boundary layout cut inside rows (Intervals) splits some row pieces in two: one more transfer each.
-    a_cuts = np.where(a_split, np.ceil(a_runs * np.minimum(1.0, k * a_cut_density)), 0).astype(np.int64)
-    a_cycles = a_cycles + a_cuts * (ctrl + 1)
+    cut_runs = np.where(a_split, a_runs, 0)         # see cut_cycles
     # B: one run per panel, or per row of a row-major block split over columns.
     b_runs = -(-n // g.grain) if g.panels else np.where(gn > 1, k * (per_group if g.b_batched else 1), 1)
     b_bytes = -(-b_blk // b_runs)
@@ -86,8 +111,9 @@ def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_b
     cycles = prep + amp + -(-red_recv // bw) + red_cyc + -(-out_recv // bw) + syncs
     reducer_in = np.where(red == 1, gkk * p_blk, np.where(red == 2, gkk * piece * n * pbytes * per_group, 0))
     result = np.where(has_red, p_blk + reducer_in, c_blk)
-    memory = in_bytes_per_tile + out_bytes_per_tile + a_blk + b_blk + result
-    return cycles, memory, b_blk
+    memory = a_blk + b_blk + result
+    return CoarseParts(cycles.astype(np.int64), memory.astype(np.int64), np.asarray(b_blk, dtype=np.int64),
+                       np.asarray(cut_runs, dtype=np.int64), np.broadcast_to(k, cycles.shape).astype(np.int64))
 
 
 def amp_cycles(g, target, grid, ptype, sk) -> np.ndarray:
@@ -131,13 +157,11 @@ def matmul_block_cycles(g, target, m, n, k, partials) -> np.ndarray:
     for s in shapes.tolist():
         lines = cache.get(s)
         if lines is None:
-            lines = []
-            for rows in (1, 2):
-                call = MatMulCall(rows, s >> 22 & mask, s >> 2 & mask, g.in_dtype, ptypes[s & 3], "interleaved",
-                                  fmt, 0, grain)
-                lines.append([v.cycles(call, target) for v, reasons in registry.candidates(call, target)
-                              if not reasons])
-            lines = cache[s] = [(c1, c2 - c1) for c1, c2 in zip(*lines)]   # (cycles at m=1, per extra row)
+            one, two = (MatMulCall(rows, s >> 22 & mask, s >> 2 & mask, g.in_dtype, ptypes[s & 3], "interleaved",
+                                   fmt, 0, grain) for rows in (1, 2))
+            accepted = [v for v, reasons in registry.candidates(one, target) if not reasons]
+            lines = cache[s] = [(v.cycles(one, target), v.cycles(two, target) - v.cycles(one, target))
+                                for v in accepted]             # (cycles at m=1, per extra row)
         table.append(lines)
     width = max(len(t) for t in table)
     big = np.iinfo(np.int64).max // 4

@@ -30,7 +30,7 @@ from ..graph.core import MatMul
 from . import elementwise as ew
 from .candidates import Candidate
 from .frontier import frontier
-from .gemm import GemmShape, build_program, coarse_rows
+from .gemm import GemmShape, build_program, coarse_rows, coarse_table
 
 KEEP_PER_CHUNK = 6          # detailed candidates per boundary combination kept for selection
 DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the fastest by coarse cycles,
@@ -66,8 +66,8 @@ class Chunk:
     error: str | None = None
 
 
-def _select(ctx, op, shape, combo) -> Chunk:
-    """Coarse rows of one boundary combination, its bounded frontier and the entries to detail."""
+def boundary_figures(ctx, op, shape, combo) -> tuple[int, int, float]:
+    """(A's boundary bytes, C's boundary bytes on the fullest tile, A's cuts inside rows per element)."""
     la, lb, lc = combo
     a_layout = la if la is not None else ctx.tensor_buffer(op.inputs[0], la).layout
     in_bytes = int(ctx.tile_bytes(op.inputs[0], a_layout).max())
@@ -75,8 +75,14 @@ def _select(ctx, op, shape, combo) -> Chunk:
     a_om = a_layout.owner_map(ctx.graph.tensors[op.inputs[0]].shape, ctx.graph.tensors[op.inputs[0]].dtype,
                               ctx.target.tiles)
     cuts = a_om.start[a_om.start > 0]
-    a_cut_density = float(np.count_nonzero(cuts % shape.K)) / max(a_om.size, 1)
-    rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, a_cut_density)
+    return in_bytes, out_bytes, float(np.count_nonzero(cuts % shape.K)) / max(a_om.size, 1)
+
+
+def _select(ctx, op, shape, combo, figures=None, table=None) -> Chunk:
+    """Coarse rows of one boundary combination, its bounded frontier and the entries to detail."""
+    la, lb, lc = combo
+    in_bytes, out_bytes, a_cut_density = figures or boundary_figures(ctx, op, shape, combo)
+    rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, a_cut_density, table)
     chunk = Chunk(combo, tuple(l for l in (la, lb) if l is not None), rows)
     fits = np.flatnonzero(rows.fits)
     if fits.size == 0:
@@ -153,7 +159,10 @@ def _overflow(rows, shape, op, target) -> str:
 
 def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     shape = GemmShape.of(ctx.graph, op, ctx.target)
-    chunks = [_select(ctx, op, shape, c) for c in boundary_combinations(ctx, op)]
+    combos = boundary_combinations(ctx, op)
+    figures = [boundary_figures(ctx, op, shape, c) for c in combos]
+    table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures))   # shared by the combinations
+    chunks = [_select(ctx, op, shape, c, f, table) for c, f in zip(combos, figures)]
     # The detailed work, by grid choice: each choice is built once for all the chunks that kept it.
     wanted: dict = {}
     for ch in chunks:

@@ -38,7 +38,7 @@ from ..kernels import dispatch
 from ..kernels.calls import MatMulCall, ReduceCall
 from ..layout.gemm_grid import Grid, aligned_bounds, balanced_bounds
 from ..layout.owner_map import expand_ranges
-from ..estimate.coarse import amp_cycles, coarse_cost, k_unit
+from ..estimate.coarse import CoarseParts, amp_cycles, coarse_parts, cut_cycles, k_unit
 from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
 ORDERS = ("bijl", "bilj", "bjli")
@@ -222,7 +222,7 @@ class CoarseRows:
 
 
 def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile: int,
-                a_cut_density: float = 0.0) -> CoarseRows:
+                a_cut_density: float = 0.0, table: "CoarseTable | None" = None) -> CoarseRows:
     """Every option of one boundary combination, costed at once (numpy, one row per option).
 
     Exchange: bytes each tile receives (A block + B block; partials; the C block
@@ -234,7 +234,52 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     alive at once. Options that do not fit are tried again with serial K splits
     (``SERIAL_K``): 1/sk of the operand blocks at a time, sk exchanges and sk
     AMP calls, the later ones accumulating into the partials in place.
+
+    The boundary-free part of every row is the GEMM's ``coarse_table``, shared by its
+    boundary combinations (``table``: one built for at least these boundary bytes).
     """
+    io = in_bytes_per_tile + out_bytes_per_tile
+    t = table if table is not None else coarse_table(g, target, io)
+    if io > t.retry_bytes:
+        raise ValueError(f"coarse table built for {t.retry_bytes} boundary bytes, asked for {io}")
+    memory = t.memory + io
+    fits = (memory <= target.usable_bytes) & (t.interleaved <= target.interleaved_bytes)
+    # A serial K row stays when the option it splits does not fit at once with these boundaries.
+    keep = t.parent < 0
+    retried = np.flatnonzero(~keep)
+    keep[retried] = ~fits[t.parent[retried]]
+    sel = np.flatnonzero(keep)
+    cycles = t.cycles[sel] + cut_cycles(target, t.parts(sel), t.sk[sel], a_cut_density)
+    return CoarseRows(t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel], t.sk[sel], cycles,
+                      memory[sel], t.interleaved[sel], fits[sel])
+
+
+@dataclass(frozen=True, eq=False)
+class CoarseTable:
+    """Every option of a GEMM without its boundaries: the serial K rows of the options that do not
+    fit with ``retry_bytes`` of boundary pieces on a tile (``parent``: the option a row splits, -1
+    for an option at once), their boundary-free cycles and memory (``estimate.coarse.coarse_parts``)."""
+
+    retry_bytes: int
+    grid: np.ndarray
+    order: np.ndarray
+    reduction: np.ndarray
+    partials: np.ndarray
+    sk: np.ndarray
+    parent: np.ndarray
+    cycles: np.ndarray
+    memory: np.ndarray
+    interleaved: np.ndarray
+    cut_runs: np.ndarray
+    k: np.ndarray
+
+    def parts(self, sel: np.ndarray) -> CoarseParts:
+        return CoarseParts(self.cycles[sel], self.memory[sel], self.interleaved[sel], self.cut_runs[sel],
+                           self.k[sel])
+
+
+@functools.lru_cache(maxsize=8)
+def coarse_table(g: GemmShape, target, retry_bytes: int) -> CoarseTable:
     grids = _grid_options(g, target.tiles)
     n_ptypes = len(g.partial_types())
     gk = grids[:, 3]
@@ -253,25 +298,23 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     red = np.concatenate([np.full(len(i), r) for i, _, r, _ in rows]).astype(np.int64)
     ptype = np.concatenate([np.full(len(i), p) for i, _, _, p in rows]).astype(np.int64)
     sk = np.ones(len(grid), dtype=np.int64)
-    cycles, memory, inter = coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile,
-                                        out_bytes_per_tile, a_cut_density, _grid_amp(g, target, 1)[ptype, gidx])
-    fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
-    # Serial K splits for the options that do not fit at once (one batch element per tile).
+    parts = coarse_parts(g, target, grid, order, red, ptype, sk, _grid_amp(g, target, 1)[ptype, gidx])
+    fits = (parts.memory + retry_bytes <= target.usable_bytes) & (parts.interleaved <= target.interleaved_bytes)
+    # Serial K splits for the options that may not fit at once (one batch element per tile).
     units = -(-g.K // k_unit(g))
     retry = np.flatnonzero(~fits & (grid[:, 0] == g.batch))
     extra = [(retry[units // (grid[retry, 3] * s) >= 1], s) for s in SERIAL_K]
     extra = [(i, s) for i, s in extra if i.size]
+    parent = np.full(len(grid), -1, dtype=np.int64)
     if extra:
         idx = np.concatenate([i for i, _ in extra])
         sk2 = np.concatenate([np.full(i.size, s, dtype=np.int64) for i, s in extra])
         amp2 = np.concatenate([_grid_amp(g, target, s)[ptype[i], gidx[i]] for i, s in extra])
-        c2, m2, i2 = coarse_cost(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2,
-                                 in_bytes_per_tile, out_bytes_per_tile, a_cut_density, amp2)
+        p2 = coarse_parts(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2, amp2)
         grid, order, red, ptype = (np.concatenate((a, a[idx])) for a in (grid, order, red, ptype))
-        sk, cycles, memory, inter = (np.concatenate(x) for x in ((sk, sk2), (cycles, c2), (memory, m2), (inter, i2)))
-        fits = (memory <= target.usable_bytes) & (inter <= target.interleaved_bytes)
-    return CoarseRows(grid, order, red, ptype, sk, cycles.astype(np.int64), memory.astype(np.int64),
-                      inter.astype(np.int64), fits)
+        sk, parent = np.concatenate((sk, sk2)), np.concatenate((parent, idx))
+        parts = CoarseParts(*(np.concatenate((a, b)) for a, b in zip(parts, p2)))
+    return CoarseTable(retry_bytes, grid, order, red, ptype, sk, parent, *parts)
 
 
 # ---- the fragment program of one candidate -----------------------------------------------
