@@ -26,7 +26,7 @@ def full_expansion_cost(a, b, target):
     return send, recv, D.local_copy_cycles(local, target), int(tr.nbytes.sum()) if len(tr) else 0
 
 
-@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_3d_activation", "residual_block"])
+@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_fp8_panels", "odd_3d_activation", "residual_block"])
 def test_replicated_grid_copies_cost_the_same_as_their_full_expansion(fixture):
     p = plan(load_model(FIXTURES / f"{fixture}.toml"), TARGET)
     checked = 0

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..kernels import default_registry
 from ..kernels.calls import MatMulCall
+from ..layout.panels import panel_count
 
 _BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> (n, k, partials) -> lines
 
@@ -34,7 +35,9 @@ def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_b
     gb, gm, gn, gkk = grid.T
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
-    n = (-(-(g.N // g.grain) // gn) * g.grain) if g.panels else -(-g.N // gn)
+    # The widest column block: whole panels as aligned_bounds deals them (a partial last panel
+    # counts as one panel and only ever narrows the last block), capped at N.
+    n = (-(-panel_count(g.N, g.grain) // gn) * g.grain) if g.panels else -(-g.N // gn)
     n = np.minimum(n, g.N)
     unit = k_unit(g)
     units = -(-g.K // unit)

@@ -28,6 +28,7 @@ from ..estimate.memory import buffer_tile_bytes
 from ..estimate.program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Add, Graph, MatMul, Role
 from ..layout import Imported, Intervals, Packed, PackedPanels
+from ..layout.panels import panels_fit
 from . import elementwise as ew
 from .candidates import Candidate, Fused
 from .catalogue import gemm_candidates
@@ -55,9 +56,13 @@ def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
             if isinstance(op, MatMul) and idx == 1:
                 grain = target.grain(t.dtype)
                 n = t.shape[-2] if op.transpose_b else t.shape[-1]
-                # Whole panels: panel-major index space (one fragment per panel in copies);
-                # a sub-word tail: Packed falls back to row-major.
-                lay = PackedPanels(grain, tiles) if n % grain == 0 else Packed(grain, tiles)
+                # AMP panels in panel-major index space (one fragment per panel in copies), the last
+                # panel partial when grain does not divide N. Rows ending in a sub-word tail
+                # (N * itemsize % 8 != 0) would leave the partial panel's rows off the 8-byte
+                # boundaries that AMP loads and exchange need, and fewer columns than one panel
+                # gain nothing: those stay row-major (Packed falls back to Intervals) and the
+                # kernel packs B per call.
+                lay = PackedPanels(grain, tiles) if panels_fit(n, grain, t.dtype.itemsize) else Packed(grain, tiles)
                 out[t.name] = Storage(lay, True, op.transpose_b)
             elif isinstance(op, MatMul):
                 out[t.name] = Storage(Intervals(tiles), True, op.transpose_a)
