@@ -28,7 +28,7 @@ def full_expansion_cost(a, b, target):
 
 @pytest.mark.parametrize("fast_path,least", [(D._replicated_grid_cost, 10), (D._block_move_cost, 2)],
                          ids=["replicated-grid", "block-move"])
-@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_3d_activation", "residual_block"])
+@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_fp8_panels", "odd_3d_activation", "residual_block"])
 def test_fast_copy_costs_equal_their_full_expansion(fixture, fast_path, least):
     """The planner's shortcuts (replica 0 of a multicast; whole blocks between grids of the same
     blocks) price a copy exactly as the fragment expansion lowering executes."""

@@ -15,7 +15,7 @@ FIXTURES = REPO / "fixtures"
 
 ALL = sorted(p.stem for p in FIXTURES.glob("*.toml"))
 EXPECTED = {"mlp_smoke_fp8", "mlp_fp16_small", "siglip_mlp_fp8_b1", "siglip_mlp_fp8_b4", "gemm_4096_fp16",
-            "odd_prime_dims", "odd_fp8_tails", "odd_3d_activation", "residual_block"}
+            "odd_prime_dims", "odd_fp8_tails", "odd_fp8_panels", "odd_3d_activation", "residual_block"}
 
 
 def load(name: str):

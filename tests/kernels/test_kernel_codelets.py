@@ -46,6 +46,12 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
                      MatMulCall(m, n, k, dt, part, b_format="panels", grain=grain)):
             b = random(rng, dt, call.panels * k * grain if call.grain else k * n, 1 / np.sqrt(k))
             add(variant, call, "matmul", a=random(rng, dt, m * k, 2.0 if dt is FP8 else 0.5), b=b)
+    # A partial last panel (n % grain != 0, rows of whole 64-bit words).
+    for variant, dt, part, grain, n in (("amp_fp8_fp16", FP8, FP16, 32, 72), ("amp_fp16_fp16", FP16, FP16, 16, 20),
+                                        ("amp_fp32", FP32, FP32, 8, 26)):
+        call = MatMulCall(11, n, 24, dt, part, b_format="panels", grain=grain)
+        add(variant, call, "matmul", a=random(rng, dt, 11 * 24, 2.0 if dt is FP8 else 0.5),
+            b=random(rng, dt, 24 * n, 1 / np.sqrt(24)))
     call = MatMulCall(7, 5, 3, FP16, FP16)
     add("vmac", call, "matmul", a=random(rng, FP16, 21), b=random(rng, FP16, 15))
     call = MatMulCall(5, 32, 9, FP8, FP16, b_format="panels", grain=32, out_scale=2)

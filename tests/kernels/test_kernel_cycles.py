@@ -87,6 +87,17 @@ def test_fp8_amp_takes_k_over_two_and_fp32_partials_cost_twice_per_group():
     assert wide - cy.AMP_SETUP == 2 * (fp16 - cy.AMP_SETUP)
 
 
+def test_a_partial_last_panel_costs_a_whole_column_group_and_no_pack():
+    # 4304 = 134 x 32 + 16 columns: ceil(4304/16) = 269 groups, the 16-column half panel one of them.
+    call = MatMulCall(46, 4304, 72, FP8, FP16, b_format="panels", grain=32)
+    assert REG["amp_fp8_fp16"].cycles(call, IPU21) == cy.AMP_SETUP + 3 * 269 * (4 * 46 + 160)
+    narrow = dataclasses.replace(call, n=8)          # an 8-column panel still takes a whole group
+    assert REG["amp_fp8_fp16"].cycles(narrow, IPU21) == cy.AMP_SETUP + 3 * 1 * (4 * 46 + 160)
+    rows = dataclasses.replace(call, b_format="rows", grain=0)
+    assert REG["amp_fp8_fp16"].cycles(rows, IPU21) - REG["amp_fp8_fp16"].cycles(call, IPU21) == \
+        IPU21.kernel_launch_cycles + 72 * 4304
+
+
 def test_standard_memory_weights_and_row_major_b_cost_more():
     panels = MatMulCall(96, 64, 128, FP16, FP16, b_format="panels", grain=16)
     standard = dataclasses.replace(panels, weights_region="standard")

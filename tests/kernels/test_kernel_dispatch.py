@@ -62,6 +62,16 @@ def test_forcing_a_rejected_variant_says_why():
         dispatch(call, IPU21, force="copy_local")
 
 
+def test_the_amp_reads_a_partial_last_panel_whose_rows_are_whole_64_bit_words():
+    half = MatMulCall(64, 4304 - 4288, 64, FP8, FP16, b_format="panels", grain=32)      # mlp_up's last panel
+    assert dispatch(half, IPU21).name == "amp_fp8_fp16"
+    assert dispatch(MatMulCall(64, 136, 64, FP8, FP16, b_format="panels", grain=32), IPU21).name == "amp_fp8_fp16"
+    tail = MatMulCall(64, 75, 64, FP8, FP16, b_format="panels", grain=32)               # 11-byte panel rows
+    reasons = dict(default_registry().candidates(tail, IPU21))
+    assert [r for r in reasons[default_registry()["amp_fp8_fp16"]] if "partial last panel" in r]
+    assert dispatch(tail, IPU21).name == "vmac"                                         # the vector unit reads any width
+
+
 def test_duplicate_registration_is_refused():
     reg = default_registry().copy()
     with pytest.raises(KeyError, match="amp_fp8_fp16"):

@@ -34,9 +34,9 @@ def ulp(x: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 def pack_rows(b: np.ndarray, grain: int) -> np.ndarray:
-    """Plain-loop reference of the panel format: panel p = b[:, p*g:(p+1)*g]."""
+    """Plain-loop reference of the panel format: panel p = b[:, p*g:(p+1)*g] (the last one may be narrower)."""
     k, n = b.shape
-    return np.concatenate([b[:, p * grain:(p + 1) * grain].reshape(-1) for p in range(n // grain)])
+    return np.concatenate([b[:, p * grain:(p + 1) * grain].reshape(-1) for p in range(-(-n // grain))])
 
 
 # ---- matmul -----------------------------------------------------------------------
@@ -67,6 +67,22 @@ def test_matmul_panels_and_rows_give_identical_bits(dt, grain):
     panels = REG["vmac"].reference(MatMulCall(m, n, k, dt, part, b_format="panels", grain=grain),
                                    a.reshape(-1), pack_rows(b, grain))
     assert rows.tobytes() == panels.tobytes()
+
+
+@pytest.mark.parametrize("variant, dt, grain, n", [("amp_fp8_fp16", FP8, 32, 48), ("amp_fp8_fp16", FP8, 32, 4304),
+                                                   ("amp_fp16_fp16", FP16, 16, 36), ("amp_fp32", FP32, 8, 10)])
+def test_matmul_with_a_partial_last_panel_reads_the_narrow_panel_and_matches_row_major_b(variant, dt, grain, n):
+    rng = np.random.default_rng(3)
+    m, k = 6, 40
+    a, b = rand(rng, dt, (m, k)), rand(rng, dt, (k, n))
+    part = FP32 if dt is FP32 else FP16
+    packed = pack_rows(b, grain)
+    assert packed.size == k * n                               # no padding in the narrow panel
+    call = MatMulCall(m, n, k, dt, part, b_format="panels", grain=grain)
+    rows = REG[variant].reference(MatMulCall(m, n, k, dt, part), a.reshape(-1), b.reshape(-1))
+    assert REG[variant].reference(call, a.reshape(-1), packed).tobytes() == rows.tobytes()
+    both = REG[variant].reference(call, np.stack([a.reshape(-1)] * 2), np.stack([packed] * 2))   # batched over tiles
+    assert both[1].tobytes() == rows.tobytes()
 
 
 def test_fp8_matmul_reads_raw_bytes_propagates_nan_and_overflows_fp16_to_inf():

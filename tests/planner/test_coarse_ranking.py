@@ -28,7 +28,7 @@ def ranking(fixture: str) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "mlp_fp16_small", "odd_prime_dims", "odd_fp8_tails",
-                                     "odd_3d_activation", "residual_block"])
+                                     "odd_fp8_panels", "odd_3d_activation", "residual_block"])
 def test_coarse_ranking_agrees_with_the_detailed_estimates(fixture):
     for op, fig in ranking(fixture).items():
         if fig["spearman"] is None:      # fewer than 3 distinct implementations: nothing to rank
@@ -55,8 +55,9 @@ def test_the_coarse_model_prices_a_block_with_the_kernel_dispatch_picks():
                         [MatMul("mm", ("x", "w"), "y")])
         shape = GemmShape.of(g, g.ops[0], target)
         m, n, k = (rng.integers(1, hi, 40) for hi in (700, 300, 300))
-        if shape.panels:
-            n = np.maximum(n // shape.grain, 1) * shape.grain
+        if shape.panels:      # whole panels, or a partial last panel of whole 64-bit words
+            unit = 8 // dt.itemsize
+            n = np.maximum(n // unit, 1) * unit
         got = matmul_block_cycles(shape, target, m, n, k, 0)
         fmt, grain = ("panels", shape.grain) if shape.panels else ("rows", 0)
         for i in range(len(m)):

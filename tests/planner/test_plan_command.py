@@ -82,8 +82,8 @@ def test_tileplan_plan_runs_as_a_command(tmp_path):
     assert json.loads(out_path.read_text())["solver"] == "cpsat"
 
 
-@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_prime_dims", "odd_fp8_tails", "odd_3d_activation",
-                                     "residual_block"])
+@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_prime_dims", "odd_fp8_tails", "odd_fp8_panels",
+                                     "odd_3d_activation", "residual_block"])
 def test_the_dp_and_cpsat_pick_plans_with_equal_cycles(fixture):
     graph = load_model(FIXTURES / f"{fixture}.toml")
     dp = plan(graph, IPU64, solver="dp", dp_paths=None)

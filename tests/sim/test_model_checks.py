@@ -135,3 +135,23 @@ def test_a_lowered_program_with_two_vertices_writing_one_output_is_refused():
     group.tile[1], group.outs[1] = tile, group.outs[0]         # vertex 1 moves onto vertex 0's tile and output
     with pytest.raises(SimError, match=rf"^bias1\.compute: two writers of one byte on tile {tile} "):
         IPUModel(broken, target).run()
+
+
+def test_a_panel_space_parameter_is_written_panel_major_and_read_back_with_a_partial_last_panel():
+    from tileplan.graph.dtypes import DType
+    from tileplan.layout import PackedPanels
+    # 3 x 40 FP16 in panels of 16: two whole panels, then one 8 columns wide; two owners.
+    om = PackedPanels(16, 2).owner_map((3, 40), DType.FP16, TARGET.tiles)
+    info = BufferInfo("w", "fp16", [3, 40], "parameter", "interleaved", "Packed(16,2)", "w", False, 0,
+                      space="panels16")
+    tp = TileProgram(TARGET.tiles, [info], np.full((1, TARGET.tiles), BASE, dtype=np.int64),
+                     np.full((1, TARGET.tiles), 256, dtype=np.int64), [],
+                     {"w": (om.tile, om.start, om.stop, om.offset)})
+    sim = IPUModel(tp, TARGET)
+    values = np.arange(120, dtype=np.float16).reshape(3, 40)
+    sim.write("w", values)
+    held = np.concatenate([sim.mem[t, BASE:BASE + int(n) * 2].view(np.float16)
+                           for t, n in zip(om.tile, om.stop - om.start)])
+    want = np.concatenate([values[:, :16].reshape(-1), values[:, 16:32].reshape(-1), values[:, 32:].reshape(-1)])
+    assert np.array_equal(held, want)
+    assert np.array_equal(sim.read("w"), values.reshape(-1))

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..kernels import default_registry
 from ..kernels.calls import MatMulCall
+from ..layout.panels import panel_count
 
 _BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> (n, k, partials) -> lines
 
@@ -49,6 +50,13 @@ class CoarseParts(NamedTuple):
     k: np.ndarray             # int64 K elements per block
 
 
+def widest_block_n(g, gn) -> np.ndarray:
+    """The widest column block: whole panels as aligned_bounds deals them (a partial last panel
+    counts as one panel and only ever narrows the last block), capped at N."""
+    n = (-(-panel_count(g.N, g.grain) // gn) * g.grain) if g.panels else -(-g.N // gn)
+    return np.minimum(n, g.N)
+
+
 def cut_cycles(target, parts: CoarseParts, sk, a_cut_density: float) -> np.ndarray:
     """The boundary-dependent cycles: an A boundary layout cut inside rows (Intervals) splits some
     row pieces in two, one more transfer each, in each of the ``sk`` preparation exchanges."""
@@ -62,8 +70,7 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarsePart
     gb, gm, gn, gkk = grid.T
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
-    n = (-(-(g.N // g.grain) // gn) * g.grain) if g.panels else -(-g.N // gn)
-    n = np.minimum(n, g.N)
+    n = widest_block_n(g, gn)
     unit = k_unit(g)
     units = -(-g.K // unit)
     kq = gkk * sk                                   # K blocks in all
@@ -124,8 +131,7 @@ def amp_cycles(g, target, grid, ptype, sk) -> np.ndarray:
     gb, gm, gn, gkk = np.asarray(grid).T
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
-    n = (-(-(g.N // g.grain) // gn) * g.grain) if g.panels else -(-g.N // gn)
-    n = np.minimum(n, g.N)
+    n = widest_block_n(g, gn)
     unit = k_unit(g)
     units = -(-g.K // unit)
     kq = gkk * sk

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..layout.convert import plan_copy
+from ..layout.panels import panel_coords
 from .cost import Estimate
 from .exchange import Transfers, fragments_to_transfers, tile_exchange_cycles, tile_sum
 from .memory import program_memory
@@ -246,8 +247,7 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     cols = shape[-1]
     idx = plan0.start
     if dst_layout.index_space != "rows":
-        g = dst_layout.grain
-        r, c = (idx % (rows * g)) // g, (idx // (rows * g)) * g + idx % g
+        r, c = panel_coords(idx, rows, cols, dst_layout.grain)
     else:
         r, c = idx // cols, idx % cols
     bi = np.searchsorted(np.asarray(dst_layout.row_bounds), r, side="right") - 1

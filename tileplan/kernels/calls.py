@@ -59,7 +59,9 @@ class MatMulCall:
 
     A is row-major. B is row-major (``b_format="rows"``, ``grain=0``) or AMP
     panels (``"panels"``: ``ceil(n / grain)`` panels, each a ``k x grain``
-    row-major block). Products accumulate in FP32; the sum is multiplied by
+    row-major block, the last one ``k x (n - (panels-1)*grain)`` when ``grain``
+    does not divide ``n``: a partial panel, no padding; ``k * n`` elements in
+    all, in the panel-major order of ``layout.panels``). Products accumulate in FP32; the sum is multiplied by
     ``2**out_scale`` and rounded to ``partials``. With ``accumulate`` the AMP
     starts from partials already in memory (a third input ``cin``, normally the
     same bytes as the output): ``C = round(Cin + 2**out_scale * A @ B)``, as

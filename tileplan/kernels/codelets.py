@@ -172,12 +172,10 @@ def render(key: str, body: str, fields: tuple[Field, ...], doc: str) -> CodeletS
 
 def matmul_codelet(call, variant) -> CodeletSource:
     key = codelet_key(variant.name, call)
-    if call.b_format == "panels":
-        b_index = "(col / grain) * k * grain + i * grain + col % grain"
-        b_size = call.panels * call.k * call.grain
-    else:
-        b_index = "i * n + col"
-        b_size = call.k * call.n
+    # Panels: the panel of ``col`` starts at column p0 and is ``width`` wide (``grain``, or less for
+    # a partial last panel); panels before it are whole, ``k * grain`` elements each.
+    b_index = "p0 * k + i * width + (col - p0)" if call.b_format == "panels" else "i * n + col"
+    b_size = call.k * call.n
     cin = (_vec("input", "cin", call.partials, call.m * call.n),) if call.accumulate else ()
     fields = (_vec("input", "a", call.in_dtype, call.m * call.k),
               _vec("input", "b", call.in_dtype, b_size)) + cin + (
@@ -185,10 +183,12 @@ def matmul_codelet(call, variant) -> CodeletSource:
               _param("m", call.m), _param("n", call.n), _param("k", call.k),
               _param("grain", call.grain), _param("outScale", call.out_scale, "int"))
     start = "load_f32(cin[row * n + col]) + " if call.accumulate else ""
+    panel = ("\n        const unsigned p0 = col - col % grain;"
+             "\n        const unsigned width = n - p0 < grain ? n - p0 : grain;") if call.b_format == "panels" else ""
     body = f"""    // Worker w computes output rows w, w + workers, ...; FP32 accumulation in K order.
     // An accumulating vertex reads cin[i] before it writes c[i] (they may be the same bytes).
     for (unsigned row = workerId; row < m; row += workers) {{
-      for (unsigned col = 0; col < n; ++col) {{
+      for (unsigned col = 0; col < n; ++col) {{{panel}
         float acc = 0.0f;
         for (unsigned i = 0; i < k; ++i) {{
           acc += load_f32(a[row * k + i]) * load_f32(b[{b_index}]);

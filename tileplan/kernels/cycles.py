@@ -108,6 +108,10 @@ def matmul_cycles(call: MatMulCall, target: Target) -> int:
     - Row-major B (``b_format="rows"``): DERIVED, the kernel first rearranges B
       into panels in-kernel, priced as ``pack_cycles`` of the ``k x n`` block;
       the published formulas are for packed weights.
+    - Panels with a partial last panel (``n % grain != 0``): the published
+      formulas as they stand. They count ``ceil(C/16)`` column groups, so a
+      narrower last panel costs whole groups (a 16-column FP8 half panel one
+      group, as 16 columns of a whole one); no extra term.
     """
     k_prime = ceil_div(call.k, 2) if call.in_dtype is DType.FP8 else call.k
     rows = amp_row_cycles(target, call.in_dtype, call.partials)

@@ -53,9 +53,13 @@ def _f32(x: np.ndarray) -> np.ndarray:
 # ---- matmul / reduce --------------------------------------------------------------
 
 def panels_to_rows(b: np.ndarray, k: int, n: int, grain: int) -> np.ndarray:
-    """``[batch, panels*k*grain]`` panel buffers -> ``[batch, k, n]`` row-major."""
-    p = -(-n // grain)
-    return b.reshape(-1, p, k, grain).transpose(0, 2, 1, 3).reshape(-1, k, p * grain)[:, :, :n]
+    """``[batch, k*n]`` panel buffers -> ``[batch, k, n]`` row-major: the whole panels, each
+    ``k x grain``, then the partial last panel ``k x (n % grain)`` if ``grain`` does not divide ``n``."""
+    b = b.reshape(-1, k * n)
+    batch, whole = len(b), n // grain
+    head = b[:, :k * whole * grain].reshape(batch, whole, k, grain).transpose(0, 2, 1, 3)
+    tail = b[:, k * whole * grain:].reshape(batch, k, n - whole * grain)
+    return np.concatenate((head.reshape(batch, k, whole * grain), tail), axis=2)
 
 
 def matmul(call: MatMulCall, a: np.ndarray, b: np.ndarray, cin: np.ndarray | None = None) -> np.ndarray:
@@ -63,9 +67,8 @@ def matmul(call: MatMulCall, a: np.ndarray, b: np.ndarray, cin: np.ndarray | Non
     rounded to ``call.partials``; with ``call.accumulate`` the partials ``cin`` are
     added (in FP32) before the rounding. Products of FP16 or FP8 values are exact
     in FP32; only the summation order can differ from the tile's."""
-    b_size = call.panels * call.k * call.grain if call.b_format == "panels" else call.k * call.n
     a2 = operand(a, call.in_dtype, call.m * call.k, "A")
-    b2 = operand(b, call.in_dtype, b_size, "B")
+    b2 = operand(b, call.in_dtype, call.k * call.n, "B")
     batch = np.asarray(a).shape[:-1]
     bm = panels_to_rows(b2, call.k, call.n, call.grain) if call.b_format == "panels" else b2.reshape(-1, call.k, call.n)
     c = np.matmul(_f32(a2).reshape(-1, call.m, call.k), _f32(bm))

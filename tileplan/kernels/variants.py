@@ -46,12 +46,17 @@ def k_fills_64bit_loads(dtype: DType) -> Predicate:
 
 PANELS_MATCH_GRAIN = Predicate("panels: grain == target grain for in_dtype",
                                lambda c, t: c.b_format != "panels" or c.grain == t.grain(c.in_dtype))
-PANELS_WHOLE = Predicate("panels: n % grain == 0", lambda c, t: c.b_format != "panels" or c.n % c.grain == 0)
+# A partial last panel (n % grain != 0) is fine for the AMP, which feeds C in groups of 16 columns and
+# prices a narrow group as a whole one (cycles.amp_interleaved_cycles), as long as its rows start on
+# 64-bit boundaries: (n % grain) * itemsize a multiple of 8 bytes (layout.panels.panels_fit).
+PANEL_ROWS_ALIGNED = Predicate("panels: (n % grain) * itemsize % 8 == 0 (a partial last panel's rows start "
+                               "64-bit aligned)",
+                               lambda c, t: c.b_format != "panels" or (c.n % c.grain) * c.in_dtype.itemsize % 8 == 0)
 
 
 def amp_matmul(name: str, dtype: DType, partials: DType) -> Variant:
     preds = [is_("in_dtype", dtype), is_("partials", partials), target_has_amp(dtype, partials),
-             k_fills_64bit_loads(dtype), PANELS_MATCH_GRAIN, PANELS_WHOLE]
+             k_fills_64bit_loads(dtype), PANELS_MATCH_GRAIN, PANEL_ROWS_ALIGNED]
     return Variant(name, "matmul", BOTH, SPECIAL, tuple(preds), cy.matmul_cycles, ref.matmul,
                    cl.matmul_codelet, doc=f"AMP {dtype} x {dtype} -> {partials}")
 
@@ -89,8 +94,8 @@ def _table() -> list[Variant]:
         amp_matmul("amp_fp16_fp16", FP16, FP16),
         amp_matmul("amp_fp16_fp32", FP16, FP32),
         amp_matmul("amp_fp8_fp16", FP8, FP16),
-        # Vector-unit fallback: any k, far slower; keeps odd local shapes plannable.
-        Variant("vmac", "matmul", BOTH, FALLBACK, (VMAC_TYPES, FP8_NEEDS_TARGET, PANELS_WHOLE),
+        # Vector-unit fallback: any k, any panel width, far slower; keeps odd local shapes plannable.
+        Variant("vmac", "matmul", BOTH, FALLBACK, (VMAC_TYPES, FP8_NEEDS_TARGET),
                 cy.vmac_cycles, ref.matmul, cl.matmul_codelet, doc="vector-unit multiply-accumulate"),
         # Partial reductions: the fitted FP16 loop, the FP32 one derived from it.
         Variant("reduce_fp16", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP16), REDUCE_OUT),

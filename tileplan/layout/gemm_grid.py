@@ -7,7 +7,10 @@ or a partial holds only part of the tensor). On a tile, the blocks it holds are
 stacked in block order (row-block major), each block starting at an 8-byte
 aligned offset. Within a block the format is either row-major (``grain == 0``)
 or AMP panels: ``ceil(width / grain)`` panels of ``grain`` columns, each
-``height x grain`` row-major (the last panel may be narrower).
+``height x grain`` row-major (the last panel may be narrower). In panel space
+(``panel_space``) column bounds must be multiples of ``grain`` but for the matrix's
+end (``aligned_bounds``): only the last column block may end in a partial panel,
+the matrix's own (see ``layout.panels``).
 
 Grids are never offered at an op boundary (DESIGN.md); they are what a GEMM's
 preparation exchange writes and its vertices read.
@@ -39,6 +42,9 @@ class Grid:
         nr, nc = len(self.row_bounds) - 1, len(self.col_bounds) - 1
         if len(self.holders) != 8 * nr * nc * self.replicas:
             raise ValueError(f"Grid holders has {len(self.holders) // 8} entries, expected {nr}x{nc}x{self.replicas}")
+        if self.grain and self.panel_space and any(b % self.grain for b in self.col_bounds[1:-1]):
+            raise ValueError(f"Grid in panel space: column bounds {list(self.col_bounds)} cut inside a panel of "
+                             f"{self.grain}")
 
     @classmethod
     def of(cls, row_bounds, col_bounds, holders: np.ndarray, grain: int = 0, panel_space: bool = False) -> "Grid":
@@ -135,13 +141,15 @@ def _grid_owner_map(grid: Grid, shape: tuple[int, ...], itemsize: int) -> OwnerM
         offset = boff[e] + local_row * width[e]
         return OwnerMap.build(tiles[e], start, stop, offset, size, grid.replicas, "rows")
     if grid.panel_space:
-        # Panel-major index space: rows r0..r1 of panel p are one interval.
+        # Panel-major index space (layout.panels): rows r0..r1 of panel p are one interval, of
+        # height x w_p elements (w_p = g, or the narrower partial panel at the matrix's end).
         rows = int(np.prod(shape[:-1]))
         e = np.repeat(np.arange(len(bi)), npan)
         p = expand_ranges(np.zeros(len(bi), dtype=np.int64), npan)
         panel = c0[e] // g + p
-        start = panel * rows * g + r0[e] * g
-        stop = start + height[e] * g
+        pw = np.minimum(g, c1[e] - panel * g)
+        start = panel * rows * g + r0[e] * pw
+        stop = start + height[e] * pw
         offset = boff[e] + p * height[e] * g
         return OwnerMap.build(tiles[e], start, stop, offset, size, grid.replicas, "panels")
     # Panels: one interval per (block, panel, row).

@@ -38,6 +38,7 @@ from ..graph.dtypes import DType
 from ..target import Target
 from .owner_map import (LayoutError, OwnerMap, alignment_problem, capacity_problem, coverage_problem,
                         exclusive_cumsum, local_problem, stacked_offsets)
+from .panels import WORD_BYTES, panel_count, panels_fit
 
 Shape = tuple[int, ...]
 
@@ -113,7 +114,7 @@ class Layout:
         """
         shape = _shape(shape)
         where = f"{self} on {describe(shape, dtype)}"
-        problem = self._shape_problem(shape)
+        problem = self._shape_problem(shape) or self._dtype_problem(shape, dtype)
         if problem:
             raise LayoutError(f"{where}: {problem}")
         om = self.owner_map(shape, dtype, target.tiles)
@@ -134,6 +135,10 @@ class Layout:
         return 1
 
     def _shape_problem(self, shape: Shape) -> str | None:
+        return None
+
+    def _dtype_problem(self, shape: Shape, dtype: DType) -> str | None:
+        """A problem that depends on the element type too (byte alignment)."""
         return None
 
 
@@ -200,9 +205,11 @@ class Packed(Layout):
     elements, cut into ``owners`` balanced chunks of whole panel rows (tiles 0..k-1,
     tile i holds chunk i in stream order). No replication.
 
-    If ``N % g != 0`` (a sub-word tail) the matrix is stored row-major as
-    ``Intervals(owners)`` instead: ``effective(shape, dtype)`` then returns
-    ``Packed(g, k, fallback=True)``, printed ``Packed(g,k->Iv)``.
+    If ``N % g != 0`` the matrix is stored row-major as ``Intervals(owners)``
+    instead: ``effective(shape, dtype)`` then returns ``Packed(g, k, fallback=True)``,
+    printed ``Packed(g,k->Iv)``. (The planner keeps weights with a partial last
+    panel as ``PackedPanels``; it uses ``Packed`` only for rows ending in a sub-word
+    tail, or narrower than one panel, which fall back.)
     """
 
     grain: int
@@ -253,12 +260,20 @@ class Packed(Layout):
 class PackedPanels(Layout):
     """``Packed``'s distribution, addressed in panel-major index space.
 
-    The same bytes on the same tiles as ``Packed(grain, owners)`` (the stream of
-    panel rows cut into ``owners`` balanced chunks), but element ``(r, c)`` of a
-    ``K x N`` matrix is numbered ``(c // g) * K * g + r * g + c % g``: a chunk of
-    the stream is then one interval, and a copy of a column block of panels into
-    a GEMM grid is one fragment per panel instead of one per panel row. Needs
-    whole panels (``N % grain == 0``); the host writes such a buffer panel-major.
+    The matrix ``K x N`` is held as ``P = ceil(N / g)`` panels, panel ``p`` the
+    columns ``[p*g, p*g + w_p)`` stored ``K x w_p`` row-major (``w_p = g``, the last
+    panel ``N - (P-1)*g`` when ``g`` does not divide ``N``: a partial panel). The
+    panels in panel-major order form a stream of ``K * P`` panel rows, cut into
+    ``owners`` balanced chunks of whole panel rows (tiles 0..k-1, tile i holds chunk
+    i in stream order); element ``(r, c)`` is numbered ``p*K*g + r*w_p + c % g``
+    (``layout.panels``). A chunk of the stream is then one interval, and a copy of a
+    column block of panels into a GEMM grid is one fragment per panel instead of
+    one per panel row; the host writes such a buffer panel-major.
+
+    Needs ``N >= g`` and rows without a sub-word tail (``N * itemsize % 8 == 0``, see
+    ``panels.panels_fit``): every panel row, the partial ones included, then starts
+    on an 8-byte boundary, which is the alignment ``verify`` checks (whole panel rows
+    when ``g`` divides ``N``).
     """
 
     grain: int
@@ -280,18 +295,29 @@ class PackedPanels(Layout):
         return f"panels{self.grain}"
 
     def _unit(self, shape, dtype):
-        return self.grain
+        if shape[-1] % self.grain == 0:
+            return self.grain
+        return math.lcm(WORD_BYTES, dtype.itemsize) // dtype.itemsize
 
     def _shape_problem(self, shape):
-        if shape[-1] % self.grain:
-            return f"{shape[-1]} columns do not fill whole panels of {self.grain}"
+        if shape[-1] < self.grain:
+            return f"{shape[-1]} columns do not fill one panel of {self.grain}"
+        return None
+
+    def _dtype_problem(self, shape, dtype):
+        if not panels_fit(shape[-1], self.grain, dtype.itemsize):
+            return (f"rows of {shape[-1]} x {dtype.itemsize} bytes end in a sub-word tail: the last panel's "
+                    f"{shape[-1] % self.grain}-column rows would not start on {WORD_BYTES}-byte boundaries")
         return None
 
     def _build(self, shape, dtype, tiles):
         k_rows, n = rows_cols(shape)
-        total = k_rows * (n // self.grain)
+        g = self.grain
+        full = k_rows * (n // g)                      # panel rows of whole panels, then the partial ones
+        total = k_rows * panel_count(n, g)
         k = min(self.owners, total)
-        bounds = balanced_bounds(total, k) * self.grain
+        rows_at = balanced_bounds(total, k)           # panel-row bounds of the chunks
+        bounds = np.minimum(rows_at, full) * g + np.maximum(rows_at - full, 0) * (n % g)
         return OwnerMap.build(np.arange(k), bounds[:-1], bounds[1:], np.zeros(k, dtype=np.int64), k_rows * n,
                               local_format="panels")
 
@@ -365,6 +391,9 @@ class Imported(Layout):
 
     def _shape_problem(self, shape):
         return self.base._shape_problem(shape)
+
+    def _dtype_problem(self, shape, dtype):
+        return self.base._dtype_problem(shape, dtype)
 
     def _build(self, shape, dtype, tiles):
         return self.base.owner_map(shape, dtype, tiles)

@@ -38,6 +38,7 @@ from ..kernels import dispatch
 from ..kernels.calls import MatMulCall, ReduceCall
 from ..layout.gemm_grid import Grid, aligned_bounds, balanced_bounds
 from ..layout.owner_map import expand_ranges
+from ..layout.panels import panel_count, panels_fit
 from ..estimate.coarse import CoarseParts, amp_cycles, coarse_parts, cut_cycles, k_unit
 from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
@@ -112,8 +113,9 @@ class GemmShape:
 
     @property
     def panels(self) -> bool:
-        """B is read as AMP panels: a resident parameter whose columns fill whole panels."""
-        return self.b_param and self.N % self.grain == 0
+        """B is read as AMP panels: a resident parameter stored as ``PackedPanels`` (at least one
+        whole panel, rows without a sub-word tail; the last panel may be partial)."""
+        return self.b_param and panels_fit(self.N, self.grain, self.in_dtype.itemsize)
 
     def partial_types(self) -> tuple[DType, ...]:
         return (self.out_dtype, DType.FP32) if self.in_dtype is DType.FP16 and self.out_dtype is DType.FP16 \
@@ -158,10 +160,11 @@ def tile_of(choice: GemmChoice) -> np.ndarray:
 def grid_options(g: GemmShape, tiles: int) -> np.ndarray:
     """int64 [n, 4]: every (gb, gm, gn, gk) with product <= tiles and non-empty blocks.
 
-    Columns are split in whole panels when B is read as panels; K blocks hold at
-    least 8 elements (an AMP input group) unless K itself is smaller.
+    Columns are split in whole panels when B is read as panels (the last column block
+    ends in the matrix's partial panel, if any); K blocks hold at least 8 elements (an
+    AMP input group) unless K itself is smaller.
     """
-    max_n = g.N // g.grain if g.panels else g.N
+    max_n = panel_count(g.N, g.grain) if g.panels else g.N
     max_k = max(1, -(-g.K // max(8, k_unit(g))))
     gb, gk, gm = (a.reshape(-1) for a in np.meshgrid(np.arange(1, min(g.batch, tiles) + 1),
                                                      np.arange(1, min(max_k, tiles) + 1),

@@ -1,8 +1,10 @@
 """The planner's entry point: ``plan(graph, target) -> Plan``.
 
 1. Storage of parameters (fixed, not searched): a GEMM's B operand is resident
-   ``Packed`` over all tiles (row-major ``Intervals`` when its rows end in a
-   sub-word tail), a GEMM's parameter A operand is resident ``Intervals``, a
+   AMP panels over all tiles (``PackedPanels``, the last panel partial when the
+   grain does not divide N; ``Packed`` falling back to row-major ``Intervals``
+   when its rows end in a sub-word tail or it is narrower than one panel), a
+   GEMM's parameter A operand is resident ``Intervals``, a
    bias row is replicated on every tile; any other parameter is a value born
    in ``Intervals`` and converted where its consumer wants it.
 2. Candidates per op: GEMMs through the catalogue (``catalogue.gemm_candidates``:
@@ -28,6 +30,7 @@ from ..estimate.memory import buffer_tile_bytes
 from ..estimate.program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Add, Graph, MatMul, Role
 from ..layout import Imported, Intervals, Packed, PackedPanels
+from ..layout.panels import panels_fit
 from . import elementwise as ew
 from .candidates import Candidate, Fused
 from .catalogue import Catalogues
@@ -55,9 +58,13 @@ def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
             if isinstance(op, MatMul) and idx == 1:
                 grain = target.grain(t.dtype)
                 n = t.shape[-2] if op.transpose_b else t.shape[-1]
-                # Whole panels: panel-major index space (one fragment per panel in copies);
-                # a sub-word tail: Packed falls back to row-major.
-                lay = PackedPanels(grain, tiles) if n % grain == 0 else Packed(grain, tiles)
+                # AMP panels in panel-major index space (one fragment per panel in copies), the last
+                # panel partial when grain does not divide N. Rows ending in a sub-word tail
+                # (N * itemsize % 8 != 0) would leave the partial panel's rows off the 8-byte
+                # boundaries that AMP loads and exchange need: those stay row-major (Packed falls
+                # back to Intervals) and the kernel packs B per call. So do matrices narrower than
+                # one panel (they could be read as a single partial panel; not done yet).
+                lay = PackedPanels(grain, tiles) if panels_fit(n, grain, t.dtype.itemsize) else Packed(grain, tiles)
                 out[t.name] = Storage(lay, True, op.transpose_b)
             elif isinstance(op, MatMul):
                 out[t.name] = Storage(Intervals(tiles), True, op.transpose_a)

@@ -26,6 +26,7 @@ from ..errors import TileplanError
 from ..estimate.exchange import tile_exchange_cycles
 from ..graph.dtypes import DType
 from ..kernels import default_registry
+from ..layout.panels import from_panel_major, to_panel_major
 from ..lowering.tile_program import ComputeSet, Exchange, TileProgram
 
 CHUNK_BYTES = 32 << 20        # bytes gathered at once when executing a step
@@ -258,22 +259,19 @@ def _check_conflicts(where: str, tile, lo, hi, vid, write) -> None:
 
 
 def to_index_space(values: np.ndarray, space: str) -> np.ndarray:
-    """A tensor's values in its buffer's index order: row-major, or panel-major for ``panels<g>``."""
+    """A tensor's values in its buffer's index order: row-major, or panel-major for ``panels<g>``
+    (``layout.panels``; the last panel may be partial)."""
     if not space.startswith("panels"):
         return np.ascontiguousarray(values).reshape(-1)
-    g = int(space[len("panels"):])
-    n = values.shape[-1]
-    return np.ascontiguousarray(values.reshape(-1, n // g, g).transpose(1, 0, 2)).reshape(-1)
+    return to_panel_major(values, int(space[len("panels"):]))
 
 
 def from_index_space(flat: np.ndarray, space: str, shape=None) -> np.ndarray:
     """The inverse of ``to_index_space``: values back in row-major order (``flat`` shaped like the tensor)."""
     if not space.startswith("panels"):
         return flat
-    g = int(space[len("panels"):])
     n = flat.shape[-1]
-    rows = flat.size // n
-    return np.ascontiguousarray(flat.reshape(n // g, rows, g).transpose(1, 0, 2)).reshape(flat.shape)
+    return from_panel_major(flat, flat.size // n, n, int(space[len("panels"):])).reshape(flat.shape)
 
 
 def operand_types(call) -> tuple[list[DType], list[DType]]:

@@ -100,6 +100,7 @@ import numpy as np
 
 from ...errors import TileplanError
 from ...graph.dtypes import DType
+from ...layout.panels import row_segments
 from ..tile_program import ComputeSet, Exchange, TileProgram
 from .codelets import emit_codelets, group_codelet
 
@@ -166,7 +167,7 @@ def _through(main, s: np.ndarray, e: np.ndarray):
 def _row_major(main, info):
     """``(query, var, begin, end)``: one operand of a host tensor's elements in row-major order, from
     ``main`` (see ``_through``) in the buffer's index space: row-major, or panel-major for ``panels<g>``
-    (panel p of g columns, then rows, then the columns within the panel)."""
+    (panel p of g columns, then rows, then the columns within the panel; ``layout.panels``)."""
     space = getattr(info, "space", "rows") or "rows"
     if space == "rows":
         s, e = main[0], main[1]
@@ -174,9 +175,8 @@ def _row_major(main, info):
         g = int(space[len("panels"):])
         n = int(info.shape[-1]) if info.shape else 1
         rows = int(main[1][-1]) // n
-        r, p = (x.reshape(-1) for x in np.meshgrid(np.arange(rows), np.arange(n // g), indexing="ij"))
-        s = _i64(p * rows * g + r * g)
-        e = s + g
+        s, w = row_segments(rows, n, g)
+        e = s + w
     v, b, e = _through(main, _i64(s), _i64(e))
     return np.zeros(v.size), v, b, e
 
