@@ -63,3 +63,26 @@ def test_the_coarse_model_prices_a_block_with_the_kernel_dispatch_picks():
         for i in range(len(m)):
             call = MatMulCall(int(m[i]), int(n[i]), int(k[i]), dt, out, "interleaved", fmt, 0, grain)
             assert got[i] == dispatch(call, target).cycles(call, target)
+
+
+@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "mlp_fp16_small", "odd_fp8_panels", "residual_block"])
+def test_no_plan_computes_a_gemm_faster_than_its_amp_floor(fixture):
+    """The AMP floor (the fastest fitting grid's matmul step alone) is at most every detailed
+    candidate's own matmul step."""
+    from tileplan.estimate.program import ComputeStep
+    from tileplan.planner.quality import amp_floor
+    p = plan(load_model(FIXTURES / f"{fixture}.toml"), load_target("ipu21-64"), jobs=1)
+    floor = amp_floor(p)
+    assert set(floor) == {op for op, cs in p.candidates.items() if cs and cs[0].choice is not None}
+    for op, f in floor.items():
+        steps = []
+        for c in p.candidates[op]:
+            amp = [s for s in c.program.steps if isinstance(s, ComputeStep) and ".amp" in s.name]
+            per_tile = {}
+            for s in amp:
+                t = {}
+                for v in s.vertices:
+                    t[v.tile] = t.get(v.tile, 0) + v.cycles
+                per_tile[s.name] = max(t.values())
+            steps.append(sum(per_tile.values()))
+        assert f["cycles"] <= min(steps), (op, f, min(steps))

@@ -5,6 +5,9 @@
   detailed estimate (kept or a runner-up).
 - ``coarse_ranking``: per GEMM, the Spearman correlation of the coarse compute
   cycles with the detailed cycles over those survivors.
+- ``amp_floor``: per GEMM, the matmul step of its fastest grid option that fits
+  tile memory, alone (no exchange, no reduction): what no plan under the cycle
+  model can beat, beside the roofline bound that assumes a perfect AMP.
 - ``search_gap``: the bounded DP's cycles against the optimum of the same
   ``select.Problem`` (the exhaustive oracle, or the unbounded DP when the
   product of choices is too large to enumerate).
@@ -79,3 +82,24 @@ def search_gap(problem: Problem, paths: int = 16, max_combinations: int = 2_000_
             "bounded_cycles": bounded.cycles if bounded is not None else None,
             "optimum_cycles": optimum.cycles if optimum is not None else None,
             "gap": gap}
+
+
+def amp_floor(plan) -> dict[str, dict]:
+    """Per GEMM: the fewest matmul-step cycles of any grid option (every order, reduction and
+    serial K split) whose blocks fit tile memory with no boundary pieces, and that option."""
+    from ..estimate.coarse import amp_cycles
+    from ..graph.core import MatMul
+    from .gemm import GemmShape, coarse_rows
+    out = {}
+    for op in plan.graph.ops:
+        if not isinstance(op, MatMul):
+            continue
+        shape = GemmShape.of(plan.graph, op, plan.target)
+        rows = coarse_rows(shape, plan.target, 0, 0)
+        fit = np.flatnonzero(rows.fits)
+        if not fit.size:
+            continue
+        amp = amp_cycles(shape, plan.target, rows.grid[fit], rows.partials[fit], rows.sk[fit])
+        best = int(np.argmin(amp))
+        out[op.name] = {"cycles": int(amp[best]), "choice": str(rows.choice(shape, int(fit[best])))}
+    return out
