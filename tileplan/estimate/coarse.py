@@ -117,8 +117,11 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarsePart
     syncs = target.sync_cycles * (1 + sk + has_red.astype(np.int64))
     cycles = prep + amp + -(-red_recv // bw) + red_cyc + -(-out_recv // bw) + syncs
     reducer_in = np.where(red == 1, gkk * p_blk, np.where(red == 2, gkk * piece * n * pbytes * per_group, 0))
-    result = np.where(has_red, p_blk + reducer_in, c_blk)
-    memory = a_blk + b_blk + result
+    # Memory by phase (buffers live from the first step that touches them to the last): the operand
+    # blocks of one serial step and the partials during the matmuls; then the partials, the pieces
+    # each reducer gathers and its reduced piece. Boundary pieces are added on top by the caller.
+    reduced = piece * n * ob * per_group
+    memory = np.where(has_red, np.maximum(a_blk + b_blk + p_blk, p_blk + reducer_in + reduced), a_blk + b_blk + c_blk)
     return CoarseParts(cycles.astype(np.int64), memory.astype(np.int64), np.asarray(b_blk, dtype=np.int64),
                        np.asarray(cut_runs, dtype=np.int64), np.broadcast_to(k, cycles.shape).astype(np.int64))
 
