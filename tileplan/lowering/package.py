@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -61,10 +60,8 @@ def _json_default(o):
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    from .tile_program import _deterministic_npz
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{k: np.ascontiguousarray(arrays[k]) for k in sorted(arrays)})
-    return _deterministic_npz(buf.getvalue())
+    from .tile_program import deterministic_npz
+    return deterministic_npz({k: np.ascontiguousarray(v) for k, v in arrays.items()})
 
 
 def package_files(plan, state, target, params: dict | None, plan_json: dict, report: dict) -> dict[str, bytes]:
