@@ -20,12 +20,13 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import TileplanError
-from ..estimate.detailed import plan_for, step_traffic
+from ..estimate.detailed import step_traffic
 from ..estimate.exchange import Transfers, fragments_to_transfers
 from ..estimate.program import ComputeStep, ExchangeStep, Program
 from ..kernels import NoVariantError, default_registry, dispatch
 from ..kernels.calls import CopyCall, PackCall, UnpackCall
 from .allocate import allocate
+from .block_moves import BlockMove, copy_plan
 from .passes import PASSES
 from .passes.state import LoweringState
 from .tile_program import BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
@@ -41,7 +42,8 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
             state = fn(state)
     check_rearrangements(state.program, target, registry)
     alloc = allocate(state.program, target, state.aliases, state.sizes)
-    state.tile_program = expand(state.program, alloc, target, registry, state.aliases)
+    merged = any(p[0] == "merge_transfers" for p in chosen)
+    state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=merged)
     spans = _tile_spans(state.program, state.tile_program)
     for info in state.tile_program.buffers:
         root = info.name
@@ -82,7 +84,7 @@ def check_rearrangements(program: Program, target, registry) -> None:
             continue
         for cp in step.copies:
             src, dst = program.buffers[cp.src], program.buffers[cp.dst]
-            plan = plan_for(src, dst, target.tiles)
+            plan = copy_plan(src, dst, target.tiles)
             if not plan.needs_rearrangement or plan.is_identity:
                 continue
             sfmt, dfmt = plan.needs_rearrangement
@@ -98,7 +100,11 @@ def check_rearrangements(program: Program, target, registry) -> None:
                     f"{target.family!r} lacks: {str(exc).splitlines()[0]}") from None
 
 
-def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | None = None) -> TileProgram:
+def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | None = None,
+           block_moves: bool = False) -> TileProgram:
+    """The tile program of ``program`` placed by ``alloc``. ``block_moves``: copies between grids of the
+    same blocks become one exchange row per block (``lowering.block_moves``); only equivalent once
+    ``merge_transfers`` has joined the rows, so only when that pass runs."""
     tiles = target.tiles
     index = {n: i for i, n in enumerate(alloc.names)}
     infos = []
@@ -112,11 +118,11 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
         if isinstance(step, ComputeStep):
             steps.append(ComputeSet(step.name, _groups(program, step.vertices, alloc, index)))
         else:
-            ex, local = step_traffic(program, step, tiles, index, merge=False)
+            ex, local, fragments = _step_traffic(program, step, tiles, index, aliases or {}, block_moves)
             local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index)])
             tr = _absolute(ex, alloc)
             if len(tr):
-                steps.append(Exchange(step.name, tr))
+                steps.append(Exchange(step.name, tr, fragments if fragments != len(tr) else None))
             if len(local):
                 steps.append(ComputeSet(step.name + ".local", _copy_groups(_absolute(local, alloc), target, registry)))
     io_maps = {}
@@ -126,6 +132,31 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
             om = b.owner_map(tiles)
             io_maps[n] = (om.tile, om.start, om.stop, om.offset)
     return TileProgram(tiles, infos, alloc.addr, alloc.size, steps, io_maps)
+
+
+def _step_traffic(program, step, tiles, index, aliases, block_moves: bool) -> tuple[Transfers, Transfers, int]:
+    """``step_traffic(merge=False)`` of one exchange step, copy by copy, with block moves (when allowed)
+    one row per block; also the exchange fragments the rows stand for (row by row)."""
+    def root(name):
+        while name in aliases:
+            name = aliases[name]
+        return name
+
+    sources = [root(cp.src) for cp in step.copies]
+    ex_parts, loc_parts, fragments = [], [], 0
+    for cp, src in zip(step.copies, sources):
+        move = None
+        if block_moves and sources.count(src) == 1:        # no other copy reads this memory (see block_moves)
+            move = copy_plan(program.buffers[cp.src], program.buffers[cp.dst], tiles)
+        if isinstance(move, BlockMove):
+            ex, loc = move.traffic(index[cp.src], index[cp.dst])
+            fragments += move.row_fragments() if len(ex) else 0
+        else:
+            ex, loc = step_traffic(program, ExchangeStep(step.name, (cp,)), tiles, index, merge=False)
+            fragments += len(ex)
+        ex_parts.append(ex)
+        loc_parts.append(loc)
+    return Transfers.concat(ex_parts), Transfers.concat(loc_parts), fragments
 
 
 def _unaliased_identity_runs(program, step, aliases, tiles, index) -> Transfers:
@@ -146,7 +177,11 @@ def _unaliased_identity_runs(program, step, aliases, tiles, index) -> Transfers:
         if root(cp.src) == root(cp.dst):
             continue
         src, dst = program.buffers[cp.src], program.buffers[cp.dst]
-        plan = plan_for(src, dst, tiles)
+        plan = copy_plan(src, dst, tiles)
+        if isinstance(plan, BlockMove):
+            if plan.is_identity:
+                parts.append(plan.traffic(index[cp.src], index[cp.dst], identity=True)[1])
+            continue
         if len(plan.start) == 0 or not plan.is_identity or plan.needs_rearrangement:
             continue
         item = src.dtype.itemsize

@@ -67,6 +67,8 @@ class ComputeSet:
 class Exchange:
     name: str
     transfers: Transfers          # offsets are absolute byte addresses here
+    fragments: int | None = None  # before merge_transfers: the logical fragments the rows stand for, where
+                                  # expansion already moved a block as one row (None: one per row)
 
 
 @dataclass

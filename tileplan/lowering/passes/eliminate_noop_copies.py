@@ -8,8 +8,8 @@ alias of its source. Exchange steps left empty disappear.
 
 from __future__ import annotations
 
-from ...estimate.detailed import plan_for
 from ...estimate.program import ExchangeStep, Program
+from ..block_moves import copy_plan
 
 
 def run(state):
@@ -22,7 +22,7 @@ def run(state):
         keep = []
         for cp in step.copies:
             src, dst = prog.buffers[cp.src], prog.buffers[cp.dst]
-            plan = plan_for(src, dst, tiles)
+            plan = copy_plan(src, dst, tiles)
             if plan.is_identity and not plan.needs_rearrangement and dst.name not in state.aliases:
                 state.aliases[dst.name] = src.name
                 state.log.append(f"eliminate_noop_copies: {dst.name} aliases {src.name}")
