@@ -67,7 +67,12 @@ class Transfers:
 
     @property
     def transfer_count(self) -> int:
-        return int(np.unique(self.group).size) if len(self) else 0
+        if not len(self):
+            return 0
+        g = self.group
+        if (g[1:] >= g[:-1]).all():          # rows in group order (as fragments_to_transfers makes them)
+            return int(np.count_nonzero(g[1:] != g[:-1])) + 1
+        return int(np.unique(g).size)
 
 
 _FIELDS = ("group", "src_tile", "src_buf", "src_off", "dst_tile", "dst_buf", "dst_off", "nbytes")
