@@ -202,30 +202,36 @@ def _absolute(tr, alloc):
 
 
 def _groups(program, vertices, alloc, index) -> list[VertexGroup]:
+    item = {n: b.dtype.itemsize for n, b in program.buffers.items()}
     buckets: dict = defaultdict(list)
     for v in vertices:
         key = (v.call, v.variant, tuple(o.count for o in v.ins), tuple(o.count for o in v.outs),
-               tuple(program.buffers[o.buffer].dtype.itemsize for o in v.ins + v.outs))
+               tuple(item[o.buffer] for o in v.ins + v.outs))
         buckets[key].append(v)
     groups = []
     for key in sorted(buckets, key=lambda k: (k[0].primitive, str(k[0]), k[1], k[2], k[3])):
         vs = buckets[key]
         call, variant = key[0], key[1]
-
-        def addr(op, tile):
-            b = program.buffers[op.buffer]
-            base = alloc.addr[index[op.buffer], tile]
-            if base < 0:
-                raise TileplanError(f"vertex on tile {tile} reads {op.buffer!r}, which has no bytes there")
-            return base + op.offset * b.dtype.itemsize
-
         tiles = np.array([v.tile for v in vs], dtype=np.int32)
-        ins = np.array([[addr(o, v.tile) for o in v.ins] for v in vs], dtype=np.int64).reshape(len(vs), -1)
-        outs = np.array([[addr(o, v.tile) for o in v.outs] for v in vs], dtype=np.int64).reshape(len(vs), -1)
-        size = lambda o: o.count * program.buffers[o.buffer].dtype.itemsize  # noqa: E731
+        ins = _operand_addresses([v.ins for v in vs], tiles, alloc, index, item)
+        outs = _operand_addresses([v.outs for v in vs], tiles, alloc, index, item)
+        size = lambda o: o.count * item[o.buffer]  # noqa: E731
         groups.append(VertexGroup(call, variant, vs[0].cycles, tuple(size(o) for o in vs[0].ins),
                                   tuple(size(o) for o in vs[0].outs), tiles, ins, outs))
     return groups
+
+
+def _operand_addresses(operands, tiles, alloc, index, item) -> np.ndarray:
+    """int64 [vertices, k]: the absolute byte address of each vertex's k operands on its tile."""
+    n, k = len(operands), len(operands[0]) if operands else 0
+    flat = [o for ops in operands for o in ops]
+    buf = np.array([index[o.buffer] for o in flat], dtype=np.int64).reshape(n, k)
+    off = np.array([o.offset * item[o.buffer] for o in flat], dtype=np.int64).reshape(n, k)
+    base = alloc.addr[buf, tiles.astype(np.int64)[:, None]]
+    if (base < 0).any():
+        i = int(np.argmax((base < 0).reshape(-1)))
+        raise TileplanError(f"vertex on tile {int(tiles[i // k])} reads {flat[i].buffer!r}, which has no bytes there")
+    return base + off
 
 
 def _copy_groups(runs, target, registry) -> list[VertexGroup]:
