@@ -94,9 +94,8 @@ class IPUModel:
         b, (tile, start, stop, offset), bi = self._io(name)
         item = DType(b.dtype).itemsize
         flat = to_index_space(np.ascontiguousarray(stored).reshape(b.shape), b.space).reshape(-1).view(np.uint8)
-        for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
-            a = int(self.program.addr[bi, t]) + o * item
-            self.mem[t, a:a + (e - s) * item] = flat[s * item:e * item]
+        mem_at, values_at, n = self._io_runs(bi, item, tile, start, stop, offset)
+        _copy_runs(self.mem.reshape(-1), mem_at, flat, values_at, n)
 
     def read(self, name: str) -> np.ndarray:
         """A tensor's stored values read back through its layout (flat, the buffer's dtype)."""
@@ -105,10 +104,20 @@ class IPUModel:
         item = dt.itemsize
         size = int(np.prod(b.shape))
         out = np.zeros(size * item, dtype=np.uint8)
-        for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
-            a = int(self.program.addr[bi, t]) + o * item
-            out[s * item:e * item] = self.mem[t, a:a + (e - s) * item]
+        mem_at, values_at, n = self._io_runs(bi, item, tile, start, stop, offset)
+        if n.sum() == out.size:
+            _copy_runs(out, values_at, self.mem.reshape(-1), mem_at, n)
+        else:                                # replicas: the last interval holding a byte gives it
+            for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
+                a = int(self.program.addr[bi, t]) + o * item
+                out[s * item:e * item] = self.mem[t, a:a + (e - s) * item]
         return from_index_space(out.view(dt.numpy).reshape(b.shape), b.space).reshape(-1)
+
+    def _io_runs(self, bi: int, item: int, tile, start, stop, offset):
+        """(flat tile-memory byte, tensor byte, bytes) of each owner-map interval of a host buffer."""
+        tile, start, stop, offset = (np.asarray(x, dtype=np.int64) for x in (tile, start, stop, offset))
+        mem_at = tile * self.mem.shape[1] + self.program.addr[bi, tile] + offset * item
+        return mem_at, start * item, (stop - start) * item
 
     # ---- execution -------------------------------------------------------------------------
 
@@ -223,14 +232,21 @@ class IPUModel:
 
 def _move_bytes(mem: np.ndarray, src_tile, src_off, dst_tile, dst_off, nbytes) -> None:
     """Copy ``nbytes[i]`` bytes from ``mem[src_tile[i], src_off[i]:]`` to ``mem[dst_tile[i], dst_off[i]:]``
-    for every row (no row reads what another writes: the caller checked). Rows move in the widest
-    word (8, 4, 2 or 1 bytes) that divides both addresses and the length, ``CHUNK_BYTES`` at a time."""
+    for every row (no row reads what another writes: the caller checked)."""
     flat = mem.reshape(-1)                       # a view: tile memory is one C-contiguous array
     width = mem.shape[1]
-    n = np.asarray(nbytes, dtype=np.int64)
     src = np.asarray(src_tile, dtype=np.int64) * width + src_off
     dst = np.asarray(dst_tile, dtype=np.int64) * width + dst_off
-    bits = src | dst | n
+    _copy_runs(flat, dst, flat, src, nbytes)
+
+
+def _copy_runs(dst: np.ndarray, dst_at, src: np.ndarray, src_at, nbytes) -> None:
+    """``dst[dst_at[i]:][:nbytes[i]] = src[src_at[i]:][:nbytes[i]]`` for every row (1-D byte arrays; runs
+    neither overlap nor read what another writes). Each run moves in the widest word (8, 4, 2 or 1 bytes)
+    that divides both offsets and its length, runs of one length together, ``CHUNK_BYTES`` at a time."""
+    n = np.asarray(nbytes, dtype=np.int64)
+    dst_at, src_at = np.asarray(dst_at, dtype=np.int64), np.asarray(src_at, dtype=np.int64)
+    bits = src_at | dst_at | n
     word = np.ones(n.size, dtype=np.int64)
     for w in (2, 4, 8):
         word[bits % w == 0] = w
@@ -238,19 +254,15 @@ def _move_bytes(mem: np.ndarray, src_tile, src_off, dst_tile, dst_off, nbytes) -
         rows = np.flatnonzero((word == w) & (n > 0))
         if not rows.size:
             continue
-        view = flat[:flat.size // w * w].view(f"u{w}")
+        d, s = (a[:a.size // w * w].view(f"u{w}") for a in (dst, src))
         count = n[rows] // w
-        ends = np.cumsum(count)
-        c0 = 0
-        while c0 < rows.size:           # chunks of about CHUNK_BYTES, at least one row each
-            base = ends[c0 - 1] if c0 else 0
-            c1 = max(int(np.searchsorted(ends, base + CHUNK_BYTES // w, side="right")), c0 + 1)
-            c = count[c0:c1]
-            first = np.repeat(np.cumsum(c) - c, c)
-            rank = np.arange(first.size, dtype=np.int64) - first
-            r = rows[c0:c1]
-            view[np.repeat(dst[r] // w, c) + rank] = view[np.repeat(src[r] // w, c) + rank]
-            c0 = c1
+        for c in np.unique(count).tolist():        # rows of one length: one 2-D index each
+            r = rows[count == c]
+            step = max(1, CHUNK_BYTES // (c * w))
+            ar = np.arange(c, dtype=np.int64)
+            for c0 in range(0, r.size, step):
+                rr = r[c0:c0 + step]
+                d[(dst_at[rr] // w)[:, None] + ar] = s[(src_at[rr] // w)[:, None] + ar]
 
 
 def _check_conflicts(where: str, tile, lo, hi, vid, write) -> None:
