@@ -111,3 +111,26 @@ def block_move(src, dst) -> BlockMove | None:
 def copy_plan(src, dst, tiles: int):
     """What lowering needs of one copy: its ``BlockMove`` when it is one, else the copy plan."""
     return block_move(src, dst) or plan_for(src, dst, tiles)
+
+
+class CopyPlans:
+    """Each copy's ``copy_plan``, made once per lowering: the passes and the expansion all ask for it
+    (``plan_for``'s own cache keeps only a few plans, fewer than a serial GEMM has copies)."""
+
+    def __init__(self, tiles: int):
+        self.tiles = tiles
+        self._plans: dict = {}
+
+    def __call__(self, src, dst):
+        """The copy's ``BlockMove`` when it is one, else its row-by-row plan."""
+        key = (src, dst, True)
+        if key not in self._plans:
+            self._plans[key] = block_move(src, dst) or self.rows(src, dst)
+        return self._plans[key]
+
+    def rows(self, src, dst):
+        """The copy's row-by-row plan (``plan_for``)."""
+        key = (src, dst, False)
+        if key not in self._plans:
+            self._plans[key] = plan_for(src, dst, self.tiles)
+        return self._plans[key]

@@ -20,13 +20,12 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import TileplanError
-from ..estimate.detailed import step_traffic
 from ..estimate.exchange import Transfers, fragments_to_transfers
 from ..estimate.program import ComputeStep, ExchangeStep, Program
 from ..kernels import NoVariantError, default_registry, dispatch
 from ..kernels.calls import CopyCall, PackCall, UnpackCall
 from .allocate import allocate
-from .block_moves import BlockMove, copy_plan
+from .block_moves import BlockMove, CopyPlans
 from .passes import PASSES
 from .passes.state import LoweringState
 from .tile_program import BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
@@ -40,10 +39,11 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
     for name, stage, fn, _why in chosen:
         if stage == "program":
             state = fn(state)
-    check_rearrangements(state.program, target, registry)
+    check_rearrangements(state.program, target, registry, state.plans)
     alloc = allocate(state.program, target, state.aliases, state.sizes)
     merged = any(p[0] == "merge_transfers" for p in chosen)
-    state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=merged)
+    state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=merged,
+                                plans=state.plans)
     spans = _tile_spans(state.program, state.tile_program)
     for info in state.tile_program.buffers:
         root = info.name
@@ -77,14 +77,15 @@ def _tile_spans(program: Program, tp) -> dict[str, list[int]]:
     return out
 
 
-def check_rearrangements(program: Program, target, registry) -> None:
+def check_rearrangements(program: Program, target, registry, plans=None) -> None:
     """Every copy between row-major and panel formats needs its pack/unpack kernel."""
+    plans = plans or CopyPlans(target.tiles)
     for step in program.steps:
         if not isinstance(step, ExchangeStep):
             continue
         for cp in step.copies:
             src, dst = program.buffers[cp.src], program.buffers[cp.dst]
-            plan = copy_plan(src, dst, target.tiles)
+            plan = plans(src, dst)
             if not plan.needs_rearrangement or plan.is_identity:
                 continue
             sfmt, dfmt = plan.needs_rearrangement
@@ -101,11 +102,12 @@ def check_rearrangements(program: Program, target, registry) -> None:
 
 
 def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | None = None,
-           block_moves: bool = False) -> TileProgram:
+           block_moves: bool = False, plans=None) -> TileProgram:
     """The tile program of ``program`` placed by ``alloc``. ``block_moves``: copies between grids of the
     same blocks become one exchange row per block (``lowering.block_moves``); only equivalent once
     ``merge_transfers`` has joined the rows, so only when that pass runs."""
     tiles = target.tiles
+    plans = plans or CopyPlans(tiles)
     index = {n: i for i, n in enumerate(alloc.names)}
     infos = []
     for n in alloc.names:
@@ -118,8 +120,8 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
         if isinstance(step, ComputeStep):
             steps.append(ComputeSet(step.name, _groups(program, step.vertices, alloc, index)))
         else:
-            ex, local, fragments = _step_traffic(program, step, tiles, index, aliases or {}, block_moves)
-            local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index)])
+            ex, local, fragments = _step_traffic(program, step, tiles, index, aliases or {}, block_moves, plans)
+            local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index, plans)])
             tr = _absolute(ex, alloc)
             if len(tr):
                 steps.append(Exchange(step.name, tr, fragments if fragments != len(tr) else None))
@@ -134,7 +136,7 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
     return TileProgram(tiles, infos, alloc.addr, alloc.size, steps, io_maps)
 
 
-def _step_traffic(program, step, tiles, index, aliases, block_moves: bool) -> tuple[Transfers, Transfers, int]:
+def _step_traffic(program, step, tiles, index, aliases, block_moves: bool, plans) -> tuple[Transfers, Transfers, int]:
     """``step_traffic(merge=False)`` of one exchange step, copy by copy, with block moves (when allowed)
     one row per block; also the exchange fragments the rows stand for (row by row)."""
     def root(name):
@@ -144,22 +146,40 @@ def _step_traffic(program, step, tiles, index, aliases, block_moves: bool) -> tu
 
     sources = [root(cp.src) for cp in step.copies]
     ex_parts, loc_parts, fragments = [], [], 0
-    for cp, src in zip(step.copies, sources):
+    for cp, root_src in zip(step.copies, sources):
         move = None
-        if block_moves and sources.count(src) == 1:        # no other copy reads this memory (see block_moves)
-            move = copy_plan(program.buffers[cp.src], program.buffers[cp.dst], tiles)
+        if block_moves and sources.count(root_src) == 1:   # no other copy reads this memory (see block_moves)
+            move = plans(program.buffers[cp.src], program.buffers[cp.dst])
         if isinstance(move, BlockMove):
             ex, loc = move.traffic(index[cp.src], index[cp.dst])
             fragments += move.row_fragments() if len(ex) else 0
         else:
-            ex, loc = step_traffic(program, ExchangeStep(step.name, (cp,)), tiles, index, merge=False)
+            src = program.buffers[cp.src]
+            ex, loc = _copy_traffic(plans.rows(src, program.buffers[cp.dst]), src.dtype.itemsize,
+                                    index[cp.src], index[cp.dst])
             fragments += len(ex)
         ex_parts.append(ex)
         loc_parts.append(loc)
     return Transfers.concat(ex_parts), Transfers.concat(loc_parts), fragments
 
 
-def _unaliased_identity_runs(program, step, aliases, tiles, index) -> Transfers:
+def _copy_traffic(plan, item: int, sid: int, did: int) -> tuple[Transfers, Transfers]:
+    """``step_traffic(merge=False)`` of one copy from its plan: (exchange rows, on-tile runs)."""
+    if len(plan.start) == 0 or (plan.is_identity and not plan.needs_rearrangement):
+        return Transfers.empty(), Transfers.empty()    # the destination aliases the source
+    nbytes = (plan.stop - plan.start) * item
+    so, do = plan.src_offset * item, plan.dst_offset * item
+    loc = plan.src_tile == plan.dst_tile
+    ex = ~loc
+    cols = (plan.src_tile, so, plan.dst_tile, do, nbytes)
+    local = fragments_to_transfers(*(c[loc] for c in cols), sid, did, multicast=False) if loc.any() \
+        else Transfers.empty()
+    moved = fragments_to_transfers(*(c[ex] for c in cols), sid, did, merge=False) if ex.any() \
+        else Transfers.empty()
+    return moved, local
+
+
+def _unaliased_identity_runs(program, step, aliases, tiles, index, plans) -> Transfers:
     """On-tile copy runs for the identity copies of a step whose destination has its own memory.
 
     ``step_traffic`` leaves out copies that move nothing, because
@@ -177,7 +197,7 @@ def _unaliased_identity_runs(program, step, aliases, tiles, index) -> Transfers:
         if root(cp.src) == root(cp.dst):
             continue
         src, dst = program.buffers[cp.src], program.buffers[cp.dst]
-        plan = copy_plan(src, dst, tiles)
+        plan = plans(src, dst)
         if isinstance(plan, BlockMove):
             if plan.is_identity:
                 parts.append(plan.traffic(index[cp.src], index[cp.dst], identity=True)[1])
