@@ -44,6 +44,7 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
     merged = any(p[0] == "merge_transfers" for p in chosen)
     state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=merged,
                                 plans=state.plans)
+    state.plans = CopyPlans(target.tiles)       # expanded: do not keep the copy plans alive
     spans = _tile_spans(state.program, state.tile_program)
     for info in state.tile_program.buffers:
         root = info.name
