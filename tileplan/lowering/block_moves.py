@@ -15,8 +15,8 @@ passes at a small fraction of the work:
   row order could matter). Rows of a block move read their source buffer's
   bytes once, so ``expand`` takes this path only when no other copy of the
   step reads the same memory, and only when ``merge_transfers`` will run.
-- On-tile runs are merged by ``step_traffic`` itself (``merge=True``), with
-  the same argument.
+- On-tile runs are merged as they are made (``merge=True``, as
+  ``step_traffic`` does), with the same argument.
 - The pass log counts the row-by-row fragments; ``row_fragments`` counts them
   from the blocks without building the plan.
 """
@@ -108,14 +108,10 @@ def block_move(src, dst) -> BlockMove | None:
     return BlockMove(ts, td, so, do, n, (a, b, shape, item))
 
 
-def copy_plan(src, dst, tiles: int):
-    """What lowering needs of one copy: its ``BlockMove`` when it is one, else the copy plan."""
-    return block_move(src, dst) or plan_for(src, dst, tiles)
-
-
 class CopyPlans:
-    """Each copy's ``copy_plan``, made once per lowering: the passes and the expansion all ask for it
-    (``plan_for``'s own cache keeps only a few plans, fewer than a serial GEMM has copies)."""
+    """Each copy's plan (its ``BlockMove`` when it is one), made once per lowering: the passes and the
+    expansion all ask for it (``plan_for``'s own cache keeps only a few plans, fewer than a serial GEMM
+    has copies)."""
 
     def __init__(self, tiles: int):
         self.tiles = tiles
