@@ -67,7 +67,12 @@ class Transfers:
 
     @property
     def transfer_count(self) -> int:
-        return int(np.unique(self.group).size) if len(self) else 0
+        if not len(self):
+            return 0
+        g = self.group
+        if (g[1:] >= g[:-1]).all():          # rows in group order (as fragments_to_transfers makes them)
+            return int(np.count_nonzero(g[1:] != g[:-1])) + 1
+        return int(np.unique(g).size)
 
 
 _FIELDS = ("group", "src_tile", "src_buf", "src_off", "dst_tile", "dst_buf", "dst_off", "nbytes")
@@ -82,16 +87,15 @@ def fragments_to_transfers(src_tile, src_off, dst_tile, dst_off, nbytes, src_buf
     source runs going to several tiles.
     """
     n = np.asarray(nbytes, dtype=np.int64)
-    cols = [np.broadcast_to(np.asarray(c), n.shape) for c in
-            (src_tile, src_buf, src_off, dst_tile, dst_buf, dst_off)]
-    st, sb, so, dt, db, do = (c.astype(np.int64) for c in cols)
+    st, sb, so, dt, db, do = (np.broadcast_to(np.asarray(c, dtype=np.int64), n.shape) for c in
+                              (src_tile, src_buf, src_off, dst_tile, dst_buf, dst_off))
     if n.size == 0:
         return Transfers.empty()
     fits = st.max(initial=0) < 2048 and dt.max(initial=0) < 2048 and sb.max(initial=0) < 256 \
         and db.max(initial=0) < 256 and so.max(initial=0) < (1 << 20) and n.max(initial=0) <= (1 << 20)
     if merge:
         if fits:      # one int64 key: (src tile, dst tile, src buf, dst buf, src offset)
-            order = np.argsort((((st << 11 | dt) << 16 | sb << 8 | db) << 20) | so)
+            order = _argsort((((st << 11 | dt) << 16 | sb << 8 | db) << 20) | so)
         else:
             order = np.lexsort((so, db, sb, dt, st))
         st, sb, so, dt, db, do, n = (a[order] for a in (st, sb, so, dt, db, do, n))
@@ -105,7 +109,7 @@ def fragments_to_transfers(src_tile, src_off, dst_tile, dst_off, nbytes, src_buf
     if multicast:
         if fits:      # one int64 key: (src tile, src buf, src offset, bytes)
             key = (((st << 8 | sb) << 20 | so) << 21) | n
-            order = np.argsort(key)
+            order = np.argsort(key, kind="stable")      # rows with one key get one group in any order
             ks = key[order]
             new = np.ones(n.size, dtype=bool)
             new[1:] = ks[1:] != ks[:-1]
@@ -118,9 +122,18 @@ def fragments_to_transfers(src_tile, src_off, dst_tile, dst_off, nbytes, src_buf
         group[order] = np.cumsum(new) - 1
     else:
         group = np.arange(n.size, dtype=np.int64)
-    order = np.argsort(group << 11 | dt) if fits else np.lexsort((dt, group))
+    order = _argsort(group << 11 | dt) if fits else np.lexsort((dt, group))
     return Transfers(group[order], st[order].astype(np.int32), sb[order].astype(np.int32), so[order],
                      dt[order].astype(np.int32), db[order].astype(np.int32), do[order], n[order])
+
+
+def _argsort(key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key)``, faster on the nearly sorted keys fragments come in: a stable sort gives the
+    same order where the keys are distinct; where some repeat, the default sort keeps the order what it
+    has always been."""
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    return np.argsort(key) if (ks[1:] == ks[:-1]).any() else order
 
 
 def paired_mask(tr: Transfers) -> np.ndarray:

@@ -21,7 +21,7 @@ class DType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        return {DType.FP32: 4, DType.FP16: 2, DType.FP8: 1}[self]
+        return _ITEMSIZE[self._value_]
 
     @property
     def numpy(self) -> np.dtype:
@@ -50,6 +50,8 @@ class DType(enum.Enum):
         except KeyError:
             raise ValueError(f"unknown dtype {text!r} (expected fp32, fp16 or fp8)") from None
 
+
+_ITEMSIZE = {"fp32": 4, "fp16": 2, "fp8": 1}     # bytes per element, by DType value
 
 FP8_MAX = 240.0  # ml_dtypes.float8_e4m3fnuz max finite; IPU F143 saturation bound
 

@@ -46,8 +46,20 @@ def round_to(values32: np.ndarray, dtype: DType, scale_exp: int = 0) -> np.ndarr
         return quantise(scaled, dtype)
 
 
+_FP8_F32 = np.arange(256, dtype=np.uint8).view(DType.FP8.numpy).astype(np.float32)   # every FP8 value in FP32
+
+
 def _f32(x: np.ndarray) -> np.ndarray:
+    """``x.astype(np.float32)``; FP8 through a table of its 256 values (the same bits, a few times faster
+    than ml_dtypes' cast), into an array of the layout ``astype`` makes."""
+    if x.dtype == _FP8_NUMPY:
+        out = np.empty_like(x, dtype=np.float32)
+        np.take(_FP8_F32, x.view(np.uint8), out=out)
+        return out
     return x.astype(np.float32)
+
+
+_FP8_NUMPY = DType.FP8.numpy
 
 
 # ---- matmul / reduce --------------------------------------------------------------

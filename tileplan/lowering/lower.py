@@ -20,12 +20,12 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import TileplanError
-from ..estimate.detailed import plan_for, step_traffic
 from ..estimate.exchange import Transfers, fragments_to_transfers
 from ..estimate.program import ComputeStep, ExchangeStep, Program
 from ..kernels import NoVariantError, default_registry, dispatch
 from ..kernels.calls import CopyCall, PackCall, UnpackCall
 from .allocate import allocate
+from .block_moves import BlockMove, CopyPlans
 from .passes import PASSES
 from .passes.state import LoweringState
 from .tile_program import BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
@@ -39,9 +39,12 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
     for name, stage, fn, _why in chosen:
         if stage == "program":
             state = fn(state)
-    check_rearrangements(state.program, target, registry)
+    check_rearrangements(state.program, target, registry, state.plans)
     alloc = allocate(state.program, target, state.aliases, state.sizes)
-    state.tile_program = expand(state.program, alloc, target, registry, state.aliases)
+    merged = any(p[0] == "merge_transfers" for p in chosen)
+    state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=merged,
+                                plans=state.plans)
+    state.plans = CopyPlans(target.tiles)       # expanded: do not keep the copy plans alive
     spans = _tile_spans(state.program, state.tile_program)
     for info in state.tile_program.buffers:
         root = info.name
@@ -75,14 +78,15 @@ def _tile_spans(program: Program, tp) -> dict[str, list[int]]:
     return out
 
 
-def check_rearrangements(program: Program, target, registry) -> None:
+def check_rearrangements(program: Program, target, registry, plans=None) -> None:
     """Every copy between row-major and panel formats needs its pack/unpack kernel."""
+    plans = plans or CopyPlans(target.tiles)
     for step in program.steps:
         if not isinstance(step, ExchangeStep):
             continue
         for cp in step.copies:
             src, dst = program.buffers[cp.src], program.buffers[cp.dst]
-            plan = plan_for(src, dst, target.tiles)
+            plan = plans(src, dst)
             if not plan.needs_rearrangement or plan.is_identity:
                 continue
             sfmt, dfmt = plan.needs_rearrangement
@@ -98,8 +102,13 @@ def check_rearrangements(program: Program, target, registry) -> None:
                     f"{target.family!r} lacks: {str(exc).splitlines()[0]}") from None
 
 
-def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | None = None) -> TileProgram:
+def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | None = None,
+           block_moves: bool = False, plans=None) -> TileProgram:
+    """The tile program of ``program`` placed by ``alloc``. ``block_moves``: copies between grids of the
+    same blocks become one exchange row per block (``lowering.block_moves``); only equivalent once
+    ``merge_transfers`` has joined the rows, so only when that pass runs."""
     tiles = target.tiles
+    plans = plans or CopyPlans(tiles)
     index = {n: i for i, n in enumerate(alloc.names)}
     infos = []
     for n in alloc.names:
@@ -112,11 +121,11 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
         if isinstance(step, ComputeStep):
             steps.append(ComputeSet(step.name, _groups(program, step.vertices, alloc, index)))
         else:
-            ex, local = step_traffic(program, step, tiles, index, merge=False)
-            local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index)])
+            ex, local, fragments = _step_traffic(program, step, tiles, index, aliases or {}, block_moves, plans)
+            local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index, plans)])
             tr = _absolute(ex, alloc)
             if len(tr):
-                steps.append(Exchange(step.name, tr))
+                steps.append(Exchange(step.name, tr, fragments if fragments != len(tr) else None))
             if len(local):
                 steps.append(ComputeSet(step.name + ".local", _copy_groups(_absolute(local, alloc), target, registry)))
     io_maps = {}
@@ -128,7 +137,50 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
     return TileProgram(tiles, infos, alloc.addr, alloc.size, steps, io_maps)
 
 
-def _unaliased_identity_runs(program, step, aliases, tiles, index) -> Transfers:
+def _step_traffic(program, step, tiles, index, aliases, block_moves: bool, plans) -> tuple[Transfers, Transfers, int]:
+    """``step_traffic(merge=False)`` of one exchange step, copy by copy, with block moves (when allowed)
+    one row per block; also the exchange fragments the rows stand for (row by row)."""
+    def root(name):
+        while name in aliases:
+            name = aliases[name]
+        return name
+
+    sources = [root(cp.src) for cp in step.copies]
+    ex_parts, loc_parts, fragments = [], [], 0
+    for cp, root_src in zip(step.copies, sources):
+        move = None
+        if block_moves and sources.count(root_src) == 1:   # no other copy reads this memory (see block_moves)
+            move = plans(program.buffers[cp.src], program.buffers[cp.dst])
+        if isinstance(move, BlockMove):
+            ex, loc = move.traffic(index[cp.src], index[cp.dst])
+            fragments += move.row_fragments() if len(ex) else 0
+        else:
+            src = program.buffers[cp.src]
+            ex, loc = _copy_traffic(plans.rows(src, program.buffers[cp.dst]), src.dtype.itemsize,
+                                    index[cp.src], index[cp.dst])
+            fragments += len(ex)
+        ex_parts.append(ex)
+        loc_parts.append(loc)
+    return Transfers.concat(ex_parts), Transfers.concat(loc_parts), fragments
+
+
+def _copy_traffic(plan, item: int, sid: int, did: int) -> tuple[Transfers, Transfers]:
+    """``step_traffic(merge=False)`` of one copy from its plan: (exchange rows, on-tile runs)."""
+    if len(plan.start) == 0 or (plan.is_identity and not plan.needs_rearrangement):
+        return Transfers.empty(), Transfers.empty()    # the destination aliases the source
+    nbytes = (plan.stop - plan.start) * item
+    so, do = plan.src_offset * item, plan.dst_offset * item
+    loc = plan.src_tile == plan.dst_tile
+    ex = ~loc
+    cols = (plan.src_tile, so, plan.dst_tile, do, nbytes)
+    local = fragments_to_transfers(*(c[loc] for c in cols), sid, did, multicast=False) if loc.any() \
+        else Transfers.empty()
+    moved = fragments_to_transfers(*(c[ex] for c in cols), sid, did, merge=False) if ex.any() \
+        else Transfers.empty()
+    return moved, local
+
+
+def _unaliased_identity_runs(program, step, aliases, tiles, index, plans) -> Transfers:
     """On-tile copy runs for the identity copies of a step whose destination has its own memory.
 
     ``step_traffic`` leaves out copies that move nothing, because
@@ -146,7 +198,11 @@ def _unaliased_identity_runs(program, step, aliases, tiles, index) -> Transfers:
         if root(cp.src) == root(cp.dst):
             continue
         src, dst = program.buffers[cp.src], program.buffers[cp.dst]
-        plan = plan_for(src, dst, tiles)
+        plan = plans(src, dst)
+        if isinstance(plan, BlockMove):
+            if plan.is_identity:
+                parts.append(plan.traffic(index[cp.src], index[cp.dst], identity=True)[1])
+            continue
         if len(plan.start) == 0 or not plan.is_identity or plan.needs_rearrangement:
             continue
         item = src.dtype.itemsize
@@ -167,30 +223,36 @@ def _absolute(tr, alloc):
 
 
 def _groups(program, vertices, alloc, index) -> list[VertexGroup]:
+    item = {n: b.dtype.itemsize for n, b in program.buffers.items()}
     buckets: dict = defaultdict(list)
     for v in vertices:
         key = (v.call, v.variant, tuple(o.count for o in v.ins), tuple(o.count for o in v.outs),
-               tuple(program.buffers[o.buffer].dtype.itemsize for o in v.ins + v.outs))
+               tuple(item[o.buffer] for o in v.ins + v.outs))
         buckets[key].append(v)
     groups = []
     for key in sorted(buckets, key=lambda k: (k[0].primitive, str(k[0]), k[1], k[2], k[3])):
         vs = buckets[key]
         call, variant = key[0], key[1]
-
-        def addr(op, tile):
-            b = program.buffers[op.buffer]
-            base = alloc.addr[index[op.buffer], tile]
-            if base < 0:
-                raise TileplanError(f"vertex on tile {tile} reads {op.buffer!r}, which has no bytes there")
-            return base + op.offset * b.dtype.itemsize
-
         tiles = np.array([v.tile for v in vs], dtype=np.int32)
-        ins = np.array([[addr(o, v.tile) for o in v.ins] for v in vs], dtype=np.int64).reshape(len(vs), -1)
-        outs = np.array([[addr(o, v.tile) for o in v.outs] for v in vs], dtype=np.int64).reshape(len(vs), -1)
-        size = lambda o: o.count * program.buffers[o.buffer].dtype.itemsize  # noqa: E731
+        ins = _operand_addresses([v.ins for v in vs], tiles, alloc, index, item)
+        outs = _operand_addresses([v.outs for v in vs], tiles, alloc, index, item)
+        size = lambda o: o.count * item[o.buffer]  # noqa: E731
         groups.append(VertexGroup(call, variant, vs[0].cycles, tuple(size(o) for o in vs[0].ins),
                                   tuple(size(o) for o in vs[0].outs), tiles, ins, outs))
     return groups
+
+
+def _operand_addresses(operands, tiles, alloc, index, item) -> np.ndarray:
+    """int64 [vertices, k]: the absolute byte address of each vertex's k operands on its tile."""
+    n, k = len(operands), len(operands[0]) if operands else 0
+    flat = [o for ops in operands for o in ops]
+    buf = np.array([index[o.buffer] for o in flat], dtype=np.int64).reshape(n, k)
+    off = np.array([o.offset * item[o.buffer] for o in flat], dtype=np.int64).reshape(n, k)
+    base = alloc.addr[buf, tiles.astype(np.int64)[:, None]]
+    if (base < 0).any():
+        i = int(np.argmax((base < 0).reshape(-1)))
+        raise TileplanError(f"vertex on tile {int(tiles[i // k])} reads {flat[i].buffer!r}, which has no bytes there")
+    return base + off
 
 
 def _copy_groups(runs, target, registry) -> list[VertexGroup]:

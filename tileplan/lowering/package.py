@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,17 +61,20 @@ def _json_default(o):
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    from .tile_program import _deterministic_npz
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{k: np.ascontiguousarray(arrays[k]) for k in sorted(arrays)})
-    return _deterministic_npz(buf.getvalue())
+    from .tile_program import deterministic_npz
+    return deterministic_npz({k: np.ascontiguousarray(v) for k, v in arrays.items()})
 
 
 def package_files(plan, state, target, params: dict | None, plan_json: dict, report: dict) -> dict[str, bytes]:
     from .emit.codelets import emit_codelets
     from .emit.host import emit_host
     tp = state.tile_program
-    npz, index = tp.to_files()
+    # Deflating program.npz releases the GIL: it runs on a second thread while the host program is
+    # emitted (both only read the tile program).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        program = pool.submit(tp.to_files)
+        host = emit_host(tp, target, plan.graph.name)       # host.cpp and host/tables.bin
+        npz, index = program.result()
     files: dict[str, bytes] = {
         "plan.json": dumps(plan_json).encode(),
         "model.json": dumps(graph_to_dict(plan.graph)).encode(),
@@ -80,7 +83,7 @@ def package_files(plan, state, target, params: dict | None, plan_json: dict, rep
         "program.npz": npz,
         "report.json": dumps(report).encode(),
     }
-    files.update(emit_host(tp, target, plan.graph.name))    # host.cpp and host/tables.bin
+    files.update(host)
     for name, src in emit_codelets(tp, target).items():
         files[name] = src.encode()
     if params:

@@ -67,6 +67,8 @@ class ComputeSet:
 class Exchange:
     name: str
     transfers: Transfers          # offsets are absolute byte addresses here
+    fragments: int | None = None  # before merge_transfers: the logical fragments the rows stand for, where
+                                  # expansion already moved a block as one row (None: one per row)
 
 
 @dataclass
@@ -110,9 +112,7 @@ class TileProgram:
                 arrays[f"io:{name}:{k}"] = a
         index = {"tiles": self.tiles, "buffers": [b.__dict__ for b in self.buffers], "steps": steps,
                  "io": sorted(self.io_maps), "passes": self.passes}
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **{k: arrays[k] for k in sorted(arrays)})
-        return _deterministic_npz(buf.getvalue()), index
+        return deterministic_npz(arrays), index
 
     @classmethod
     def from_files(cls, npz_bytes: bytes, index: dict) -> "TileProgram":
@@ -139,16 +139,22 @@ class TileProgram:
                    steps, io_maps, list(index.get("passes", [])))
 
 
-def _deterministic_npz(data: bytes) -> bytes:
-    """Rewrite an npz (a zip) with fixed timestamps so equal programs give equal bytes."""
+def deterministic_npz(arrays: dict[str, np.ndarray]) -> bytes:
+    """An npz (a zip of ``.npy`` members, deflated) with fixed timestamps and members in name order,
+    so equal arrays give equal bytes. Each member is compressed once, straight from its ``.npy`` bytes
+    (what ``np.load`` reads; the same bytes ``np.savez`` would store)."""
     import zipfile
-    src = zipfile.ZipFile(io.BytesIO(data))
+    members = {}
+    for key, value in arrays.items():
+        npy = io.BytesIO()
+        np.lib.format.write_array(npy, np.asanyarray(value), allow_pickle=True, pickle_kwargs=None)
+        members[key + ".npy"] = npy.getvalue()
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
-        for name in sorted(src.namelist()):
+        for name in sorted(members):
             info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
-            dst.writestr(info, src.read(name))
+            dst.writestr(info, members[name])
     return out.getvalue()
 
 

@@ -95,9 +95,8 @@ class IPUModel:
         b, (tile, start, stop, offset), bi = self._io(name)
         item = DType(b.dtype).itemsize
         flat = to_index_space(np.ascontiguousarray(stored).reshape(b.shape), b.space).reshape(-1).view(np.uint8)
-        for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
-            a = int(self.program.addr[bi, t]) + o * item
-            self.mem[t, a:a + (e - s) * item] = flat[s * item:e * item]
+        mem_at, values_at, n = self._io_runs(bi, item, tile, start, stop, offset)
+        _copy_runs(self.mem.reshape(-1), mem_at, flat, values_at, n)
 
     def read(self, name: str) -> np.ndarray:
         """A tensor's stored values read back through its layout (flat, the buffer's dtype)."""
@@ -106,10 +105,20 @@ class IPUModel:
         item = dt.itemsize
         size = int(np.prod(b.shape))
         out = np.zeros(size * item, dtype=np.uint8)
-        for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
-            a = int(self.program.addr[bi, t]) + o * item
-            out[s * item:e * item] = self.mem[t, a:a + (e - s) * item]
+        mem_at, values_at, n = self._io_runs(bi, item, tile, start, stop, offset)
+        if n.sum() == out.size:
+            _copy_runs(out, values_at, self.mem.reshape(-1), mem_at, n)
+        else:                                # replicas: the last interval holding a byte gives it
+            for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
+                a = int(self.program.addr[bi, t]) + o * item
+                out[s * item:e * item] = self.mem[t, a:a + (e - s) * item]
         return from_index_space(out.view(dt.numpy).reshape(b.shape), b.space).reshape(-1)
+
+    def _io_runs(self, bi: int, item: int, tile, start, stop, offset):
+        """(flat tile-memory byte, tensor byte, bytes) of each owner-map interval of a host buffer."""
+        tile, start, stop, offset = (np.asarray(x, dtype=np.int64) for x in (tile, start, stop, offset))
+        mem_at = tile * self.mem.shape[1] + self.program.addr[bi, tile] + offset * item
+        return mem_at, start * item, (stop - start) * item
 
     # ---- execution -------------------------------------------------------------------------
 
@@ -215,18 +224,46 @@ class IPUModel:
         vid = np.concatenate([np.arange(n), n + np.arange(src_rows.size)])
         write = np.concatenate([np.ones(n, bool), np.zeros(src_rows.size, bool)])
         _check_conflicts(ex.name, tile, lo, hi, vid, write)
-        for size in np.unique(tr.nbytes).tolist():
-            rows = np.flatnonzero(tr.nbytes == size)
-            step = max(1, CHUNK_BYTES // size)
-            ar = np.arange(size, dtype=np.int64)
-            for c0 in range(0, rows.size, step):
-                r = rows[c0:c0 + step]
-                data = self.mem[tr.src_tile[r][:, None], tr.src_off[r][:, None] + ar]
-                self.mem[tr.dst_tile[r][:, None], tr.dst_off[r][:, None] + ar] = data
+        _move_bytes(self.mem, tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes)
         send, recv = tile_exchange_cycles(tr, self.target, tiles)
         per_tile = np.maximum(send, recv)
         return StepProfile(ex.name, "exchange", int(per_tile.max(initial=0)), self.target.sync_cycles if n else 0,
                            per_tile, int(tr.nbytes.sum()))
+
+
+def _move_bytes(mem: np.ndarray, src_tile, src_off, dst_tile, dst_off, nbytes) -> None:
+    """Copy ``nbytes[i]`` bytes from ``mem[src_tile[i], src_off[i]:]`` to ``mem[dst_tile[i], dst_off[i]:]``
+    for every row (no row reads what another writes: the caller checked)."""
+    flat = mem.reshape(-1)                       # a view: tile memory is one C-contiguous array
+    width = mem.shape[1]
+    src = np.asarray(src_tile, dtype=np.int64) * width + src_off
+    dst = np.asarray(dst_tile, dtype=np.int64) * width + dst_off
+    _copy_runs(flat, dst, flat, src, nbytes)
+
+
+def _copy_runs(dst: np.ndarray, dst_at, src: np.ndarray, src_at, nbytes) -> None:
+    """``dst[dst_at[i]:][:nbytes[i]] = src[src_at[i]:][:nbytes[i]]`` for every row (1-D byte arrays; runs
+    neither overlap nor read what another writes). Each run moves in the widest word (8, 4, 2 or 1 bytes)
+    that divides both offsets and its length, runs of one length together, ``CHUNK_BYTES`` at a time."""
+    n = np.asarray(nbytes, dtype=np.int64)
+    dst_at, src_at = np.asarray(dst_at, dtype=np.int64), np.asarray(src_at, dtype=np.int64)
+    bits = src_at | dst_at | n
+    word = np.ones(n.size, dtype=np.int64)
+    for w in (2, 4, 8):
+        word[bits % w == 0] = w
+    for w in (8, 4, 2, 1):
+        rows = np.flatnonzero((word == w) & (n > 0))
+        if not rows.size:
+            continue
+        d, s = (a[:a.size // w * w].view(f"u{w}") for a in (dst, src))
+        count = n[rows] // w
+        for c in np.unique(count).tolist():        # rows of one length: one 2-D index each
+            r = rows[count == c]
+            step = max(1, CHUNK_BYTES // (c * w))
+            ar = np.arange(c, dtype=np.int64)
+            for c0 in range(0, r.size, step):
+                rr = r[c0:c0 + step]
+                d[(dst_at[rr] // w)[:, None] + ar] = s[(src_at[rr] // w)[:, None] + ar]
 
 
 def _check_conflicts(where: str, tile, lo, hi, vid, write) -> None:

@@ -19,7 +19,8 @@ def run(state):
             continue
         t = step.transfers
         merged = fragments_to_transfers(t.src_tile, t.src_off, t.dst_tile, t.dst_off, t.nbytes, merge=True)
-        if len(merged) < len(t):
-            state.log.append(f"merge_transfers: {step.name}: {len(t)} fragments -> {len(merged)} transfers")
+        fragments = len(t) if step.fragments is None else step.fragments
+        if len(merged) < fragments:
+            state.log.append(f"merge_transfers: {step.name}: {fragments} fragments -> {len(merged)} transfers")
         tp.steps[i] = Exchange(step.name, merged)
     return state

@@ -17,3 +17,9 @@ class LoweringState:
     sizes: dict[str, np.ndarray] = field(default_factory=dict)  # buffer -> per tile bytes (overrides)
     tile_program: object = None                                # set after expansion
     log: list[str] = field(default_factory=list)               # one line per change a pass made
+    plans: object = None                                       # lowering.block_moves.CopyPlans of the lowering
+
+    def __post_init__(self):
+        if self.plans is None:
+            from ..block_moves import CopyPlans
+            self.plans = CopyPlans(self.target.tiles)

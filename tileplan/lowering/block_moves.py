@@ -1,0 +1,132 @@
+"""Copies between two grids of the same blocks, lowered block by block.
+
+A GEMM's partials move to their reducers this way (``P -> Pr``): both grids cut
+the tensor at the same row and column bounds and hold every block once,
+row-major and dense, so each block is one contiguous run in both tiles'
+memories. The general path plans such a copy row by row (two owner maps and a
+copy plan of one fragment per block row: over a million for the SigLIP
+batch-4 MLP) and the low pass ``merge_transfers`` joins the rows back into
+these runs. Planning one fragment per block gives the same program after the
+passes at a small fraction of the work:
+
+- ``merge_transfers`` joins fragments contiguous in both memories maximally,
+  so its result does not depend on how finely the runs were cut, provided no
+  two rows of the step read the same source bytes for the same tile (then the
+  row order could matter). Rows of a block move read their source buffer's
+  bytes once, so ``expand`` takes this path only when no other copy of the
+  step reads the same memory, and only when ``merge_transfers`` will run.
+- On-tile runs are merged as they are made (``merge=True``, as
+  ``step_traffic`` does), with the same argument.
+- The pass log counts the row-by-row fragments; ``row_fragments`` counts them
+  from the blocks without building the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..estimate.detailed import plan_for
+from ..estimate.exchange import Transfers, fragments_to_transfers
+from ..layout.gemm_grid import Grid
+
+
+@dataclass(frozen=True, eq=False)
+class BlockMove:
+    """One row per block: move ``nbytes`` from ``src_off`` on ``src_tile`` to ``dst_off`` on ``dst_tile``."""
+
+    src_tile: np.ndarray      # int64 [blocks], block order (row-block major)
+    dst_tile: np.ndarray
+    src_off: np.ndarray       # int64 byte offset of the block in its buffer's piece
+    dst_off: np.ndarray
+    nbytes: np.ndarray        # int64 bytes of the block
+    grids: tuple              # (source Grid, destination Grid, shape, itemsize): for ``row_fragments``
+    needs_rearrangement = None     # same blocks, same format: never a pack or unpack
+
+    @property
+    def is_identity(self) -> bool:
+        """Nothing moves: every block stays on its tile at its offset."""
+        return bool(np.all((self.src_tile == self.dst_tile) & (self.src_off == self.dst_off)))
+
+    def traffic(self, src_buf: int = 0, dst_buf: int = 0, *, identity: bool = False) -> tuple[Transfers, Transfers]:
+        """(exchange rows, on-tile runs), as ``step_traffic`` makes them but one row per block for the
+        exchange; ``identity`` also lowers a copy that moves nothing (on-tile runs of every block)."""
+        if self.is_identity and not identity:
+            return Transfers.empty(), Transfers.empty()
+        loc = self.src_tile == self.dst_tile
+        cols = (self.src_tile, self.src_off, self.dst_tile, self.dst_off, self.nbytes)
+        ex = ~loc
+        out_ex = fragments_to_transfers(*(c[ex] for c in cols), src_buf, dst_buf, merge=False) if ex.any() \
+            else Transfers.empty()
+        out_loc = fragments_to_transfers(*(c[loc] for c in cols), src_buf, dst_buf, multicast=False) \
+            if loc.any() else Transfers.empty()
+        return out_ex, out_loc
+
+    def row_fragments(self) -> int:
+        """The exchange fragments of the row-by-row copy plan: maximal runs of block rows, in logical
+        order, on one (source, destination) tile pair and contiguous in both memories; on-tile runs
+        are not exchange."""
+        src, dst, shape, item = self.grids
+        rb, cb = np.asarray(src.row_bounds, np.int64), np.asarray(src.col_bounds, np.int64)
+        rows = int(rb[-1])
+        width = np.diff(cb)
+        block_row = np.searchsorted(rb, np.arange(rows), side="right") - 1          # [rows]
+        local_row = np.arange(rows) - rb[block_row]
+        ts, td = (g.holder_array()[:, :, 0][block_row] for g in (src, dst))          # [rows, nc]
+        sa, da = ((g.block_offsets(item)[:, :, 0][block_row] + local_row[:, None] * width[None, :]).reshape(-1)
+                  for g in (src, dst))
+        ts, td = ts.reshape(-1), td.reshape(-1)
+        n = np.broadcast_to(width[None, :], (rows, len(width))).reshape(-1)
+        joins = np.zeros(ts.size, dtype=bool)
+        joins[1:] = ((ts[1:] == ts[:-1]) & (td[1:] == td[:-1]) & (sa[1:] == sa[:-1] + n[:-1])
+                     & (da[1:] == da[:-1] + n[:-1]))
+        return int(np.count_nonzero(~joins & (ts != td)))
+
+
+def block_move(src, dst) -> BlockMove | None:
+    """The block move of a copy between two buffers, or None when the copy is not one (then use the
+    row-by-row plan): both ``Grid`` layouts with the same bounds covering the whole tensor, row-major,
+    every block held once by each, the same shape."""
+    a, b = src.layout, dst.layout
+    if not (isinstance(a, Grid) and isinstance(b, Grid)) or tuple(src.shape) != tuple(dst.shape):
+        return None
+    if (a.row_bounds != b.row_bounds or a.col_bounds != b.col_bounds or a.replicas != 1 or b.replicas != 1
+            or a.grain or b.grain or a.align_bytes != b.align_bytes):
+        return None
+    shape = tuple(src.shape)
+    rb, cb = np.asarray(a.row_bounds, np.int64), np.asarray(a.col_bounds, np.int64)
+    if (not shape or int(cb[-1]) != shape[-1] or int(rb[-1]) * int(cb[-1]) != int(np.prod(shape))
+            or rb[0] != 0 or cb[0] != 0 or (np.diff(rb) <= 0).any() or (np.diff(cb) <= 0).any()):
+        return None
+    ts, td = (g.holder_array()[:, :, 0].reshape(-1) for g in (a, b))
+    if (ts < 0).any() or (td < 0).any():
+        return None
+    item = src.dtype.itemsize
+    so, do = (g.block_offsets(item)[:, :, 0].reshape(-1) * item for g in (a, b))
+    n = (np.diff(rb)[:, None] * np.diff(cb)[None, :]).reshape(-1) * item
+    return BlockMove(ts, td, so, do, n, (a, b, shape, item))
+
+
+class CopyPlans:
+    """Each copy's plan (its ``BlockMove`` when it is one), made once per lowering: the passes and the
+    expansion all ask for it (``plan_for``'s own cache keeps only a few plans, fewer than a serial GEMM
+    has copies)."""
+
+    def __init__(self, tiles: int):
+        self.tiles = tiles
+        self._plans: dict = {}
+
+    def __call__(self, src, dst):
+        """The copy's ``BlockMove`` when it is one, else its row-by-row plan."""
+        key = (src, dst, True)
+        if key not in self._plans:
+            self._plans[key] = block_move(src, dst) or self.rows(src, dst)
+        return self._plans[key]
+
+    def rows(self, src, dst):
+        """The copy's row-by-row plan (``plan_for``)."""
+        key = (src, dst, False)
+        if key not in self._plans:
+            self._plans[key] = plan_for(src, dst, self.tiles)
+        return self._plans[key]
