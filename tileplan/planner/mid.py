@@ -2,7 +2,7 @@
 
 ``MidGraph.build`` walks the ops in order; before each op, every activation
 input not already in the layout the chosen candidate reads gets a conversion
-node (an exchange of the tensor into that layout; a converted copy made once is
+node (none for an absorbed op: the op it fused with wrote its output) (an exchange of the tensor into that layout; a converted copy made once is
 reused by later consumers). The concatenated program of all nodes is what the
 detailed estimate costs for the whole graph and what lowering compiles.
 """
@@ -62,8 +62,9 @@ class MidGraph:
                 have.append(want)
             out_layout = cand.out
             if cand.fused:
-                gelu = g.op(cand.fused)
-                where[gelu.output] = [out_layout.layout]
+                # A fused candidate (bias Add + GeLU, or a GEMM adding the bias in its reduction)
+                # writes the output of the op it fused with, which takes an absorbed candidate.
+                where[g.op(cand.fused).output] = [out_layout.layout]
             elif not cand.absorbed:
                 where[op.output] = [out_layout]
             from .catalogue import program_of

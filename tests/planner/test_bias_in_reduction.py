@@ -1,0 +1,148 @@
+"""A split-K GEMM's bias Add done in its reduction: when it applies, the candidates it adds,
+the whole-graph choice between it and the fused bias-GeLU, and the package end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tileplan.graph.core import Add, GeLU, Graph, MatMul, Role, Tensor
+from tileplan.graph.dtypes import DType
+from tileplan.graph.loaders import load_model
+from tileplan.lowering.compile import compile_model
+from tileplan.lowering.package import load_package
+from tileplan.planner import catalogue
+from tileplan.planner.cpsat import solve_cpsat
+from tileplan.planner.elementwise import fusable_bias
+from tileplan.planner.plan import Context, build_problem, plan
+from tileplan.planner.select import Fused, solve_dp, solve_exhaustive
+from tileplan.sim.validate import validate_package
+from tileplan.target import load_target
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+IPU64 = load_target("ipu21-64")
+FP16, FP32 = DType.FP16, DType.FP32
+
+
+def gemm_bias(*, outputs=None, bias_role=Role.PARAMETER, bias_shape=(24,), lead=(), extra_user=False,
+              dtype=FP16) -> Graph:
+    tensors = [Tensor("x", lead + (16, 32), dtype, Role.INPUT), Tensor("w", (32, 24), dtype, Role.PARAMETER),
+               Tensor("b", bias_shape, dtype, bias_role)]
+    ops = [MatMul("mm", ("x", "w"), "h"), Add("bias", ("h", "b"), "y")]
+    if extra_user:
+        ops.append(GeLU("side", ("h",), "z"))
+    return Graph.build("gemm_bias", tensors, ops, outputs=outputs)
+
+
+def test_a_bias_add_is_fusable_into_the_gemm_only_as_its_sole_consumer_adding_a_parameter_row():
+    g = gemm_bias()
+    add, bias = fusable_bias(g, g.op("mm"))
+    assert add.name == "bias" and bias == "b"
+    assert fusable_bias(g, g.op("bias")) is None                                       # not a MatMul
+    assert fusable_bias(*(lambda g: (g, g.op("mm")))(gemm_bias(bias_shape=(1, 24)))) is not None
+    for reason, graph in [("the product is an output", gemm_bias(outputs=["h", "y"])),
+                          ("the product has a second consumer", gemm_bias(extra_user=True)),
+                          ("the bias is an activation", gemm_bias(bias_role=Role.INPUT)),
+                          ("the bias repeats over a batch, not a row", gemm_bias(bias_shape=(16, 24), lead=(2,)))]:
+        assert fusable_bias(graph, graph.op("mm")) is None, reason
+
+
+@pytest.fixture(scope="module")
+def small_mlp():
+    graph = load_model(FIXTURES / "mlp_fp16_small.toml")
+    return graph, load_target(graph.target)
+
+
+def test_the_catalogue_keeps_both_kinds_and_adds_the_bias_only_where_there_is_a_reduction(small_mlp):
+    graph, target = small_mlp
+    cands = catalogue.gemm_candidates(Context(graph, target), graph.op("fc1"))
+    fused = [c for c in cands if c.choice.bias]
+    plain = [c for c in cands if not c.choice.bias]
+    assert fused and plain
+    for c in fused:
+        assert c.choice.gk > 1 and c.choice.reduction != "none"
+        assert c.fused == "bias1" and isinstance(c.out, Fused)
+        assert "bias fused into the reduction" in str(c)
+        reduce = [v for s in c.program.steps if s.name == "fc1.reduce" for v in s.vertices]
+        assert reduce and all(v.variant == "reduce_bias_fp16" and v.call.bias_cols for v in reduce)
+        assert all(v.ins[1].buffer == "b1" for v in reduce)          # the resident replicated bias row
+        assert c.program.steps[-1].copies[0].dst.startswith("hb@")   # it writes the Add's output
+    assert all(c.fused is None and not isinstance(c.out, Fused) for c in plain)
+
+
+def test_the_plan_does_the_bias_in_the_reduction_when_the_whole_graph_is_faster(small_mlp, monkeypatch):
+    graph, target = small_mlp
+    fused = plan(graph, target)
+    picked = {op: fused.candidates[op][i] for op, i in fused.picks.items()}
+    assert picked["fc1"].choice.bias and picked["fc2"].choice.bias
+    assert picked["bias1"].absorbed and picked["bias2"].absorbed
+    assert picked["bias1"].estimate.cycles == 0 and "the reduction of fc1" in picked["bias1"].desc
+    assert not picked["act"].absorbed                     # a plain GeLU on the GEMM's output
+    # Without the new kind the same graph plans slower (the GEMM, then the fused bias-GeLU).
+    monkeypatch.setattr(catalogue, "bias_fusion", lambda ctx, op: None)
+    before = plan(graph, target)
+    assert before.picks["fc1"] is not None and not any(c.fused for c in before.candidates["fc1"])
+    assert fused.estimate.cycles < before.estimate.cycles
+
+
+def test_the_selection_keeps_the_gemm_and_fused_bias_gelu_where_that_is_faster():
+    # The FP8 smoke MLP: fc1 is offered the bias in a reduction but its best plan is an unsplit K
+    # grid and the fused bias-GeLU; fc2 (split K) takes the bias into its reduction.
+    graph = load_model(FIXTURES / "mlp_smoke_fp8.toml")
+    p = plan(graph, IPU64, dp_paths=None)
+    picked = {op: p.candidates[op][i] for op, i in p.picks.items()}
+    assert any(c.fused == "bias1" for c in p.candidates["fc1"])
+    assert picked["bias1"].fused == "act" and picked["act"].absorbed
+    assert picked["fc2"].choice.bias and picked["bias2"].absorbed
+
+
+@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "mlp_fp16_small"])
+def test_dp_cpsat_and_the_exhaustive_oracle_agree_with_both_fusions_on_offer(fixture):
+    graph = load_model(FIXTURES / f"{fixture}.toml")
+    target = load_target(graph.target)
+    full = plan(graph, target)
+    # A few candidates per op keep the oracle small: the chosen one, and per GEMM the two fastest
+    # of each kind; elementwise ops keep every candidate (plain, bias-GeLU and absorbed).
+    cands = {}
+    for op, cs in full.candidates.items():
+        if cs[0].choice is None:
+            cands[op] = cs
+            continue
+        keep = {id(cs[full.picks[op]])}
+        for kind in (True, False):
+            same = sorted((c for c in cs if bool(c.fused) == kind), key=lambda c: c.estimate.cycles)
+            keep |= {id(c) for c in same[:2]}
+        cands[op] = [c for c in cs if id(c) in keep]
+    problem = build_problem(Context(graph, target), cands)
+    oracle = solve_exhaustive(problem)
+    dp, cp = solve_dp(problem, paths=None), solve_cpsat(problem)
+    assert oracle.cycles == dp.cycles == cp.cycles == full.selection.cycles
+    assert any(cands[op][i].fused and cands[op][i].choice is not None for op, i in oracle.picks.items())
+
+
+def test_the_package_validates_with_the_estimate_equal_to_the_simulated_cycles(small_mlp, tmp_path):
+    graph, target = small_mlp
+    p, _, path = compile_model(graph, target, tmp_path / "pkg", jobs=1)
+    pkg = load_package(path)
+    v = validate_package(pkg)
+    assert v.passed and v.outputs["y"]["max_abs"] <= 0.001 and v.outputs["y"]["cosine"] > 0.999
+    estimate = json.loads((path / "report.json").read_text())["estimate"]
+    assert estimate["cycles"] == v.profile.cycles == p.estimate.cycles
+    groups = [g for s in pkg.program.steps if s.name.endswith(".reduce") for g in s.groups]
+    assert groups and {g.variant for g in groups} == {"reduce_bias_fp16"}
+    assert (path / "codelets" / "reduce_bias_fp16.cpp").exists()
+    # The steps the absorbed Adds would have run are gone.
+    assert not any(s.name.startswith(("bias1.", "bias2.")) for s in pkg.program.steps)
+
+
+def test_same_inputs_give_byte_identical_packages_with_the_bias_in_the_reduction(small_mlp, tmp_path):
+    graph, target = small_mlp
+    digests = []
+    for name in ("a", "b"):
+        _, _, path = compile_model(graph, target, tmp_path / name, jobs=1)
+        digests.append({f.relative_to(path).as_posix(): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()})
+    assert digests[0] == digests[1]
+    assert np.any(["reduce_bias" in k for k in digests[0]])
