@@ -18,7 +18,9 @@ from tileplan.planner import catalogue
 from tileplan.planner.cpsat import solve_cpsat
 from tileplan.planner.elementwise import fusable_bias
 from tileplan.planner.plan import Context, build_problem, plan
+from tileplan.planner.planjson import plan_to_json
 from tileplan.planner.select import Fused, solve_dp, solve_exhaustive
+from tileplan.report.terminal import render_package
 from tileplan.sim.validate import validate_package
 from tileplan.target import load_target
 
@@ -136,6 +138,22 @@ def test_the_package_validates_with_the_estimate_equal_to_the_simulated_cycles(s
     assert (path / "codelets" / "reduce_bias_fp16.cpp").exists()
     # The steps the absorbed Adds would have run are gone.
     assert not any(s.name.startswith(("bias1.", "bias2.")) for s in pkg.program.steps)
+
+
+def test_plan_json_and_the_report_say_the_bias_is_fused_into_the_reduction(small_mlp):
+    graph, target = small_mlp
+    data = plan_to_json(plan(graph, target))
+    ops = {o["name"]: o for o in data["ops"]}
+    assert ops["fc1"]["grid"]["bias_in_reduction"] is True and ops["fc1"]["fused_with"] == "bias1"
+    assert ops["bias1"]["absorbed"] and ops["bias1"]["absorbed_into"] == "fc1"
+    assert ops["act"]["absorbed_into"] is None and not ops["act"]["absorbed"]
+    losers = data["runner_ups"]["fc1"]
+    assert any("leaves the bias to the Add" in r["lost"] for r in losers)
+    from rich.console import Console
+    console = Console(width=400, record=True)
+    console.print(render_package(data))
+    text = console.export_text()
+    assert "bias fused into the reduction" in text and "fused into the reduction of fc1" in text
 
 
 def test_same_inputs_give_byte_identical_packages_with_the_bias_in_the_reduction(small_mlp, tmp_path):
