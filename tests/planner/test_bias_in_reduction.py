@@ -8,12 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tileplan.graph.core import Add, GeLU, Graph, MatMul, Role, Tensor
+from tileplan.graph.core import Add, Cast, GeLU, Graph, MatMul, Role, Tensor
 from tileplan.graph.dtypes import DType
 from tileplan.graph.loaders import load_model
 from tileplan.lowering.compile import compile_model
-from tileplan.lowering.package import load_package
+from tileplan.lowering.lower import lower
+from tileplan.lowering.package import Package, load_package
 from tileplan.planner import catalogue
 from tileplan.planner.cpsat import solve_cpsat
 from tileplan.planner.elementwise import fusable_bias
@@ -164,3 +167,47 @@ def test_same_inputs_give_byte_identical_packages_with_the_bias_in_the_reduction
         digests.append({f.relative_to(path).as_posix(): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()})
     assert digests[0] == digests[1]
     assert np.any(["reduce_bias" in k for k in digests[0]])
+
+
+@st.composite
+def deep_k_gemm_bias(draw):
+    """(graph, target): a GEMM with a long K and a short output (split K pays), then its bias Add
+    (either operand order, a [N] or [1, N] row) and maybe a GeLU; FP32, FP16 or FP8 operands."""
+    kind = draw(st.sampled_from([FP32, FP16, DType.FP8]))
+    act = FP16 if kind is DType.FP8 else kind
+    lead = draw(st.sampled_from([(), (2,)]))
+    m, k, n = draw(st.integers(1, 12)), draw(st.integers(64, 600)), draw(st.integers(1, 40))
+    tensors = [Tensor("x", lead + (m, k), act, Role.INPUT), Tensor("w", (k, n), kind, Role.PARAMETER),
+               Tensor("b", draw(st.sampled_from([(n,), (1, n)])), act, Role.PARAMETER)]
+    ops, src = [], "x"
+    if kind is DType.FP8:
+        tensors.append(Tensor("x8", lead + (m, k), DType.FP8))
+        ops.append(Cast("cast", ("x",), "x8"))
+        src = "x8"
+    ops += [MatMul("mm", (src, "w"), "h"), Add("bias", draw(st.sampled_from([("h", "b"), ("b", "h")])), "y")]
+    if draw(st.booleans()):
+        ops.append(GeLU("act", ("y",), "z"))
+    return Graph.build("deep_k", tensors, ops), IPU64.with_tiles(draw(st.sampled_from([8, 16, 32, 64])))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(deep_k_gemm_bias())
+def test_random_split_k_gemms_with_their_bias_in_the_reduction_validate_as_estimated(case):
+    graph, target = case
+    p = plan(graph, target)
+    v = validate_package(Package(None, graph, target, lower(p.mid.program, target).tile_program, {}, {}, {}))
+    assert v.passed, ("; ".join(op.describe() for op in graph.ops) + f" on {target.tiles} tiles", v.outputs)
+    assert v.profile.cycles == p.estimate.cycles
+
+
+@pytest.mark.parametrize("dtype, variant", [(FP32, "reduce_bias_fp32"), (FP16, "reduce_bias_fp16")])
+def test_a_short_wide_k_gemm_takes_its_bias_into_the_reduction_in_both_types(dtype, variant):
+    tensors = [Tensor("x", (4, 512), dtype, Role.INPUT), Tensor("w", (512, 16), dtype, Role.PARAMETER),
+               Tensor("b", (16,), dtype, Role.PARAMETER)]
+    graph = Graph.build("deep_k", tensors, [MatMul("mm", ("x", "w"), "h"), Add("bias", ("h", "b"), "y")])
+    p = plan(graph, IPU64)
+    mm = p.candidates["mm"][p.picks["mm"]]
+    assert mm.choice.bias and mm.choice.gk > 1
+    assert {v.variant for s in mm.program.steps if s.name == "mm.reduce" for v in s.vertices} == {variant}
+    v = validate_package(Package(None, graph, IPU64, lower(p.mid.program, IPU64).tile_program, {}, {}, {}))
+    assert v.passed and v.profile.cycles == p.estimate.cycles

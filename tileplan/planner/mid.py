@@ -2,9 +2,11 @@
 
 ``MidGraph.build`` walks the ops in order; before each op, every activation
 input not already in the layout the chosen candidate reads gets a conversion
-node (none for an absorbed op: the op it fused with wrote its output) (an exchange of the tensor into that layout; a converted copy made once is
-reused by later consumers). The concatenated program of all nodes is what the
-detailed estimate costs for the whole graph and what lowering compiles.
+node (an exchange of the tensor into that layout; a converted copy made once is
+reused by later consumers). An absorbed op gets none: the op it fused with (its
+bias Add, or its GEMM's reduction) already wrote its output. The concatenated
+program of all nodes is what the detailed estimate costs for the whole graph and
+what lowering compiles.
 """
 
 from __future__ import annotations
