@@ -64,6 +64,16 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
     add("reduce_fp16", ReduceCall(8, 2, FP16, FP16),
         partials=np.array([60000] * 8 + [40000] * 8, np.float16))
     add("reduce_fp32", ReduceCall(37, 4, FP32, FP16, out_scale=-2), partials=random(rng, FP32, 148, 100.0))
+    # Reductions with a bias row (3 or 5 rows of it), including an overflow the bias tips over.
+    add("reduce_bias_fp16", ReduceCall(48, 3, FP16, FP16, bias_cols=16),
+        partials=random(rng, FP16, 144, 4.0), bias=random(rng, FP16, 16))
+    add("reduce_bias_fp16", ReduceCall(8, 2, FP16, FP16, bias_cols=4),
+        partials=np.array([30000] * 8 + [30000] * 8, np.float16),
+        bias=np.array([6000, -6000, 0, np.nan], np.float16))
+    add("reduce_bias_fp16", ReduceCall(20, 2, FP16, FP32, out_scale=2, bias_cols=4),
+        partials=random(rng, FP16, 40, 4.0), bias=random(rng, FP32, 4))
+    add("reduce_bias_fp32", ReduceCall(35, 4, FP32, FP16, bias_cols=7),
+        partials=random(rng, FP32, 140, 100.0), bias=random(rng, FP16, 7, 10.0))
 
     # Adds, dense and row broadcast, aligned and not.
     for variant, dt in (("add_vector", FP16), ("add_vector", FP32), ("add_pairs", FP16), ("add_pairs", FP32)):

@@ -26,6 +26,8 @@ BASE = {
     "vmac": (MatMulCall(3, 5, 7, FP16, FP16), ("m", "n", "k")),
     "reduce_fp16": (ReduceCall(100, 3, FP16, FP16), ("n", "parts")),
     "reduce_fp32": (ReduceCall(100, 3, FP32, FP32), ("n", "parts")),
+    "reduce_bias_fp16": (ReduceCall(100, 3, FP16, FP16, bias_cols=20), ("n", "parts")),
+    "reduce_bias_fp32": (ReduceCall(100, 3, FP32, FP16, bias_cols=50), ("n", "parts")),
     "add_vector": (AddCall(4, 64, FP16, "row_broadcast"), ("rows", "cols")),
     "add_pairs": (AddCall(4, 63, FP32, "dense"), ("rows", "cols")),
     "gelu_fp16": (GeLUCall(100, FP16), ("n",)),
@@ -118,6 +120,28 @@ def test_reduction_matches_the_seven_hardware_samples():
                (576, 15, 3090), (2208, 28, 18222)]
     for n, parts, measured in samples:
         assert REG["reduce_fp16"].cycles(ReduceCall(n, parts, FP16, FP16), IPU21) == measured
+
+
+def test_a_bias_row_in_the_reduction_is_priced_as_one_more_partial():
+    # DERIVED (cycles.reduce_cycles): 282 + 6 * ceil(n/48) * (11 + 2P) for P FP16 partials plus the bias.
+    for n, parts, cols in ((8, 2, 8), (1472, 4, 64), (2304, 9, 64), (576, 15, 96)):
+        with_bias = REG["reduce_bias_fp16"].cycles(ReduceCall(n, parts, FP16, FP16, bias_cols=cols), IPU21)
+        assert with_bias == 282 + 6 * -(-n // 48) * (11 + 2 * parts)
+        assert with_bias == REG["reduce_fp16"].cycles(ReduceCall(n, parts + 1, FP16, FP16), IPU21)
+    # Cheaper than the row-broadcast Add it replaces, which pays its own launch and row resets.
+    fused = REG["reduce_bias_fp16"].cycles(ReduceCall(36 * 64, 9, FP16, FP16, bias_cols=64), IPU21)
+    plain = REG["reduce_fp16"].cycles(ReduceCall(36 * 64, 9, FP16, FP16), IPU21)
+    add = REG["add_vector"].cycles(AddCall(36, 64, FP16, "row_broadcast"), IPU21)
+    assert plain < fused < plain + add
+
+
+def test_dispatch_sends_a_reduction_with_a_bias_row_to_the_bias_variant():
+    from tileplan.kernels import dispatch
+    assert dispatch(ReduceCall(96, 2, FP16, FP16, bias_cols=48), IPU21).name == "reduce_bias_fp16"
+    assert dispatch(ReduceCall(96, 2, FP16, FP16), IPU21).name == "reduce_fp16"
+    assert dispatch(ReduceCall(96, 2, FP32, FP32, bias_cols=96), IPU21).name == "reduce_bias_fp32"
+    with pytest.raises(TileplanError, match="does not divide"):
+        ReduceCall(96, 2, FP16, FP16, bias_cols=50)
 
 
 def test_add_and_gelu_and_casts_reproduce_their_published_values():

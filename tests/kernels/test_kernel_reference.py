@@ -127,6 +127,28 @@ def test_reduce_sums_parts_in_fp32_order(variant, dt, out):
     assert got.tobytes() == (acc * np.float32(2)).astype(out.numpy).tobytes()
 
 
+@pytest.mark.parametrize("variant, dt, out", [("reduce_bias_fp16", FP16, FP16), ("reduce_bias_fp16", FP16, FP32),
+                                              ("reduce_bias_fp32", FP32, FP16)])
+def test_reduce_adds_the_bias_row_as_one_more_addend_before_the_one_rounding(variant, dt, out):
+    rng = np.random.default_rng(6)
+    x, bias = rand(rng, dt, (3, 4, 11), 3.0), rand(rng, out, (11,), 3.0)
+    call = ReduceCall(44, 3, dt, out, out_scale=-1, bias_cols=11)
+    got = REG[variant].reference(call, x.reshape(-1), bias)
+    acc = np.zeros((4, 11), np.float32)
+    for p in range(3):
+        acc = (acc + x[p].astype(np.float32)).astype(np.float32)
+    acc = (acc + bias.astype(np.float32)).astype(np.float32)
+    assert got.tobytes() == (acc * np.float32(0.5)).astype(out.numpy).reshape(-1).tobytes()
+    # The unfused path rounds the sum to the output type, then the Add rounds again.
+    if out is FP16:
+        plain = REG[variant.replace("_bias", "")].reference(ReduceCall(44, 3, dt, out, out_scale=-1), x.reshape(-1))
+        two_roundings = REG["add_vector"].reference(AddCall(4, 11, FP16, "row_broadcast"), plain,
+                                                    (bias * np.float16(0.5)).astype(np.float16))
+        assert np.allclose(got.astype(np.float64), two_roundings.astype(np.float64), rtol=2e-3, atol=2e-3)
+    with pytest.raises(ValueError, match="bias operand"):
+        REG[variant].reference(call, x.reshape(-1))
+
+
 @pytest.mark.parametrize("variant", ["add_vector", "add_pairs"])
 @pytest.mark.parametrize("dt", [FP16, FP32])
 def test_add_dense_and_row_broadcast_round_the_fp32_sum_once(variant, dt):

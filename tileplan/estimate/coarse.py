@@ -18,6 +18,7 @@ import numpy as np
 
 from ..kernels import default_registry
 from ..kernels.calls import MatMulCall
+from ..kernels.cycles import REDUCE_ELEMS_PER_WAVE, REDUCE_ISSUE, REDUCE_ISSUE_PER_PART, REDUCE_SETUP
 from ..layout.panels import panel_count
 
 _BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> (n, k, partials) -> lines
@@ -112,7 +113,8 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarsePart
     has_red = red > 0
     piece = np.where(red == 2, -(-m // gkk), m)
     red_recv = np.where(has_red, (gkk - 1) * piece * n * pbytes * per_group, 0)
-    red_cyc = np.where(has_red, 282 + 6 * -(-(piece * n) // 48) * (11 + 2 * (gkk - 1)) * per_group, 0)
+    red_cyc = np.where(has_red, REDUCE_SETUP + target.workers * -(-(piece * n) // REDUCE_ELEMS_PER_WAVE)
+                       * (REDUCE_ISSUE + REDUCE_ISSUE_PER_PART * (gkk - 1)) * per_group, 0)
     out_recv = np.where(has_red, piece * n * ob * per_group, c_blk)
     syncs = target.sync_cycles * (1 + sk + has_red.astype(np.int64))
     cycles = prep + amp + -(-red_recv // bw) + red_cyc + -(-out_recv // bw) + syncs
@@ -124,6 +126,19 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarsePart
     memory = np.where(has_red, np.maximum(a_blk + b_blk + p_blk, p_blk + reducer_in + reduced), a_blk + b_blk + c_blk)
     return CoarseParts(cycles.astype(np.int64), memory.astype(np.int64), np.asarray(b_blk, dtype=np.int64),
                        np.asarray(cut_runs, dtype=np.int64), np.broadcast_to(k, cycles.shape).astype(np.int64))
+
+
+def reduction_bias_cycles(g, target, grid, red) -> np.ndarray:
+    """Per row, the cycles a bias row adds to the reduction when the reducers add it (one more
+    addend, ``kernels.cycles.reduce_cycles``; read from the replicated bias on the reducer's own
+    tile, so no exchange and no memory): ``coarse_parts``' reduction term with ``gk + 1`` addends
+    less the one with ``gk``. Zero for rows without a reduction."""
+    gb, gm, gn, gkk = np.asarray(grid).T
+    per_group = -(-g.batch // gb)
+    m = -(-g.M // gm)
+    piece = np.where(red == 2, -(-m // gkk), m)
+    waves = -(-(piece * widest_block_n(g, gn)) // REDUCE_ELEMS_PER_WAVE)
+    return np.where(red > 0, target.workers * waves * REDUCE_ISSUE_PER_PART * per_group, 0).astype(np.int64)
 
 
 def amp_cycles(g, target, grid, ptype, sk) -> np.ndarray:

@@ -106,22 +106,38 @@ class MatMulCall:
 class ReduceCall:
     """Sum ``parts`` partial arrays of ``n`` elements each (one contiguous buffer
     ``[parts, n]``), accumulating in FP32 in part order; the sum is multiplied by
-    ``2**out_scale`` and rounded to ``out_dtype``."""
+    ``2**out_scale`` and rounded to ``out_dtype``.
+
+    With ``bias_cols > 0`` a second input, a bias row of ``bias_cols`` elements of
+    ``out_dtype``, is one more addend: the ``n`` elements are ``n / bias_cols``
+    rows of ``bias_cols`` and element ``i`` adds ``bias[i % bias_cols]`` after the
+    last partial, in the same FP32 sum, before the scaling and the one rounding
+    (a GEMM's bias Add done by its split-K reduction)."""
 
     n: int
     parts: int
     in_dtype: DType
     out_dtype: DType
     out_scale: int = 0
+    bias_cols: int = 0                    # width of the bias row added to every row; 0: no bias
     primitive: ClassVar[str] = "reduce"
     __str__ = describe
 
     def __post_init__(self):
         _positive(self, n=self.n, parts=self.parts)
         _dtype(self, in_dtype=self.in_dtype, out_dtype=self.out_dtype)
+        check(isinstance(self.bias_cols, int) and not isinstance(self.bias_cols, bool) and self.bias_cols >= 0,
+              f"ReduceCall: bias_cols must be a non-negative integer, got {self.bias_cols!r}")
+        check(self.bias_cols == 0 or self.n % self.bias_cols == 0,
+              f"ReduceCall: a bias row of {self.bias_cols} elements does not divide n={self.n} into rows")
+
+    @property
+    def addends(self) -> int:
+        """Arrays summed per element: the partials, and the bias row when there is one."""
+        return self.parts + (1 if self.bias_cols else 0)
 
     def key(self) -> str:
-        return f"reduce_{self.in_dtype}_{self.out_dtype}"
+        return f"reduce_{self.in_dtype}_{self.out_dtype}" + ("_bias" if self.bias_cols else "")
 
 
 @dataclass(frozen=True)

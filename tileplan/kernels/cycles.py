@@ -154,16 +154,27 @@ REDUCE_ISSUE = 11             # issue groups per iteration, incl. repeat alignme
 REDUCE_ISSUE_PER_PART = 2     # extra issue groups per further partial
 
 
+def reduce_work(in_dtype: DType, n: int, addends: int, workers: int) -> int:
+    """The reduction loop without its setup: ``ceil(n / wave) * workers * (11 + 2(A-1))`` for
+    ``A`` addends per element (a wave is 48 FP16 or 24 FP32 elements)."""
+    wave = REDUCE_ELEMS_PER_WAVE // 2 if in_dtype is DType.FP32 else REDUCE_ELEMS_PER_WAVE
+    return ceil_div(n, wave) * workers * (REDUCE_ISSUE + REDUCE_ISSUE_PER_PART * (addends - 1))
+
+
 def reduce_cycles(call: ReduceCall, target: Target) -> int:
     """``282 + 6 * ceil(n/48) * (11 + 2(P-1))`` for FP16 partials: published
     (ipu-stack ``f16_reduction_cycles``, matched seven IPU21 samples exactly).
 
     FP32 partials: DERIVED, a 64-bit load carries half as many elements, so a
     six-worker wave covers 24 elements: ``282 + 6 * ceil(n/24) * (11 + 2(P-1))``.
+
+    A bias row (``bias_cols > 0``): DERIVED, priced as one more partial,
+    ``282 + 6 * ceil(n/48) * (11 + 2P)``: the bias is one more 64-bit load and
+    add per element, like a partial. Its pointer wraps every ``bias_cols``
+    elements, assumed free (the partials' offsets are computed per element the
+    same way). No public measurement.
     """
-    wave = REDUCE_ELEMS_PER_WAVE // 2 if call.in_dtype is DType.FP32 else REDUCE_ELEMS_PER_WAVE
-    per_wave = target.workers * (REDUCE_ISSUE + REDUCE_ISSUE_PER_PART * (call.parts - 1))
-    return REDUCE_SETUP + ceil_div(call.n, wave) * per_wave
+    return REDUCE_SETUP + reduce_work(call.in_dtype, call.n, call.addends, target.workers)
 
 
 # ---- add --------------------------------------------------------------------------

@@ -93,12 +93,17 @@ def matmul(call: MatMulCall, a: np.ndarray, b: np.ndarray, cin: np.ndarray | Non
     return _result(round_to(c, call.partials, call.out_scale).reshape(-1, call.m * call.n), batch)
 
 
-def reduce(call: ReduceCall, partials: np.ndarray) -> np.ndarray:
-    """Sum in part order in FP32, ``* 2**out_scale``, round to ``out_dtype``."""
+def reduce(call: ReduceCall, partials: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """Sum in part order in FP32, then the bias row when ``call.bias_cols`` (one more addend,
+    repeated over the ``n / bias_cols`` rows), ``* 2**out_scale``, round to ``out_dtype``."""
     x = operand(partials, call.in_dtype, call.parts * call.n, "partials").reshape(-1, call.parts, call.n)
     acc = np.zeros((x.shape[0], call.n), np.float32)
     for p in range(call.parts):
         acc += _f32(x[:, p])
+    if call.bias_cols:
+        if bias is None:
+            raise ValueError("a reduction with a bias row needs its bias operand")
+        acc += np.tile(_f32(operand(bias, call.out_dtype, call.bias_cols, "bias")), (1, call.n // call.bias_cols))
     return _result(round_to(acc, call.out_dtype, call.out_scale), np.asarray(partials).shape[:-1])
 
 

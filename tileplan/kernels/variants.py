@@ -85,6 +85,8 @@ PANEL_GRAIN = Predicate("grain == target grain for dtype (the AMP panel width)",
                         lambda c, t: c.grain == t.grain(c.dtype))
 WHOLE_PANELS = Predicate("cols % grain == 0 (whole panels)", lambda c, t: c.cols % c.grain == 0)
 REDUCE_OUT = in_("out_dtype", (FP16, FP32))
+NO_BIAS = Predicate("no bias row (bias_cols == 0)", lambda c, t: c.bias_cols == 0)
+WITH_BIAS = Predicate("a bias row (bias_cols > 0)", lambda c, t: c.bias_cols > 0)
 
 
 def _table() -> list[Variant]:
@@ -97,11 +99,16 @@ def _table() -> list[Variant]:
         # Vector-unit fallback: any k, any panel width, far slower; keeps odd local shapes plannable.
         Variant("vmac", "matmul", BOTH, FALLBACK, (VMAC_TYPES, FP8_NEEDS_TARGET),
                 cy.vmac_cycles, ref.matmul, cl.matmul_codelet, doc="vector-unit multiply-accumulate"),
-        # Partial reductions: the fitted FP16 loop, the FP32 one derived from it.
-        Variant("reduce_fp16", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP16), REDUCE_OUT),
+        # Partial reductions: the fitted FP16 loop, the FP32 one derived from it; with a bias row
+        # (a GEMM's bias Add done in its reduction) the same loops with one more addend.
+        Variant("reduce_fp16", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP16), REDUCE_OUT, NO_BIAS),
                 cy.reduce_cycles, ref.reduce, cl.reduce_codelet),
-        Variant("reduce_fp32", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP32), REDUCE_OUT),
+        Variant("reduce_fp32", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP32), REDUCE_OUT, NO_BIAS),
                 cy.reduce_cycles, ref.reduce, cl.reduce_codelet),
+        Variant("reduce_bias_fp16", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP16), REDUCE_OUT, WITH_BIAS),
+                cy.reduce_cycles, ref.reduce, cl.reduce_codelet, doc="reduction plus a bias row"),
+        Variant("reduce_bias_fp32", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP32), REDUCE_OUT, WITH_BIAS),
+                cy.reduce_cycles, ref.reduce, cl.reduce_codelet, doc="reduction plus a bias row"),
         # Add: 64-bit vector loop when aligned, pair loop otherwise (dispatch takes the cheaper).
         Variant("add_vector", "add", BOTH, SPECIAL, (in_("dtype", (FP16, FP32)), ADD_ALIGNED),
                 cy.add_vector_cycles, ref.add, cl.add_codelet),

@@ -22,14 +22,16 @@ from .select import Fused  # noqa: F401  (re-exported: candidates carry it)
 class Candidate:
     op: str
     ins: tuple                    # layouts of the activation inputs, in input order
-    out: Any                      # layout of the output (a Fused marker for a fused bias Add)
+    out: Any                      # layout of the output (a Fused marker when it writes the fused op's output)
     desc: str                     # one line: the private implementation
     coarse: Estimate
     estimate: Estimate            # detailed, or the coarse one for a runner-up never detailed
     program: Program | None
     transient: np.ndarray         # int64 [tiles]
-    fused: str | None = None      # the GeLU this bias Add fuses with
-    absorbed: bool = False        # a GeLU whose work its bias Add does
+    fused: str | None = None      # the op whose output it writes: the GeLU of a bias-GeLU, the bias Add
+                                  # a GEMM does in its reduction
+    absorbed: bool = False        # an op whose work another does (a GeLU in its bias Add, a bias Add
+                                  # in its GEMM's reduction)
     choice: Any = None            # GemmChoice for GEMMs
     lost: str = ""                # why it was dropped (runner-ups only)
     boundary: tuple | None = None # GEMMs: (A layout, B layout, C layout) of its chunk (None: private storage)

@@ -8,6 +8,15 @@ Pareto frontier over (coarse cycles, coarse memory) keeps the survivors, which
 get their fragment program built and costed in detail. Chunks run in a process
 pool when ``jobs > 1`` and are merged in chunk order (deterministic).
 
+A MatMul followed by a bias Add it may do in its reduction (``elementwise.fusable_bias``,
+with the bias in its replicated storage) has a second set of chunks: the same A and B
+layouts, the Add's output layouts for C, and only options with a reduction (``gk > 1``),
+each reducer adding the bias (``GemmChoice.bias``). Their candidates write the Add's
+output (their output is ``Fused``: the product is never stored) and carry
+``fused=<the Add>``; ``plan`` gives the Add its absorbed candidates. Both kinds stay
+in the catalogue: the whole-graph selection decides (bias in the reduction then a
+plain GeLU, or the GEMM then a fused bias-GeLU, ...).
+
 Every dropped option that reached the frontier stage stays available as a
 runner-up with the reason it lost: ``over memory``, ``dominated`` (another
 option of its chunk is no slower and no larger) or ``thinned`` (the frontier was
@@ -28,23 +37,39 @@ from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program
 from ..graph.core import MatMul
 from . import elementwise as ew
-from .candidates import Candidate
+from .candidates import Candidate, Fused
 from .frontier import frontier
 from .gemm import GemmShape, build_program, coarse_rows, coarse_table
 
 KEEP_PER_CHUNK = 6          # detailed candidates per boundary combination kept for selection
 DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the fastest by coarse cycles,
                             # plus the least-memory entries of each class
+BIAS_DETAIL_BUDGET = 4      # the same for a chunk of the bias-in-reduction kind: its fastest entries only
 RUNNERS_UP = 8              # coarse runner-ups kept per chunk for the report
 POOL_MIN_WORK = 8192        # detailed choices x tiles below which the catalogue stays in-process
 POOL_MIN_TILES = 256        # targets below this plan their GEMMs' catalogues in-process: a whole catalogue
                             # costs less than starting a worker (the 64-tile smoke plan takes ~40 ms)
 
 
-def boundary_combinations(ctx, op: MatMul) -> list[tuple]:
+def bias_fusion(ctx, op: MatMul) -> tuple | None:
+    """(the bias Add, its bias tensor) when the MatMul's reduction may do the Add: the graph allows
+    it (``elementwise.fusable_bias``) and the bias is resident, replicated on every tile."""
+    found = ew.fusable_bias(ctx.graph, op)
+    if found is None:
+        return None
+    add, bias = found
+    st = ctx.storage.get(bias)
+    if st is None or not st.private or st.layout != ew.replicated(ctx.graph.tensors[bias].shape, ctx.target.tiles):
+        return None
+    return add, bias
+
+
+def boundary_combinations(ctx, op: MatMul, bias: bool = False) -> list[tuple]:
+    """(A, B, C) layouts: A and B as the operands allow, C the product's activation layouts, or
+    with ``bias`` the layouts of the bias Add's output (which the fragment then writes)."""
     g = ctx.graph
     ta, tb = g.inputs_of(op)
-    tc = g.output_of(op)
+    tc = g.output_of(bias_fusion(ctx, op)[0]) if bias else g.output_of(op)
     tiles = ctx.target.tiles
     a_opts = [None] if ctx.storage.get(ta.name, None) and ctx.storage[ta.name].private \
         else ew.activation_layouts(ta, tiles)
@@ -64,6 +89,12 @@ class Chunk:
     keep: np.ndarray | None = None
     runners: list = field(default_factory=list)
     error: str | None = None
+    bias: bool = False           # options that add the bias in their reduction (output: the bias Add's)
+
+    @property
+    def out(self):
+        """The output layout its candidates give the product: ``Fused`` when they write the Add's output."""
+        return Fused(self.combo[2]) if self.bias else self.combo[2]
 
 
 def boundary_figures(ctx, op, shape, combo) -> tuple[int, int, float]:
@@ -78,12 +109,12 @@ def boundary_figures(ctx, op, shape, combo) -> tuple[int, int, float]:
     return in_bytes, out_bytes, float(np.count_nonzero(cuts % shape.K)) / max(a_om.size, 1)
 
 
-def _select(ctx, op, shape, combo, figures=None, table=None) -> Chunk:
+def _select(ctx, op, shape, combo, figures=None, table=None, bias: bool = False) -> Chunk:
     """Coarse rows of one boundary combination, its bounded frontier and the entries to detail."""
     la, lb, lc = combo
     in_bytes, out_bytes, a_cut_density = figures or boundary_figures(ctx, op, shape, combo)
-    rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, a_cut_density, table)
-    chunk = Chunk(combo, tuple(l for l in (la, lb) if l is not None), rows)
+    rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, a_cut_density, table, bias)
+    chunk = Chunk(combo, tuple(l for l in (la, lb) if l is not None), rows, bias=bias)
     fits = np.flatnonzero(rows.fits)
     if fits.size == 0:
         chunk.error = _overflow(rows, shape, op, ctx.target)
@@ -91,22 +122,26 @@ def _select(ctx, op, shape, combo, figures=None, table=None) -> Chunk:
     front = fits[frontier(rows.cycles[fits], rows.memory[fits], ctx.frontier_bound,
                           extremes=(rows.interleaved[fits],))]
     by_speed = front[np.lexsort((front, rows.cycles[front]))]
-    least = {int(front[np.lexsort((front, rows.cycles[front], col[front]))[0]]) for col in (rows.memory, rows.interleaved)}
-    chunk.keep = np.array(sorted(set(by_speed[:DETAIL_BUDGET].tolist()) | least), dtype=np.int64)
+    # The least-memory entries are the fallbacks when memory is tight; the bias-in-reduction kind is a
+    # speed option, so its chunks detail their fastest entries only (the plain kind keeps the fallbacks).
+    least = set() if bias else \
+        {int(front[np.lexsort((front, rows.cycles[front], col[front]))[0]]) for col in (rows.memory, rows.interleaved)}
+    budget = BIAS_DETAIL_BUDGET if bias else DETAIL_BUDGET
+    chunk.keep = np.array(sorted(set(by_speed[:budget].tolist()) | least), dtype=np.int64)
     # Runner-ups that never reached the detailed stage: frontier entries beyond the detail budget,
     # then the fastest options the frontier dropped.
     on_front = np.setdiff1d(front, chunk.keep)
     off = np.ones(len(rows.cycles), dtype=bool)
     off[front] = False
     off_front = fits[off[fits]]
-    for group, why in ((on_front, f"on the coarse frontier, outside the detail budget ({DETAIL_BUDGET} fastest "
-                                  "and the least-memory entries)"),
+    budget_rule = f"{budget} fastest" + ("" if bias else " and the least-memory entries")
+    for group, why in ((on_front, f"on the coarse frontier, outside the detail budget ({budget_rule})"),
                        (off_front, "off the coarse frontier: dominated (another grid is no slower and no larger) "
                                    "or thinned from a crowded frontier")):
         for i in _fastest(group, rows.cycles, RUNNERS_UP).tolist():
             choice = rows.choice(shape, i)
             coarse = Estimate(compute=int(rows.cycles[i]), total_memory=int(rows.memory[i]))
-            chunk.runners.append(Candidate(op.name, chunk.ins, lc, str(choice), coarse, coarse, None,
+            chunk.runners.append(Candidate(op.name, chunk.ins, chunk.out, str(choice), coarse, coarse, None,
                                            np.zeros(0, dtype=np.int64), choice=choice, detailed=False, lost=why))
     return chunk
 
@@ -133,13 +168,28 @@ def _detail(args) -> list:
     out = []
     for choice, combos in work:
         for combo in combos:
-            la, lb, lc = combo
-            prog = build_program(shape, choice, ctx.tensor_buffer(op.inputs[0], la),
-                                 ctx.tensor_buffer(op.inputs[1], lb), ctx.tensor_buffer(op.output, lc), ctx.target)
+            prog = fragment(ctx, op, shape, choice, combo)
             d = cost_program(prog, ctx.target)
             transient = d.memory.by_kind.get("transient", np.zeros(ctx.target.tiles, dtype=np.int64))
+            if choice.bias:
+                # Its output is Fused for the selection: the Add's output it writes counts here (as
+                # the bias-GeLU fusion counts the GeLU's output).
+                add, _ = bias_fusion(ctx, op)
+                transient = transient + ctx.tile_bytes(add.output, combo[2])
             out.append((combo, choice, d.estimate, transient, prog if keep_programs else None))
     return out
+
+
+def fragment(ctx, op, shape, choice, combo):
+    """The fragment program of one GEMM candidate on its boundary layouts; with ``choice.bias`` it
+    reads the bias from its resident storage and writes the bias Add's output."""
+    la, lb, lc = combo
+    out, bias_buf = op.output, None
+    if choice.bias:
+        add, bias = bias_fusion(ctx, op)
+        out, bias_buf = add.output, ctx.tensor_buffer(bias, None)
+    return build_program(shape, choice, ctx.tensor_buffer(op.inputs[0], la), ctx.tensor_buffer(op.inputs[1], lb),
+                         ctx.tensor_buffer(out, lc), ctx.target, bias_buf)
 
 
 def _overflow(rows, shape, op, target) -> str:
@@ -163,6 +213,14 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     figures = [boundary_figures(ctx, op, shape, c) for c in combos]
     table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures))   # shared by the combinations
     chunks = [_select(ctx, op, shape, c, f, table) for c, f in zip(combos, figures)]
+    if bias_fusion(ctx, op) is not None:
+        # The bias-in-reduction kind: the Add's output layouts for C (same shape and type as the
+        # product), options with a reduction only (none when K is too short to split).
+        combos = boundary_combinations(ctx, op, bias=True)
+        figures = [boundary_figures(ctx, op, shape, c) for c in combos]
+        table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures), True)
+        if len(table.grid):
+            chunks += [_select(ctx, op, shape, c, f, table, bias=True) for c, f in zip(combos, figures)]
     # The detailed work, by grid choice: each choice is built once for all the chunks that kept it.
     wanted: dict = {}
     for ch in chunks:
@@ -199,8 +257,9 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
             choice = ch.rows.choice(shape, i)
             est, transient, prog = detailed[(ch.combo, choice)]
             coarse = Estimate(compute=int(ch.rows.cycles[i]), total_memory=int(ch.rows.memory[i]))
-            survivors.append(Candidate(op.name, ch.ins, ch.combo[2], str(choice), coarse, est, prog, transient,
-                                       choice=choice, boundary=ch.combo))
+            survivors.append(Candidate(op.name, ch.ins, ch.out, str(choice), coarse, est, prog, transient,
+                                       choice=choice, boundary=ch.combo,
+                                       fused=bias_fusion(ctx, op)[0].name if ch.bias else None))
         results.append((survivors, ch.runners, None))
     kept: list[Candidate] = []
     lost: list[Candidate] = []
@@ -287,8 +346,5 @@ def program_of(ctx, cand: Candidate):
     """A GEMM candidate's fragment program, rebuilt when it came back from a pool worker without it."""
     if cand.program is None and cand.choice is not None:
         op = ctx.graph.op(cand.op)
-        la, lb, lc = cand.boundary
-        cand.program = build_program(GemmShape.of(ctx.graph, op, ctx.target), cand.choice,
-                                     ctx.tensor_buffer(op.inputs[0], la), ctx.tensor_buffer(op.inputs[1], lb),
-                                     ctx.tensor_buffer(op.output, lc), ctx.target)
+        cand.program = fragment(ctx, op, GemmShape.of(ctx.graph, op, ctx.target), cand.choice, cand.boundary)
     return cand.program

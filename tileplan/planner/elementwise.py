@@ -13,13 +13,17 @@ a Cast keeps its pieces on the same tiles and moves nothing.
 A bias Add whose only consumer is a GeLU may fuse with it into one
 ``bias_gelu`` pass: a candidate of the Add that writes the GeLU's output (the
 sum is never stored); the GeLU then takes its ``absorbed`` candidate.
+
+A bias Add that is a split-K GEMM's only consumer (``fusable_bias``) may instead
+be done by the GEMM's reduction (``planner.gemm``, ``GemmChoice.bias``): the GEMM
+writes the Add's output and the Add takes an ``absorbed`` candidate.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..graph.core import Add, Cast, GeLU, Graph, Op, Role, Tensor
+from ..graph.core import Add, Cast, GeLU, Graph, MatMul, Op, Role, Tensor
 from ..graph.dtypes import DType
 from ..kernels.calls import AddCall, BiasGeLUCall, CastCall, GeLUCall
 from ..layout import Intervals, WholeRows
@@ -165,3 +169,32 @@ def fusable_gelu(graph: Graph, op: Op) -> GeLU | None:
     if out.role is Role.OUTPUT or len(users) != 1 or not isinstance(users[0], GeLU):
         return None
     return users[0]
+
+
+def fusable_bias(graph: Graph, op: Op) -> tuple[Add, str] | None:
+    """The bias Add a MatMul's reduction may do, and its bias tensor: the Add is the MatMul's only
+    consumer, the product is not an output and has no pinned layout (it is never stored), the other
+    operand is a parameter row of N elements (leading dimensions 1) broadcast over the rows, and the
+    Add keeps the product's type (FP16 or FP32, unscaled: the reduction adds the bias before its one
+    rounding). Whether the bias is read from its replicated storage is the planner's to check."""
+    if not isinstance(op, MatMul):
+        return None
+    out = graph.output_of(op)
+    users = graph.consumers.get(out.name, [])
+    if out.role is Role.OUTPUT or out.layout is not None or len(users) != 1 or not isinstance(users[0], Add):
+        return None
+    add = users[0]
+    idx = is_row_broadcast(graph, add)
+    if idx is None:
+        return None
+    bias, other = graph.inputs_of(add)[idx], graph.inputs_of(add)[1 - idx]
+    res = graph.output_of(add)
+    if other.name != out.name or bias.role is not Role.PARAMETER:
+        return None
+    if any(d != 1 for d in bias.shape[:-1]) or bias.shape[-1] != out.shape[-1]:
+        return None
+    if not (bias.dtype is out.dtype is res.dtype) or out.dtype not in (DType.FP16, DType.FP32):
+        return None
+    if bias.scale or out.scale or res.scale:
+        return None
+    return add, bias.name

@@ -14,7 +14,11 @@ A MatMul ``C = A @ B`` is seen as ``batch`` GEMMs ``C_b[M, N] = A_b[M, K] @ B_b[
   same for B);
 - the reduction when ``gk > 1``: ``gather`` (tile l = 0 reduces the whole block)
   or ``rows`` (the block's rows scattered over the gk partners, each reducing one
-  piece), and the partials type (the output type, or FP32 for FP16 inputs).
+  piece), and the partials type (the output type, or FP32 for FP16 inputs);
+- with ``gk > 1``, whether the reducers also add the bias row of a following
+  bias Add (``GemmChoice.bias``): each reducer reads the bias slice of its column
+  block from the bias's replicated storage as one more addend of its FP32 sum, and
+  the fragment writes the Add's output; the Add is absorbed (``catalogue``).
 
 Preparation (A and B to their grid blocks, one exchange), AMP compute,
 reduction (exchange + compute) and the final conversion of C to its boundary
@@ -25,6 +29,7 @@ is built (``coarse_rows`` marks it infeasible).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -39,7 +44,7 @@ from ..kernels.calls import MatMulCall, ReduceCall
 from ..layout.gemm_grid import Grid, aligned_bounds, balanced_bounds
 from ..layout.owner_map import expand_ranges
 from ..layout.panels import panel_count, panels_fit
-from ..estimate.coarse import CoarseParts, amp_cycles, coarse_parts, cut_cycles, k_unit
+from ..estimate.coarse import CoarseParts, amp_cycles, coarse_parts, cut_cycles, k_unit, reduction_bias_cycles
 from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
 ORDERS = ("bijl", "bilj", "bjli")
@@ -134,6 +139,11 @@ class GemmChoice:
     reduction: str = "none"          # "none" (gk == 1), "gather" or "rows"
     partials: DType = DType.FP16
     sk: int = 1                      # serial K steps: each tile walks its K range in sk chunks
+    bias: bool = False               # the reducers add the following bias Add's row (gk > 1 only)
+
+    def __post_init__(self):
+        if self.bias and self.gk == 1:
+            raise ValueError(f"{self}: a bias in the reduction needs a reduction (gk > 1)")
 
     @property
     def tiles_used(self) -> int:
@@ -143,7 +153,8 @@ class GemmChoice:
         red = "" if self.reduction == "none" else f" {self.reduction}"
         b = f"{self.gb}x" if self.gb > 1 else ""
         serial = f" serial-K {self.sk}" if self.sk > 1 else ""
-        return f"grid {b}{self.gm}x{self.gn}x{self.gk} {self.order}{red}{serial} {self.partials}"
+        bias = ", bias fused into the reduction" if self.bias else ""
+        return f"grid {b}{self.gm}x{self.gn}x{self.gk} {self.order}{red}{serial} {self.partials}{bias}"
 
 
 def tile_of(choice: GemmChoice) -> np.ndarray:
@@ -216,16 +227,17 @@ class CoarseRows:
     memory: np.ndarray      # int64 worst tile bytes (conservative)
     interleaved: np.ndarray # int64 bytes of AMP weight operands per tile
     fits: np.ndarray        # bool
+    bias: bool = False      # every row adds the bias in its reduction (GemmChoice.bias)
 
     def choice(self, g: GemmShape, i: int) -> GemmChoice:
         gb, gm, gn, gk = (int(x) for x in self.grid[i])
         red = ("none", "gather", "rows")[int(self.reduction[i])]
         return GemmChoice(gb, gm, gn, gk, ORDERS[int(self.order[i])], red, g.partial_types()[int(self.partials[i])],
-                          int(self.sk[i]))
+                          int(self.sk[i]), self.bias)
 
 
 def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile: int,
-                a_cut_density: float = 0.0, table: "CoarseTable | None" = None) -> CoarseRows:
+                a_cut_density: float = 0.0, table: "CoarseTable | None" = None, bias: bool = False) -> CoarseRows:
     """Every option of one boundary combination, costed at once (numpy, one row per option).
 
     Exchange: bytes each tile receives (A block + B block; partials; the C block
@@ -239,10 +251,13 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     AMP calls, the later ones accumulating into the partials in place.
 
     The boundary-free part of every row is the GEMM's ``coarse_table``, shared by its
-    boundary combinations (``table``: one built for at least these boundary bytes).
+    boundary combinations (``table``: one built for at least these boundary bytes). With ``bias``
+    the rows are the options whose reducers also add the bias (``gk > 1`` only).
     """
     io = in_bytes_per_tile + out_bytes_per_tile
-    t = table if table is not None else coarse_table(g, target, io)
+    t = table if table is not None else coarse_table(g, target, io, bias)
+    if t.bias != bias:
+        raise ValueError(f"coarse table built with bias={t.bias}, asked for bias={bias}")
     if io > t.retry_bytes:
         raise ValueError(f"coarse table built for {t.retry_bytes} boundary bytes, asked for {io}")
     memory = t.memory + io
@@ -254,14 +269,15 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     sel = np.flatnonzero(keep)
     cycles = t.cycles[sel] + cut_cycles(target, t.parts(sel), t.sk[sel], a_cut_density)
     return CoarseRows(t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel], t.sk[sel], cycles,
-                      memory[sel], t.interleaved[sel], fits[sel])
+                      memory[sel], t.interleaved[sel], fits[sel], t.bias)
 
 
 @dataclass(frozen=True, eq=False)
 class CoarseTable:
     """Every option of a GEMM without its boundaries: the serial K rows of the options that do not
     fit with ``retry_bytes`` of boundary pieces on a tile (``parent``: the option a row splits, -1
-    for an option at once), their boundary-free cycles and memory (``estimate.coarse.coarse_parts``)."""
+    for an option at once), their boundary-free cycles and memory (``estimate.coarse.coarse_parts``).
+    With ``bias`` only options with a reduction, each adding the bias in it."""
 
     retry_bytes: int
     grid: np.ndarray
@@ -275,6 +291,7 @@ class CoarseTable:
     interleaved: np.ndarray
     cut_runs: np.ndarray
     k: np.ndarray
+    bias: bool = False
 
     def parts(self, sel: np.ndarray) -> CoarseParts:
         return CoarseParts(self.cycles[sel], self.memory[sel], self.interleaved[sel], self.cut_runs[sel],
@@ -282,7 +299,9 @@ class CoarseTable:
 
 
 @functools.lru_cache(maxsize=8)
-def coarse_table(g: GemmShape, target, retry_bytes: int) -> CoarseTable:
+def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False) -> CoarseTable:
+    if bias:
+        return _bias_rows(coarse_table(g, target, retry_bytes), g, target)
     grids = _grid_options(g, target.tiles)
     n_ptypes = len(g.partial_types())
     gk = grids[:, 3]
@@ -320,6 +339,19 @@ def coarse_table(g: GemmShape, target, retry_bytes: int) -> CoarseTable:
     return CoarseTable(retry_bytes, grid, order, red, ptype, sk, parent, *parts)
 
 
+def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
+    """The bias-in-reduction table from the plain one: its rows with a reduction (serial K rows
+    too, their parents renumbered), each paying the bias's addend (``reduction_bias_cycles``);
+    memory, and which options need serial K, do not change (the bias is resident)."""
+    sel = np.flatnonzero(t.reduction > 0)
+    renumber = np.full(len(t.grid), -1, dtype=np.int64)
+    renumber[sel] = np.arange(sel.size)
+    parent = np.where(t.parent[sel] >= 0, renumber[np.maximum(t.parent[sel], 0)], -1)
+    cycles = t.cycles[sel] + reduction_bias_cycles(g, target, t.grid[sel], t.reduction[sel])
+    return CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel], t.sk[sel],
+                       parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel], t.k[sel], bias=True)
+
+
 # ---- the fragment program of one candidate -----------------------------------------------
 
 
@@ -327,28 +359,28 @@ def _batch_groups(batch: int, gb: int) -> np.ndarray:
     return np.repeat(np.arange(gb), np.diff(balanced_bounds(batch, gb)))
 
 
-_CORE_CACHE: dict = {}       # (shape, choice, id(target)) -> (target, core program); a few entries
+_CORE_CACHE: dict = {}       # (shape, choice, bias, id(target)) -> (target, core, reducer columns); a few entries
 _A, _B, _C = "<A>", "<B>", "<C>"   # placeholders for the boundary buffers in a cached core program
 
 
 def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer, c_buf: Buffer,
-                  target) -> Program:
+                  target, bias_buf: Buffer | None = None) -> Program:
     """The fragment program of one candidate: its boundary buffers around the grid's core.
 
     The core (grid buffers, vertices, internal exchanges) depends only on the GEMM
     and the choice, not on the boundary layouts, so it is built once and shared by
     every boundary combination (the compute steps are the same objects).
+
+    With ``choice.bias``, ``bias_buf`` is the bias row's resident buffer (replicated:
+    every tile holds the whole row, row-major from offset 0), which the reducers read,
+    and ``c_buf`` the bias Add's output.
     """
-    key = (g, choice, id(target))
-    hit = _CORE_CACHE.get(key)
-    if hit is None or hit[0] is not target:
-        if len(_CORE_CACHE) > 64:
-            _CORE_CACHE.clear()
-        hit = _CORE_CACHE[key] = (target, _build_core(g, choice, target))
-    core = hit[1]
+    if choice.bias != (bias_buf is not None):
+        raise ValueError(f"{g.op}: {choice} needs a bias buffer exactly when it adds the bias")
+    core, _ = _core(g, choice, target, bias_buf.name if bias_buf is not None else None)
     names = {_A: a_buf.name, _B: b_buf.name, _C: c_buf.name}
     prog = Program()
-    for b in (a_buf, b_buf, c_buf):
+    for b in (a_buf, b_buf, c_buf) + ((bias_buf,) if bias_buf is not None else ()):
         prog.add_buffer(b)
     for name, b in core.buffers.items():
         prog.add_buffer(b)
@@ -360,8 +392,48 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
     return prog
 
 
-def _build_core(g: GemmShape, choice: GemmChoice, target) -> Program:
-    """The fragment program: prep exchange, AMP compute, reduction, output conversion.
+def _core(g: GemmShape, choice: GemmChoice, target, bias: str | None) -> tuple[Program, tuple]:
+    """(core program, the (first column, columns) of each reducer vertex's block), cached. A choice
+    with the bias in its reduction is its plain choice's core with the reducers also reading the
+    bias (``_add_bias``): only the reduction step differs, the rest is shared."""
+    key = (g, choice, bias, id(target))
+    hit = _CORE_CACHE.get(key)
+    if hit is None or hit[0] is not target:
+        if choice.bias:
+            plain, cols = _core(g, dataclasses.replace(choice, bias=False), target, None)
+            built = (_add_bias(g, plain, cols, bias, target), cols)
+        else:
+            built = _build_core(g, choice, target)
+        if len(_CORE_CACHE) > 64:
+            _CORE_CACHE.clear()
+        hit = _CORE_CACHE[key] = (target, *built)
+    return hit[1], hit[2]
+
+
+def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str, target) -> Program:
+    """The core of a choice that adds the bias in its reduction, from its plain choice's core: each
+    reducer vertex also reads the bias columns of its block, ``cols[v] = (first column, columns)``,
+    from the replicated bias buffer (every tile holds the whole row from offset 0) and adds them
+    to every row of its piece (``ReduceCall.bias_cols``). Every other step is the plain one."""
+    out = Program(dict(plain.buffers))
+    calls: dict = {}                 # (plain call, bias columns) -> (call, variant, cycles)
+    for step in plain.steps:
+        if isinstance(step, ComputeStep) and step.name == f"{g.op}.reduce":
+            red = []
+            for v, (c0, n) in zip(step.vertices, cols, strict=True):
+                hit = calls.get((v.call, n))
+                if hit is None:
+                    call = dataclasses.replace(v.call, bias_cols=n)
+                    hit = calls[(v.call, n)] = (call,) + _kernel(call, target)
+                red.append(Vertex(v.tile, hit[0], v.ins + (Operand(bias, c0, n),), v.outs, hit[1], hit[2]))
+            step = ComputeStep(step.name, tuple(red))
+        out.steps.append(step)
+    return out
+
+
+def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tuple]:
+    """The fragment program: prep exchange, AMP compute, reduction, output conversion; and the
+    (first column, columns) of each reducer vertex's block (empty when ``gk == 1``).
 
     ``a_buf``/``b_buf`` are the operands' boundary (or resident) buffers and
     ``c_buf`` the result's boundary buffer; their layouts are the candidate's.
@@ -475,7 +547,7 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> Program:
         prog.steps.append(ExchangeStep(f"{name}.reduce.exchange", (Copy(OUT.name, R.name),)))
         r_off = p_red.block_offsets(ptype.itemsize)
         c_off = c_grid.block_offsets(g.out_dtype.itemsize)
-        red = []
+        red, cols = [], []
         for ci, (b, i, p) in enumerate(cells):
             h = int(piece_b[i][p + 1] - piece_b[i][p])
             if h == 0:
@@ -486,10 +558,11 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> Program:
                 call = ReduceCall(h * n, gk, ptype, g.out_dtype, -g.c_scale)
                 red.append(_vertex(t, call, (Operand(R.name, int(r_off[ci * gk, j, 0]), gk * h * n),),
                                    (Operand(Cg.name, int(c_off[ci, j, 0]), h * n),), target))
+                cols.append((int(nb[j]), n))
         prog.steps.append(ComputeStep(f"{name}.reduce", tuple(red)))
 
     prog.steps.append(ExchangeStep(f"{name}.out", (Copy(Cg.name, _C),)))
-    return prog
+    return prog, tuple(cols) if gk > 1 else ()
 
 
 def _grid_fields(grid: Grid) -> tuple:

@@ -3,8 +3,10 @@
 ``MidGraph.build`` walks the ops in order; before each op, every activation
 input not already in the layout the chosen candidate reads gets a conversion
 node (an exchange of the tensor into that layout; a converted copy made once is
-reused by later consumers). The concatenated program of all nodes is what the
-detailed estimate costs for the whole graph and what lowering compiles.
+reused by later consumers). An absorbed op gets none: the op it fused with (its
+bias Add, or its GEMM's reduction) already wrote its output. The concatenated
+program of all nodes is what the detailed estimate costs for the whole graph and
+what lowering compiles.
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ class MidGraph:
                 have.append(want)
             out_layout = cand.out
             if cand.fused:
-                gelu = g.op(cand.fused)
-                where[gelu.output] = [out_layout.layout]
+                # A fused candidate (bias Add + GeLU, or a GEMM adding the bias in its reduction)
+                # writes the output of the op it fused with, which takes an absorbed candidate.
+                where[g.op(cand.fused).output] = [out_layout.layout]
             elif not cand.absorbed:
                 where[op.output] = [out_layout]
             from .catalogue import program_of

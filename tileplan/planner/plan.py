@@ -8,8 +8,11 @@
    bias row is replicated on every tile; any other parameter is a value born
    in ``Intervals`` and converted where its consumer wants it.
 2. Candidates per op: GEMMs through the catalogue (``catalogue.gemm_candidates``:
-   coarse rows, bounded frontiers, detailed survivors); elementwise ops one per
-   activation layout, plus fused bias-GeLU.
+   coarse rows, bounded frontiers, detailed survivors; a split-K GEMM followed by
+   a bias Add also offers candidates that add the bias in their reduction);
+   elementwise ops one per activation layout, plus fused bias-GeLU; an op whose
+   work another op's candidate does (a GeLU in a bias-GeLU, a bias Add in a GEMM's
+   reduction) gets an absorbed candidate per layout that candidate writes.
 3. Selection (``select.solve_dp``, or CP-SAT with ``solver="cpsat"``).
 4. The ``MidGraph``: chosen fragments and explicit conversions as one program,
    costed in detail; the ``Plan`` wraps it with the report data.
@@ -192,11 +195,12 @@ def _elementwise(ctx: Context, op, lay, acts, fused) -> Candidate:
                      fused=fused.name if fused is not None else None)
 
 
-def absorbed_candidates(ctx: Context, gelu, fused_layouts) -> list[Candidate]:
-    """The GeLU's side of a fusion: reads nothing, costs nothing; its output was written by the bias Add."""
+def absorbed_candidates(ctx: Context, op, fused_layouts, into: str = "the bias Add") -> list[Candidate]:
+    """The absorbed side of a fusion (a GeLU in a bias-GeLU, a bias Add in a GEMM's reduction):
+    reads nothing, costs nothing; its output was written by the op it fused ``into``."""
     out = []
     for lay in fused_layouts:
-        out.append(Candidate(gelu.name, (Fused(lay),), lay, f"fused into the bias Add on {lay}", Estimate(),
+        out.append(Candidate(op.name, (Fused(lay),), lay, f"fused into {into} on {lay}", Estimate(),
                              Estimate(), Program(), np.zeros(ctx.target.tiles, dtype=np.int64), absorbed=True))
     return out
 
@@ -243,6 +247,14 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         pending.cancel()
         raise
     gemms = pending.result()
+    # A bias Add some GEMM candidates do in their reduction: absorbed candidates, one per layout
+    # they write the Add's output in.
+    for name, cs in gemms.items():
+        fused_layouts = list(dict.fromkeys(c.out.layout for c in cs if c.fused))
+        if fused_layouts:
+            add = graph.op(next(c.fused for c in cs if c.fused))
+            ew_cands[add.name] = ew_cands[add.name] + absorbed_candidates(ctx, add, fused_layouts,
+                                                                          into=f"the reduction of {name}")
     cands: dict[str, list[Candidate]] = {}
     for op in graph.ops:
         cands[op.name] = gemms[op.name] if isinstance(op, MatMul) else ew_cands[op.name]

@@ -10,7 +10,10 @@ Contents:
 - ``ops`` in execution order: the chosen candidate as one line, the layouts of
   its inputs (activation inputs as the candidate reads them, private parameters
   in their resident storage) and of its output, the GEMM grid, cycles by phase
-  and memory by class of its fragment;
+  and memory by class of its fragment; ``fused_with`` names the op whose output
+  it writes (the GeLU of a bias-GeLU, the bias Add a GEMM does in its reduction:
+  its grid says ``bias_in_reduction``) and ``absorbed`` marks the op that fusion
+  did, with ``absorbed_into`` naming the op that did its work;
 - ``conversions``: every conversion node of the MidGraph (the tensor, from, to,
   the op it feeds, bytes moved and cycles);
 - ``totals``: the whole program's detailed estimate (``Estimate.as_dict()``)
@@ -51,7 +54,8 @@ def _grid(choice) -> dict | None:
     if choice is None:
         return None
     return {"gb": int(choice.gb), "gm": int(choice.gm), "gn": int(choice.gn), "gk": int(choice.gk),
-            "order": choice.order, "reduction": choice.reduction, "partials": str(choice.partials)}
+            "order": choice.order, "reduction": choice.reduction, "partials": str(choice.partials),
+            "bias_in_reduction": bool(choice.bias)}
 
 
 def _op_entry(plan, node, storage) -> dict:
@@ -76,7 +80,16 @@ def _op_entry(plan, node, storage) -> dict:
         "memory": _memory(cand.estimate),
         "fused_with": cand.fused,
         "absorbed": bool(cand.absorbed),
+        "absorbed_into": absorbed_into(plan, op.name) if cand.absorbed else None,
     }
+
+
+def absorbed_into(plan, op: str) -> str | None:
+    """The op whose chosen candidate did the work of the absorbed op ``op``."""
+    for node in plan.mid.nodes:
+        if node.kind == "op" and node.candidate.fused == op:
+            return node.op
+    return None
 
 
 def activation_inputs_of(graph, op, storage) -> list[str]:
@@ -120,6 +133,12 @@ def runner_ups(plan, op: str, limit: int = RUNNER_UPS) -> list[dict]:
 
 def _selection_loss(c, chosen) -> str:
     delta = c.estimate.cycles - chosen.estimate.cycles
+    if bool(c.fused) != bool(chosen.fused):
+        # One adds the following bias Add in its reduction, the other leaves it to the Add: their
+        # own cycles do not compare; the whole graph does.
+        how = "adds the bias in its reduction" if c.fused else "leaves the bias to the Add"
+        return (f"selection: {delta:+,} cycles against the chosen candidate on its own, but it {how}, "
+                f"and with it the whole graph is slower (or over memory)")
     if delta > 0:
         return f"selection: {delta:,} cycles slower than the chosen candidate on its own"
     if delta < 0:

@@ -94,7 +94,9 @@ def _grid(g: dict | None) -> str:
     if not g:
         return "-"
     batch = f" b{g['gb']}" if g["gb"] > 1 else ""
-    return f"{g['gm']}x{g['gn']}x{g['gk']}{batch} order {g['order']}, reduction {g['reduction']}, partials {g['partials']}"
+    bias = ", bias fused into the reduction" if g.get("bias_in_reduction") else ""
+    return (f"{g['gm']}x{g['gn']}x{g['gk']}{batch} order {g['order']}, reduction {g['reduction']}, "
+            f"partials {g['partials']}{bias}")
 
 
 def layouts_table(data: dict) -> Table:
