@@ -88,14 +88,15 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarsePart
     # and only 8-byte multiples can use the paired lane.
     # A arrives as one run per row piece when K is split (row pieces are not contiguous), else about
     # one run per source tile. Its multicast lands on complete tile pairs when the order puts its
-    # replicas (j) on adjacent tiles and gn is even, but the activation layouts hold A's rows in
-    # the grid's tile order, so about 1/gk of A's fragments start on a tile that also holds their
-    # block: that tile copies its piece on-tile and the rest of the multicast is unpaired.
+    # replicas (j) on adjacent tiles and gn is even. About 1/gk of A's fragments start on a tile that
+    # also holds their block (the activation layouts hold A's rows in the grid's tile order): that
+    # tile copies its piece on-tile and only its partner takes the rest of the multicast unpaired
+    # (estimate.exchange.split_for_pairs), a share of a tile's bytes too small to price here.
     rows_here = -(-(g.batch * g.M if g.a_batched else g.M) // target.tiles)
     a_split = gkk * sk > 1
     a_runs = np.where(a_split, m * (per_group if g.a_batched else 1), -(-m // rows_here))
     a_bytes = -(-a_blk // a_runs)
-    a_paired = np.where((order == 1) & (gn % 2 == 0) & (a_bytes % 8 == 0), 1.0 - 1.0 / gkk, 0.0)
+    a_paired = np.where((order == 1) & (gn % 2 == 0) & (a_bytes % 8 == 0), 1.0, 0.0)
     ctrl = target.receive_control_cycles
     a_cycles = (a_runs * (a_paired * -(-a_bytes // pbw) + (1.0 - a_paired) * -(-a_bytes // bw) + ctrl)).astype(np.int64)
     cut_runs = np.where(a_split, a_runs, 0)         # see cut_cycles

@@ -274,29 +274,36 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     r = hb.shape[1]
     has_local = holds(blk, src)                  # the source tile holds the block: an on-tile copy
     remotes = r - has_local                      # remote destinations of each fragment
-    any_remote = remotes > 0
-    # Paired: the remote destinations come in complete tile pairs (each one's partner t ^ 1 among
-    # them); aligned; even words. The remote set is the block's holders less the source tile, so
-    # it is complete when the block's unpaired holders are none (no local copy) or the source alone.
+    # Pairs (estimate.exchange.split_for_pairs): the block's holders whose partner t ^ 1 holds it too
+    # take an aligned fragment paired, 8 B/cycle, in one send; the other remote holders in a second
+    # send at 4 B/cycle. A source holding the block takes itself out and leaves its partner unpaired.
+    flat = hb.reshape(-1)
+    held_flat = flat >= 0
     hb_blocks = np.repeat(np.arange(len(hb)), r)
-    unpaired = ~holds(hb_blocks, hb.reshape(-1) ^ 1)
-    n_unpaired = np.bincount(hb_blocks, weights=unpaired, minlength=len(hb)).astype(np.int64)
-    src_unpaired = ~holds(blk, src ^ 1)
-    pairs_ok = np.where(has_local, (n_unpaired[blk] == 1) & src_unpaired, n_unpaired[blk] == 0)
+    paired_holder = held_flat & holds(hb_blocks, flat ^ 1)
+    n_paired = tile_sum(hb_blocks[paired_holder], np.ones(int(paired_holder.sum()), dtype=np.int64), len(hb))
+    n_held = tile_sum(hb_blocks[held_flat], np.ones(int(held_flat.sum()), dtype=np.int64), len(hb))
+    src_paired = has_local & holds(blk, src ^ 1)
+    n_p = n_paired[blk] - 2 * src_paired                           # paired destinations
+    n_u = (n_held - n_paired)[blk] + src_paired - (has_local & ~src_paired)
     aligned = (m.src_off % 8 == 0) & (m.dst_off % 8 == 0) & (n % 8 == 0)
-    paired = any_remote & pairs_ok & aligned
-    lane = np.where(paired, target.paired_bytes_per_cycle, target.exchange_bytes_per_cycle)
-    cyc = -(-n // lane)
-    s_cyc = np.where(any_remote, cyc + target.send_control_cycles, 0)
+    paired = aligned & (n_p > 0)
+    c8 = -(-n // target.paired_bytes_per_cycle)
+    c4 = -(-n // target.exchange_bytes_per_cycle)
+    sctrl, rctrl = target.send_control_cycles, target.receive_control_cycles
+    s_cyc = np.where(paired, c8 + sctrl + np.where(n_u > 0, c4 + sctrl, 0), np.where(remotes > 0, c4 + sctrl, 0))
     partner_tile = src ^ 1
     borrow = paired & (partner_tile < tiles)
-    send = tile_sum(src, s_cyc, tiles) + tile_sum(partner_tile[borrow], s_cyc[borrow], tiles)
-    # Receives: every holder of the block takes each of its fragments, except a source holding it.
-    r_cyc = cyc + target.receive_control_cycles
-    per_block = tile_sum(blk, r_cyc, len(hb))
-    flat, held_flat = hb.reshape(-1), hb.reshape(-1) >= 0
-    recv = tile_sum(flat[held_flat], np.repeat(per_block, r)[held_flat], tiles) \
-        - tile_sum(src[has_local], r_cyc[has_local], tiles)
+    send = tile_sum(src, s_cyc, tiles) + tile_sum(partner_tile[borrow], c8[borrow] + sctrl, tiles)
+    # Receives: per block, what a paired holder and an unpaired holder take from all its fragments;
+    # then the source takes nothing of its own fragment and its partner takes it unpaired.
+    c_p = np.where(aligned, c8, c4)
+    per_paired = tile_sum(blk, c_p + rctrl, len(hb))
+    per_unpaired = tile_sum(blk, c4 + rctrl, len(hb))
+    take = np.where(paired_holder, np.repeat(per_paired, r), np.repeat(per_unpaired, r))
+    own = np.where(src_paired, c_p, c4) + rctrl
+    recv = tile_sum(flat[held_flat], take[held_flat], tiles) - tile_sum(src[has_local], own[has_local], tiles) \
+        + tile_sum(partner_tile[src_paired], (c4 - c_p)[src_paired], tiles)
     nbytes = int((n * remotes).sum())
     lf = np.flatnonzero(has_local)
     if lf.size:

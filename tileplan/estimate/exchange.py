@@ -123,8 +123,39 @@ def fragments_to_transfers(src_tile, src_off, dst_tile, dst_off, nbytes, src_buf
     else:
         group = np.arange(n.size, dtype=np.int64)
     order = _argsort(group << 11 | dt) if fits else np.lexsort((dt, group))
-    return Transfers(group[order], st[order].astype(np.int32), sb[order].astype(np.int32), so[order],
-                     dt[order].astype(np.int32), db[order].astype(np.int32), do[order], n[order])
+    out = Transfers(group[order], st[order].astype(np.int32), sb[order].astype(np.int32), so[order],
+                    dt[order].astype(np.int32), db[order].astype(np.int32), do[order], n[order])
+    return split_for_pairs(out) if multicast else out
+
+
+def _paired_rows(tr: Transfers) -> np.ndarray:
+    """Per row: it is aligned for 64-bit exchange and its destination's partner tile (2p, 2p+1) is
+    another row of the same transfer, aligned too. Rows are sorted by (group, destination tile),
+    so the two rows of a pair are neighbours."""
+    aligned = (tr.src_off % 8 == 0) & (tr.dst_off % 8 == 0) & (tr.nbytes % 8 == 0)
+    pair = tr.dst_tile.astype(np.int64) // 2
+    same_prev = np.zeros(len(tr), dtype=bool)
+    same_prev[1:] = (tr.group[1:] == tr.group[:-1]) & (pair[1:] == pair[:-1]) & aligned[1:] & aligned[:-1]
+    return same_prev | np.concatenate((same_prev[1:], [False]))
+
+
+def split_for_pairs(tr: Transfers) -> Transfers:
+    """A multicast whose destinations are partly complete tile pairs is sent twice: once to the
+    complete pairs (a paired transfer, 8 B/cycle on the receive side) and once to the other
+    destinations. A multicast from a tile that holds a replica of its own block, to that block's
+    other holders, is the common case: the source's partner loses its pair."""
+    if len(tr) == 0:
+        return tr
+    ok = _paired_rows(tr)
+    heads = np.flatnonzero(np.concatenate(([True], tr.group[1:] != tr.group[:-1])))
+    both = np.logical_or.reduceat(ok, heads) & np.logical_or.reduceat(~ok, heads)
+    apart = np.repeat(both, np.diff(np.append(heads, len(tr)))) & ~ok
+    if not apart.any():
+        return tr
+    order = np.argsort(tr.group * 2 + apart, kind="stable")       # destinations stay sorted in each part
+    key = (tr.group * 2 + apart)[order]
+    group = np.cumsum(np.concatenate(([True], key[1:] != key[:-1]))) - 1
+    return Transfers(group, *(getattr(tr, f)[order] for f in _FIELDS[1:]))
 
 
 def _argsort(key: np.ndarray) -> np.ndarray:
@@ -140,14 +171,8 @@ def paired_mask(tr: Transfers) -> np.ndarray:
     """Per row: does this row's transfer qualify for paired (64-bit) exchange?"""
     if len(tr) == 0:
         return np.zeros(0, dtype=bool)
-    aligned = (tr.src_off % 8 == 0) & (tr.dst_off % 8 == 0) & (tr.nbytes % 8 == 0)
     # Destinations in complete pairs: each group holds both 2p and 2p+1 for every pair it touches.
-    # Rows are sorted by (group, destination tile), so a complete pair is two neighbouring rows.
-    pair = tr.dst_tile.astype(np.int64) // 2
-    same_prev = np.zeros(len(tr), dtype=bool)
-    same_prev[1:] = (tr.group[1:] == tr.group[:-1]) & (pair[1:] == pair[:-1])
-    complete_pair = same_prev | np.concatenate((same_prev[1:], [False]))
-    ok = aligned & complete_pair
+    ok = _paired_rows(tr)
     # A group is paired only if every row of it is.
     bad = np.zeros(int(tr.group.max()) + 1, dtype=bool)
     bad[tr.group[~ok]] = True
