@@ -74,6 +74,13 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
         partials=random(rng, FP16, 40, 4.0), bias=random(rng, FP32, 4))
     add("reduce_bias_fp32", ReduceCall(35, 4, FP32, FP16, bias_cols=7),
         partials=random(rng, FP32, 140, 100.0), bias=random(rng, FP16, 7, 10.0))
+    # A reducer's own partial read in place, the others from its gathered pieces (with and without bias).
+    add("reduce_fp16", ReduceCall(50, 3, FP16, FP16, own=True), own=random(rng, FP16, 50, 4.0),
+        others=random(rng, FP16, 100, 4.0))
+    add("reduce_fp32", ReduceCall(9, 2, FP32, FP32, out_scale=1, own=True), own=random(rng, FP32, 9, 100.0),
+        others=random(rng, FP32, 9, 100.0))
+    add("reduce_bias_fp16", ReduceCall(48, 4, FP16, FP16, bias_cols=16, own=True),
+        own=random(rng, FP16, 48, 4.0), others=random(rng, FP16, 144, 4.0), bias=random(rng, FP16, 16))
 
     # Adds, dense and row broadcast, aligned and not.
     for variant, dt in (("add_vector", FP16), ("add_vector", FP32), ("add_pairs", FP16), ("add_pairs", FP32)):

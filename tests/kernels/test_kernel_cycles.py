@@ -122,6 +122,17 @@ def test_reduction_matches_the_seven_hardware_samples():
         assert REG["reduce_fp16"].cycles(ReduceCall(n, parts, FP16, FP16), IPU21) == measured
 
 
+def test_reading_the_own_partial_in_place_costs_the_same_loads():
+    # The formula counts a load and add per partial; two input pointers instead of one change neither.
+    for n, parts in ((8, 2), (1472, 4), (2208, 28)):
+        plain = REG["reduce_fp16"].cycles(ReduceCall(n, parts, FP16, FP16), IPU21)
+        assert REG["reduce_fp16"].cycles(ReduceCall(n, parts, FP16, FP16, own=True), IPU21) == plain
+    from tileplan.kernels import dispatch
+    assert dispatch(ReduceCall(96, 2, FP16, FP16, own=True), IPU21).name == "reduce_fp16"
+    with pytest.raises(TileplanError, match="at least two parts"):
+        ReduceCall(96, 1, FP16, FP16, own=True)
+
+
 def test_a_bias_row_in_the_reduction_is_priced_as_one_more_partial():
     # DERIVED (cycles.reduce_cycles): 282 + 6 * ceil(n/48) * (11 + 2P) for P FP16 partials plus the bias.
     for n, parts, cols in ((8, 2, 8), (1472, 4, 64), (2304, 9, 64), (576, 15, 96)):

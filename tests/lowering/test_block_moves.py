@@ -32,6 +32,9 @@ def same_block_grids(draw):
         len(heights), len(widths)) for _ in range(2)]
     if draw(st.booleans()):
         hs[1] = hs[0].copy()              # every block stays on its tile
+    if draw(st.booleans()):               # the destination leaves some blocks out (a reducer's own partial)
+        left_out = np.array(draw(st.lists(st.booleans(), min_size=blocks, max_size=blocks))).reshape(hs[1].shape)
+        hs[1] = np.where(left_out, -1, hs[1])
     dtype = draw(st.sampled_from([DType.FP16, DType.FP8, DType.FP32]))
     shape = (int(rb[-1]), int(cb[-1]))
     return Buffer("P", Grid.of(rb, cb, hs[0]), shape, dtype), Buffer("Pr", Grid.of(rb, cb, hs[1]), shape, dtype)
@@ -66,8 +69,10 @@ def test_grids_of_other_bounds_panels_or_replicas_are_not_block_moves():
     assert block_move(a, Buffer("b", Grid.of([0, 2, 4], [0, 3, 6], h, grain=16), (4, 6), DType.FP16)) is None
     assert block_move(a, Buffer("b", Grid.of([0, 2, 4], [0, 3, 6], np.stack([h, h + 4], axis=2)),
                                 (4, 6), DType.FP16)) is None
-    partial = np.where(h == 3, -1, h)
-    assert block_move(a, Buffer("b", Grid.of([0, 2, 4], [0, 3, 6], partial), (4, 6), DType.FP16)) is None
+    # A destination may leave blocks out; a source may not, when the destination wants them.
+    partial = Buffer("b", Grid.of([0, 2, 4], [0, 3, 6], np.where(h == 3, -1, h)), (4, 6), DType.FP16)
+    assert len(block_move(a, partial).nbytes) == 3
+    assert block_move(partial, a) is None
 
 
 def reduction_program() -> Program:

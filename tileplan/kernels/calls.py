@@ -120,6 +120,8 @@ class ReduceCall:
     out_dtype: DType
     out_scale: int = 0
     bias_cols: int = 0                    # width of the bias row added to every row; 0: no bias
+    own: bool = False                     # two partial inputs: the reducer's own partial [n], read in
+                                          # place and summed first, then the other [parts - 1, n]
     primitive: ClassVar[str] = "reduce"
     __str__ = describe
 
@@ -130,6 +132,8 @@ class ReduceCall:
               f"ReduceCall: bias_cols must be a non-negative integer, got {self.bias_cols!r}")
         check(self.bias_cols == 0 or self.n % self.bias_cols == 0,
               f"ReduceCall: a bias row of {self.bias_cols} elements does not divide n={self.n} into rows")
+        check(isinstance(self.own, bool) and (not self.own or self.parts >= 2),
+              f"ReduceCall: own={self.own!r} needs a bool and at least two parts (parts={self.parts})")
 
     @property
     def addends(self) -> int:
@@ -137,7 +141,8 @@ class ReduceCall:
         return self.parts + (1 if self.bias_cols else 0)
 
     def key(self) -> str:
-        return f"reduce_{self.in_dtype}_{self.out_dtype}" + ("_bias" if self.bias_cols else "")
+        return (f"reduce_{self.in_dtype}_{self.out_dtype}" + ("_bias" if self.bias_cols else "")
+                + ("_own" if self.own else ""))
 
 
 @dataclass(frozen=True)

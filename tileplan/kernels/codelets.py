@@ -203,20 +203,28 @@ def matmul_codelet(call, variant) -> CodeletSource:
 def reduce_codelet(call, variant) -> CodeletSource:
     key = codelet_key(variant.name, call)
     bias = call.bias_cols > 0
-    fields = ((_vec("input", "partials", call.in_dtype, call.parts * call.n),)
+    inputs = ((_vec("input", "own", call.in_dtype, call.n),
+               _vec("input", "others", call.in_dtype, (call.parts - 1) * call.n)) if call.own
+              else (_vec("input", "partials", call.in_dtype, call.parts * call.n),))
+    fields = (inputs
               + ((_vec("input", "bias", call.out_dtype, call.bias_cols),) if bias else ())
               + (_vec("output", "out", call.out_dtype, call.n),
                  _param("n", call.n), _param("parts", call.parts))
               + ((_param("cols", call.bias_cols),) if bias else ())
               + (_param("outScale", call.out_scale, "int"),))
     add_bias = "\n      acc += load_f32(bias[i % cols]);           // the bias row: one more addend" if bias else ""
+    parts = ("float acc = 0.0f + load_f32(own[i]);\n"
+             "      for (unsigned p = 0; p + 1 < parts; ++p) acc += load_f32(others[p * n + i]);") if call.own \
+        else ("float acc = 0.0f;\n"
+              "      for (unsigned p = 0; p < parts; ++p) acc += load_f32(partials[p * n + i]);")
     body = f"""    for (unsigned i = workerId; i < n; i += workers) {{
-      float acc = 0.0f;
-      for (unsigned p = 0; p < parts; ++p) acc += load_f32(partials[p * n + i]);{add_bias}
+      {parts}{add_bias}
       out[i] = store_as<{call.out_dtype.cpp}>(std::ldexp(acc, outScale));
     }}"""
     what = " plus a bias row [cols] repeated over the rows" if bias else ""
-    return render(key, body, fields, f"sum of parts partials [parts, n]{what} in FP32, {call.out_dtype} out")
+    how = "its own partial [n] in place, then the other parts - 1 [parts - 1, n]" if call.own \
+        else "parts partials [parts, n]"
+    return render(key, body, fields, f"sum of {how}{what} in FP32, {call.out_dtype} out")
 
 
 def add_codelet(call, variant) -> CodeletSource:

@@ -173,6 +173,10 @@ def reduce_cycles(call: ReduceCall, target: Target) -> int:
     add per element, like a partial. Its pointer wraps every ``bias_cols``
     elements, assumed free (the partials' offsets are computed per element the
     same way). No public measurement.
+
+    The reducer's own partial read in place (``own``): the same formula, the same
+    loads and adds from two base pointers instead of one (an assumption: no
+    public measurement separates them).
     """
     return REDUCE_SETUP + reduce_work(call.in_dtype, call.n, call.addends, target.workers)
 

@@ -93,10 +93,22 @@ def matmul(call: MatMulCall, a: np.ndarray, b: np.ndarray, cin: np.ndarray | Non
     return _result(round_to(c, call.partials, call.out_scale).reshape(-1, call.m * call.n), batch)
 
 
-def reduce(call: ReduceCall, partials: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+def reduce(call: ReduceCall, partials: np.ndarray, *more: np.ndarray) -> np.ndarray:
     """Sum in part order in FP32, then the bias row when ``call.bias_cols`` (one more addend,
-    repeated over the ``n / bias_cols`` rows), ``* 2**out_scale``, round to ``out_dtype``."""
-    x = operand(partials, call.in_dtype, call.parts * call.n, "partials").reshape(-1, call.parts, call.n)
+    repeated over the ``n / bias_cols`` rows), ``* 2**out_scale``, round to ``out_dtype``.
+    With ``call.own`` the partials come as two inputs, the reducer's own partial first (summed
+    first) and the other ``parts - 1``; the bias, if any, follows them."""
+    if call.own:
+        if not more:
+            raise ValueError("a reduction with its own partial in place needs the other partials too")
+        others, *more = more
+        own = operand(partials, call.in_dtype, call.n, "own").reshape(-1, 1, call.n)
+        rest = operand(others, call.in_dtype, (call.parts - 1) * call.n, "others").reshape(-1, call.parts - 1,
+                                                                                            call.n)
+        x = np.concatenate([own, rest], axis=1)
+    else:
+        x = operand(partials, call.in_dtype, call.parts * call.n, "partials").reshape(-1, call.parts, call.n)
+    bias = more[0] if more else None
     acc = np.zeros((x.shape[0], call.n), np.float32)
     for p in range(call.parts):
         acc += _f32(x[:, p])

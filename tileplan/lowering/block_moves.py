@@ -1,7 +1,8 @@
 """Copies between two grids of the same blocks, lowered block by block.
 
 A GEMM's partials move to their reducers this way (``P -> Pr``): both grids cut
-the tensor at the same row and column bounds and hold every block once,
+the tensor at the same row and column bounds and hold every block once (the
+destination may leave some out: a reducer reads its own partial in place),
 row-major and dense, so each block is one contiguous run in both tiles'
 memories. The general path plans such a copy row by row (two owner maps and a
 copy plan of one fragment per block row: over a million for the SigLIP
@@ -65,8 +66,8 @@ class BlockMove:
 
     def row_fragments(self) -> int:
         """The exchange fragments of the row-by-row copy plan: maximal runs of block rows, in logical
-        order, on one (source, destination) tile pair and contiguous in both memories; on-tile runs
-        are not exchange."""
+        order, logically adjacent, on one (source, destination) tile pair and contiguous in both
+        memories; on-tile runs are not exchange."""
         src, dst, shape, item = self.grids
         rb, cb = np.asarray(src.row_bounds, np.int64), np.asarray(src.col_bounds, np.int64)
         rows = int(rb[-1])
@@ -78,16 +79,19 @@ class BlockMove:
                   for g in (src, dst))
         ts, td = ts.reshape(-1), td.reshape(-1)
         n = np.broadcast_to(width[None, :], (rows, len(width))).reshape(-1)
+        start = (np.arange(rows)[:, None] * int(cb[-1]) + cb[None, :-1]).reshape(-1)    # logical element
+        kept = td >= 0                # rows of blocks the destination holds: the plan's fragments
+        ts, td, sa, da, n, start = ts[kept], td[kept], sa[kept], da[kept], n[kept], start[kept]
         joins = np.zeros(ts.size, dtype=bool)
         joins[1:] = ((ts[1:] == ts[:-1]) & (td[1:] == td[:-1]) & (sa[1:] == sa[:-1] + n[:-1])
-                     & (da[1:] == da[:-1] + n[:-1]))
+                     & (da[1:] == da[:-1] + n[:-1]) & (start[1:] == start[:-1] + n[:-1]))
         return int(np.count_nonzero(~joins & (ts != td)))
 
 
 def block_move(src, dst) -> BlockMove | None:
     """The block move of a copy between two buffers, or None when the copy is not one (then use the
     row-by-row plan): both ``Grid`` layouts with the same bounds covering the whole tensor, row-major,
-    every block held once by each, the same shape."""
+    every block the destination holds held once by each, the same shape."""
     a, b = src.layout, dst.layout
     if not (isinstance(a, Grid) and isinstance(b, Grid)) or tuple(src.shape) != tuple(dst.shape):
         return None
@@ -100,12 +104,13 @@ def block_move(src, dst) -> BlockMove | None:
             or rb[0] != 0 or cb[0] != 0 or (np.diff(rb) <= 0).any() or (np.diff(cb) <= 0).any()):
         return None
     ts, td = (g.holder_array()[:, :, 0].reshape(-1) for g in (a, b))
-    if (ts < 0).any() or (td < 0).any():
+    wanted = td >= 0                 # blocks the destination does not hold are not copied
+    if (ts[wanted] < 0).any():
         return None
     item = src.dtype.itemsize
     so, do = (g.block_offsets(item)[:, :, 0].reshape(-1) * item for g in (a, b))
     n = (np.diff(rb)[:, None] * np.diff(cb)[None, :]).reshape(-1) * item
-    return BlockMove(ts, td, so, do, n, (a, b, shape, item))
+    return BlockMove(ts[wanted], td[wanted], so[wanted], do[wanted], n[wanted], (a, b, shape, item))
 
 
 class CopyPlans:

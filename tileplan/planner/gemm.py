@@ -541,7 +541,10 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tupl
     if gk > 1:
         c_grid = Grid.of(c_rows, nb, c_hold)
         Cg = prog.add_buffer(Buffer(f"{name}.Cr", c_grid, g.c2, g.out_dtype, scale=g.c_scale))
-        red_hold = np.stack([T[group[b], i, :, p] for b, i, p in cells for _ in range(gk)])
+        # Each reducer reads its own partial in place (``ReduceCall.own``): the reducers' buffer holds
+        # the other gk - 1 pieces of each cell, and no on-tile copy brings the own one over.
+        red_hold = np.stack([T[group[b], i, :, p] if l != p else np.full(gn, -1, dtype=np.int64)
+                             for b, i, p in cells for l in range(gk)])
         p_red = Grid(*_grid_fields(Grid.of(out_rows, nb, red_hold)), align_bytes=dense)
         R = prog.add_buffer(Buffer(f"{name}.Pr", p_red, out_shape, ptype))
         prog.steps.append(ExchangeStep(f"{name}.reduce.exchange", (Copy(OUT.name, R.name),)))
@@ -555,9 +558,10 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tupl
             for j in range(gn):
                 n = int(nb[j + 1] - nb[j])
                 t = int(T[group[b], i, j, p])
-                call = ReduceCall(h * n, gk, ptype, g.out_dtype, -g.c_scale)
-                red.append(_vertex(t, call, (Operand(R.name, int(r_off[ci * gk, j, 0]), gk * h * n),),
-                                   (Operand(Cg.name, int(c_off[ci, j, 0]), h * n),), target))
+                call = ReduceCall(h * n, gk, ptype, g.out_dtype, -g.c_scale, own=True)
+                own = Operand(OUT.name, int(out_off[ci * gk + p, j, 0]), h * n)
+                others = Operand(R.name, int(r_off[ci * gk + (1 if p == 0 else 0), j, 0]), (gk - 1) * h * n)
+                red.append(_vertex(t, call, (own, others), (Operand(Cg.name, int(c_off[ci, j, 0]), h * n),), target))
                 cols.append((int(nb[j]), n))
         prog.steps.append(ComputeStep(f"{name}.reduce", tuple(red)))
 

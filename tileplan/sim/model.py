@@ -317,7 +317,7 @@ def operand_types(call) -> tuple[list[DType], list[DType]]:
     if p == "matmul":
         return [call.in_dtype, call.in_dtype] + ([call.partials] if call.accumulate else []), [call.partials]
     if p == "reduce":
-        return [call.in_dtype] + ([call.out_dtype] if call.bias_cols else []), [call.out_dtype]
+        return [call.in_dtype] * (2 if call.own else 1) + ([call.out_dtype] if call.bias_cols else []), [call.out_dtype]
     if p in ("add",):
         return [call.dtype, call.dtype], [call.dtype]
     if p == "bias_gelu":
