@@ -291,7 +291,7 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
 
 
 class Catalogues:
-    """Every GEMM's catalogue, started at once (``start_catalogues``) and collected by ``result``.
+    """Every GEMM's catalogue, started when constructed and collected by ``result``.
 
     With ``jobs > 1`` and several GEMMs on a big target, whole catalogues run in parallel, one per
     pool worker (boundary selection and detailed costing both), largest GEMM first, while the
