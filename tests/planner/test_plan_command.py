@@ -34,9 +34,12 @@ def tiny_target(tmp_path: Path, sram: int) -> Path:
     return path
 
 
-def test_planning_the_same_file_twice_gives_byte_identical_plan_json(tmp_path, monkeypatch):
+@pytest.mark.parametrize("pool", ["POOL_MIN_WORK", "POOL_MIN_TILES"], ids=["choices-pooled", "catalogues-pooled"])
+def test_planning_the_same_file_twice_gives_byte_identical_plan_json(tmp_path, monkeypatch, pool):
     from tileplan.planner import catalogue
-    monkeypatch.setattr(catalogue, "POOL_MIN_WORK", 0)       # the second run goes through the process pool
+    # The second run goes through the process pool: a GEMM's detailed choices split over the workers,
+    # or whole GEMM catalogues one per worker.
+    monkeypatch.setattr(catalogue, pool, 0)
     first = write_plan_json(plan(load_model(SMOKE), IPU64, jobs=1), tmp_path / "a.json").read_bytes()
     second = write_plan_json(plan(load_model(SMOKE), IPU64, jobs=2), tmp_path / "b.json").read_bytes()
     assert first == second
