@@ -83,21 +83,17 @@ def moves_nothing(src, dst, tiles: int) -> bool:
     often: grids of the same blocks (partials to reducers) alias when every block stays put; a
     multicast into a replicated grid from an unreplicated source always moves something."""
     from ..layout.gemm_grid import Grid
+    from .blocks import block_move
     sl, dl = src.layout, dst.layout
     if sl == dl and tuple(src.shape) == tuple(dst.shape) and src.dtype == dst.dtype:
         return True
     if isinstance(dl, Grid) and sl != dl and dl.index_space == getattr(sl, "index_space", "rows"):
-        item = dst.dtype.itemsize
+        move = block_move(src, dst)
+        if move is not None:
+            return move.is_identity
         h = dl.holder_array()
         rb, cb = np.asarray(dl.row_bounds), np.asarray(dl.col_bounds)
         nonempty = (np.diff(rb)[:, None] * np.diff(cb)[None, :]) > 0
-        if isinstance(sl, Grid) and sl.row_bounds == dl.row_bounds and sl.col_bounds == dl.col_bounds \
-                and sl.replicas == dl.replicas == 1 and sl.grain == dl.grain and tuple(src.shape) == tuple(dst.shape):
-            hs, hd = sl.holder_array()[:, :, 0], h[:, :, 0]
-            want = (hd >= 0) & nonempty
-            if (hs[want] >= 0).all():
-                os_, od = sl.block_offsets(item)[:, :, 0], dl.block_offsets(item)[:, :, 0]
-                return bool(((hs == hd) & (os_ == od))[want].all())
         multi = ((h[:, :, 1:] >= 0) & (h[:, :, 1:] != h[:, :, :1])).any(axis=2) & nonempty
         if multi.any() and sl.owner_map(tuple(src.shape), src.dtype, tiles).replicas == 1:
             return False
@@ -176,39 +172,20 @@ def _traffic_cost(tr: Transfers, local: Transfers, target) -> "CopyCost | None":
 
 
 def _block_move_cost(src_layout, dst_layout, shape, dtype, target):
-    """The cost of a copy between two grids of the same blocks, block by block (``False``: not applicable).
-
-    A GEMM's partials move to their reducers this way: both grids cut the tensor at the
-    same row and column bounds, hold each block once, row-major and dense, so a block
-    is one contiguous run in both memories. The row-by-row plan that ``step_traffic``
-    builds (one fragment per block row, millions for a big GEMM) merges back into
-    exactly these runs, so pricing one fragment per block gives the same transfers.
-    """
-    from ..layout.gemm_grid import Grid
-    if not (isinstance(src_layout, Grid) and isinstance(dst_layout, Grid)) or dtype is None:
+    """The cost of a copy between two grids of the same blocks, block by block (``False``: not
+    applicable): a GEMM's partials moving to their reducers (``estimate.blocks``). The row-by-row
+    plan that ``step_traffic`` builds (one fragment per block row, millions for a big GEMM) merges
+    back into exactly these runs, so pricing one fragment per block gives the same transfers."""
+    from .blocks import block_move
+    from .program import Buffer
+    if dtype is None:
         return False
-    if (src_layout.row_bounds != dst_layout.row_bounds or src_layout.col_bounds != dst_layout.col_bounds
-            or src_layout.replicas != 1 or dst_layout.replicas != 1 or src_layout.grain or dst_layout.grain
-            or src_layout.row_bounds[-1] * src_layout.col_bounds[-1] != int(np.prod(shape))
-            or src_layout.col_bounds[-1] != shape[-1]):
+    move = block_move(Buffer("s", src_layout, shape, dtype), Buffer("d", dst_layout, shape, dtype))
+    if move is None:
         return False
-    item = dtype.itemsize
-    rb, cb = np.asarray(src_layout.row_bounds), np.asarray(src_layout.col_bounds)
-    size = (np.diff(rb)[:, None] * np.diff(cb)[None, :]).reshape(-1)
-    ts, td = (g.holder_array()[:, :, 0].reshape(-1) for g in (src_layout, dst_layout))
-    os_, od = (g.block_offsets(item)[:, :, 0].reshape(-1) for g in (src_layout, dst_layout))
-    want = (td >= 0) & (size > 0)
-    if (ts[want] < 0).any():
-        return False                      # a block nobody holds: the general path says so
-    ts, td, os_, od, n = ts[want], td[want], os_[want] * item, od[want] * item, size[want] * item
-    if not len(n) or ((ts == td) & (os_ == od)).all():
+    if move.is_identity:
         return None                       # the destination aliases the source
-    loc = ts == td
-    ex = fragments_to_transfers(ts[~loc], os_[~loc], td[~loc], od[~loc], n[~loc]) if (~loc).any() \
-        else Transfers.empty()
-    local = fragments_to_transfers(ts[loc], os_[loc], td[loc], od[loc], n[loc], multicast=False) if loc.any() \
-        else Transfers.empty()
-    return _traffic_cost(ex, local, target)
+    return _traffic_cost(*move.traffic(merge=True), target)
 
 
 def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
