@@ -46,3 +46,9 @@ def test_fragments_continuing_each_other_in_both_memories_merge_into_one_transfe
     tr = fragments_to_transfers(np.array([0, 0, 0]), np.array([0, 16, 48]), np.array([1, 1, 1]),
                                 np.array([100, 116, 148]), np.array([16, 16, 8]))
     assert len(tr) == 2 and sorted(tr.nbytes.tolist()) == [8, 32]
+
+
+def test_one_tile_twice_is_not_a_pair():
+    tr = fragments_to_transfers(np.zeros(2, np.int64), np.zeros(2, np.int64), np.array([4, 4]),
+                                np.array([0, 64]), np.full(2, 64))
+    assert tr.transfer_count == 1 and not paired_mask(tr).any()

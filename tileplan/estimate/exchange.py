@@ -133,9 +133,10 @@ def _paired_rows(tr: Transfers) -> np.ndarray:
     another row of the same transfer, aligned too. Rows are sorted by (group, destination tile),
     so the two rows of a pair are neighbours."""
     aligned = (tr.src_off % 8 == 0) & (tr.dst_off % 8 == 0) & (tr.nbytes % 8 == 0)
-    pair = tr.dst_tile.astype(np.int64) // 2
+    dst = tr.dst_tile.astype(np.int64)
     same_prev = np.zeros(len(tr), dtype=bool)
-    same_prev[1:] = (tr.group[1:] == tr.group[:-1]) & (pair[1:] == pair[:-1]) & aligned[1:] & aligned[:-1]
+    same_prev[1:] = ((tr.group[1:] == tr.group[:-1]) & (dst[:-1] % 2 == 0) & (dst[1:] == dst[:-1] + 1)
+                     & aligned[1:] & aligned[:-1])
     return same_prev | np.concatenate((same_prev[1:], [False]))
 
 
