@@ -11,7 +11,7 @@ from tileplan.layout import Packed, PackedPanels
 from tileplan.layout.gemm_grid import aligned_bounds
 from tileplan.planner.gemm import GemmChoice, GemmShape, build_program, grid_options
 from tileplan.planner.plan import parameter_storage
-from tileplan.estimate.coarse import coarse_cost
+from tileplan.estimate.coarse import coarse_parts
 from tileplan.estimate.program import Buffer
 from tileplan.target import load_target
 
@@ -71,8 +71,7 @@ def test_the_coarse_model_prices_the_widest_block_in_whole_panels():
     g = GemmShape.of(graph, graph.ops[0], IPU64)
     grids = np.array([[1, 2, 5, 1], [1, 2, 2, 1], [1, 4, 3, 1]], dtype=np.int64)
     zeros = np.zeros(len(grids), dtype=np.int64)
-    cycles, memory, interleaved = coarse_cost(g, IPU64, grids, zeros, zeros, zeros, np.ones(len(grids), np.int64),
-                                              0, 0)
+    interleaved = coarse_parts(g, IPU64, grids, zeros, zeros, zeros, np.ones(len(grids), np.int64)).interleaved
     # 5 panels (the last 16 wide) over gn = 5, 2, 3 column blocks: the widest holds 1, 3 and 2 whole
     # panels (aligned_bounds: [0, 32, ..], [0, 96, 144], [0, 64, 128, 144]); B bytes per tile = K x width.
     assert interleaved.tolist() == [64 * 32, 64 * 96, 64 * 64]

@@ -2,11 +2,11 @@
 
 The planner (``planner.gemm.coarse_rows``) enumerates a boundary combination's
 options (grids x tile orders x reductions x partials types x serial K steps);
-``coarse_cost`` prices them all at once: byte-volume exchange prices (the
+``coarse_parts`` prices them all at once: byte-volume exchange prices (the
 paired rate where an order multicasts to complete tile pairs), the kernel that
 dispatch picks on the largest block and on the last K block, one sync per
-exchange phase, and a conservative memory figure (every operand, partial and
-result block alive at once, plus the boundary pieces). The cycles rank options;
+exchange phase, and a conservative memory figure (the blocks alive in each
+phase; the boundary pieces are added per combination). The cycles rank options;
 they are not a bound. ``g`` is the planner's ``GemmShape`` (read by attribute).
 """
 
@@ -29,20 +29,10 @@ def k_unit(g) -> int:
     return 8 // g.in_dtype.itemsize if g.in_dtype.itemsize < 8 else 1
 
 
-def coarse_cost(g, target, grid, order, red, ptype, sk, in_bytes_per_tile, out_bytes_per_tile,
-                a_cut_density: float = 0.0, amp=None):
-    """(cycles, memory, interleaved bytes) per option row; see ``coarse_rows``.
-
-    ``a_cut_density``: boundaries of A's boundary layout that fall inside a row, per element
-    (0 for whole rows): each one inside a row piece splits its fragment in two. ``amp``: the
-    rows' matmul cycles when the caller has them (``amp_cycles`` of their grids), else computed."""
-    parts = coarse_parts(g, target, grid, order, red, ptype, sk, amp)
-    return (parts.cycles + cut_cycles(target, parts, sk, a_cut_density),
-            parts.memory + in_bytes_per_tile + out_bytes_per_tile, parts.interleaved)
-
-
 class CoarseParts(NamedTuple):
-    """The boundary-free part of ``coarse_cost``: what every boundary combination of a GEMM shares."""
+    """The boundary-free part of an option row's coarse figures: what every boundary combination of a
+    GEMM shares. ``planner.gemm.coarse_rows`` adds a combination's boundary bytes to ``memory`` and
+    its A row cuts (``cut_cycles``) to ``cycles``."""
 
     cycles: np.ndarray        # int64, without the extra transfers of A's cut row pieces
     memory: np.ndarray        # int64, without the boundary pieces
@@ -68,6 +58,8 @@ def cut_cycles(target, parts: CoarseParts, sk, a_cut_density: float) -> np.ndarr
 
 
 def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarseParts:
+    """The boundary-free figures per option row; ``amp``: the rows' matmul cycles when the caller
+    has them (``amp_cycles`` of their grids), else computed."""
     gb, gm, gn, gkk = grid.T
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)

@@ -258,8 +258,8 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     held_flat = flat >= 0
     hb_blocks = np.repeat(np.arange(len(hb)), r)
     paired_holder = held_flat & holds(hb_blocks, flat ^ 1)
-    n_paired = tile_sum(hb_blocks[paired_holder], np.ones(int(paired_holder.sum()), dtype=np.int64), len(hb))
-    n_held = tile_sum(hb_blocks[held_flat], np.ones(int(held_flat.sum()), dtype=np.int64), len(hb))
+    n_paired = np.bincount(hb_blocks[paired_holder], minlength=len(hb))
+    n_held = np.bincount(hb_blocks[held_flat], minlength=len(hb))
     src_paired = has_local & holds(blk, src ^ 1)
     n_p = n_paired[blk] - 2 * src_paired                           # paired destinations
     n_u = (n_held - n_paired)[blk] + src_paired - (has_local & ~src_paired)

@@ -165,28 +165,29 @@ def _detail(args) -> list:
     selection picks."""
     ctx, op, work, keep_programs = args
     shape = GemmShape.of(ctx.graph, op, ctx.target)
+    fusion = bias_fusion(ctx, op)
     out = []
     for choice, combos in work:
         for combo in combos:
-            prog = fragment(ctx, op, shape, choice, combo)
+            prog = fragment(ctx, op, shape, choice, combo, fusion)
             d = cost_program(prog, ctx.target)
             transient = d.memory.by_kind.get("transient", np.zeros(ctx.target.tiles, dtype=np.int64))
             if choice.bias:
                 # Its output is Fused for the selection: the Add's output it writes counts here (as
                 # the bias-GeLU fusion counts the GeLU's output).
-                add, _ = bias_fusion(ctx, op)
-                transient = transient + ctx.tile_bytes(add.output, combo[2])
+                transient = transient + ctx.tile_bytes(fusion[0].output, combo[2])
             out.append((combo, choice, d.estimate, transient, prog if keep_programs else None))
     return out
 
 
-def fragment(ctx, op, shape, choice, combo):
+def fragment(ctx, op, shape, choice, combo, fusion=None):
     """The fragment program of one GEMM candidate on its boundary layouts; with ``choice.bias`` it
-    reads the bias from its resident storage and writes the bias Add's output."""
+    reads the bias from its resident storage and writes the bias Add's output (``fusion``: the
+    op's ``bias_fusion``, when the caller has it)."""
     la, lb, lc = combo
     out, bias_buf = op.output, None
     if choice.bias:
-        add, bias = bias_fusion(ctx, op)
+        add, bias = fusion or bias_fusion(ctx, op)
         out, bias_buf = add.output, ctx.tensor_buffer(bias, None)
     return build_program(shape, choice, ctx.tensor_buffer(op.inputs[0], la), ctx.tensor_buffer(op.inputs[1], lb),
                          ctx.tensor_buffer(out, lc), ctx.target, bias_buf)
@@ -207,20 +208,25 @@ def _overflow(rows, shape, op, target) -> str:
             f"the least overflowing ({rows.choice(shape, i)}) needs on tile 0, which holds the largest blocks, {what}")
 
 
+def _chunks(ctx, op, shape, bias: bool = False) -> list[Chunk]:
+    """The chunks of one kind (plain, or the bias in the reduction): every boundary combination,
+    from one coarse table shared by them (built for the largest boundary bytes among them)."""
+    combos = boundary_combinations(ctx, op, bias)
+    figures = [boundary_figures(ctx, op, shape, c) for c in combos]
+    table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures), bias)
+    if not len(table.grid):
+        return []
+    return [_select(ctx, op, shape, c, f, table, bias) for c, f in zip(combos, figures)]
+
+
 def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     shape = GemmShape.of(ctx.graph, op, ctx.target)
-    combos = boundary_combinations(ctx, op)
-    figures = [boundary_figures(ctx, op, shape, c) for c in combos]
-    table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures))   # shared by the combinations
-    chunks = [_select(ctx, op, shape, c, f, table) for c, f in zip(combos, figures)]
-    if bias_fusion(ctx, op) is not None:
+    fusion = bias_fusion(ctx, op)
+    chunks = _chunks(ctx, op, shape)
+    if fusion is not None:
         # The bias-in-reduction kind: the Add's output layouts for C (same shape and type as the
         # product), options with a reduction only (none when K is too short to split).
-        combos = boundary_combinations(ctx, op, bias=True)
-        figures = [boundary_figures(ctx, op, shape, c) for c in combos]
-        table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures), True)
-        if len(table.grid):
-            chunks += [_select(ctx, op, shape, c, f, table, bias=True) for c, f in zip(combos, figures)]
+        chunks += _chunks(ctx, op, shape, bias=True)
     # The detailed work, by grid choice: each choice is built once for all the chunks that kept it.
     wanted: dict = {}
     for ch in chunks:
@@ -259,7 +265,7 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
             coarse = Estimate(compute=int(ch.rows.cycles[i]), total_memory=int(ch.rows.memory[i]))
             survivors.append(Candidate(op.name, ch.ins, ch.out, str(choice), coarse, est, prog, transient,
                                        choice=choice, boundary=ch.combo,
-                                       fused=bias_fusion(ctx, op)[0].name if ch.bias else None))
+                                       fused=fusion[0].name if ch.bias else None))
         results.append((survivors, ch.runners, None))
     kept: list[Candidate] = []
     lost: list[Candidate] = []
