@@ -42,15 +42,18 @@ def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
                                       if f["spearman"] is not None)
     assert rec["amp_floor_cycles"] == sum(f["cycles"] for f in rec["amp_floor"].values())
     assert rec["amp_floor_roofline_ratio"] == rec["amp_floor_cycles"] / rec["roofline_cycles"] >= 1
+    assert rec["model_floor_cycles"] == sum(f["cycles"] for f in rec["model_floor"].values())
+    assert rec["amp_floor_cycles"] <= rec["model_floor_cycles"] <= rec["estimate"]["cycles"]
+    assert rec["estimate_to_model_floor"] == rec["estimate"]["cycles"] / rec["model_floor_cycles"] >= 1
     search = rec["search"]
     assert search["optimum_method"] == "exhaustive" and search["paths"] == 16
     assert search["bounded_cycles"] >= search["optimum_cycles"] and search["gap"] >= 0
     assert [t["target"] for t in doc["targets"]] and all("met" in t for t in doc["targets"])
 
     md = (out / "BENCH.md").read_text()
-    assert "| figure | mlp_smoke_fp8 |" in md and "| target | tileplan | met | reference |" in md
+    assert "| figure | mlp_smoke_fp8 |" in md and "| target | tileplan | met | model floor | reference |" in md
     for label in ("plan time", "compile time", "planner peak RSS", "simulated: cycles", "estimate / simulated",
-                  "memory peak", "max abs error", "Spearman", "bounded search", "AMP floor"):
+                  "memory peak", "max abs error", "Spearman", "bounded search", "AMP floor", "model floor"):
         assert label in md, label
     assert "not measured on hardware" in md and "63.5 s" in md and "614,700" in md
     assert "mlp_smoke_fp8" in proc.stdout and "wrote" in proc.stdout

@@ -38,6 +38,11 @@ def test_show_siglip_b4_on_ipu21_gives_the_roofline_bound(cli):
     assert code == 0 and err == ""
     assert "153,470 cycles" in out and "102.3 us" in out
     assert "ipu21 (--target)" in out
+    from tileplan.graph.loaders import load_model
+    from tileplan.planner.quality import model_floor
+    from tileplan.target import load_target
+    floor = model_floor(load_model(FIXTURES / "siglip_mlp_fp8_b4.toml"), load_target("ipu21"))["cycles"]
+    assert f"model floor: {floor:,} cycles = {floor / 153470.3:.2f}x the roofline bound" in out
     for text in ("mlp_up", "mlp_down", "4x729x1152, 1152x4304 -> 4x729x4304", "fp8, fp8 -> fp16",
                  "28,916,269,056", "2^-1", "parameter", "output"):
         assert text in out

@@ -94,6 +94,7 @@ FIGURES = (
     "baseline_rss_bytes", "planner_rss_self_bytes", "planner_rss_children_max_bytes", "planner_peak_rss_bytes",
     "roofline_cycles", "estimate", "estimate_roofline_ratio",
     "spearman_per_gemm", "spearman_min", "search", "amp_floor", "amp_floor_cycles", "amp_floor_roofline_ratio",
+    "model_floor", "model_floor_cycles", "model_floor_roofline_ratio", "estimate_to_model_floor",
     "lower_package_seconds", "compile_seconds",
     "validate_seconds", "simulated", "simulated_roofline_ratio", "memory_peak_bytes", "memory_peak_tile",
     "sram_bytes", "max_abs_error", "outputs_passed", "estimate_to_simulated",
@@ -122,7 +123,7 @@ def _rss() -> tuple[int, int]:
 def _stages(bench: dict, work_dir: str, send) -> None:
     from .graph.loaders import check_against_target, load_model, load_params
     from .planner.plan import Context, build_problem, plan
-    from .planner.quality import amp_floor, coarse_ranking, search_gap
+    from .planner.quality import amp_floor, coarse_ranking, model_floor, search_gap
     from .target import load_target
 
     path = FIXTURES / f"{bench['name']}.toml"
@@ -161,6 +162,10 @@ def _stages(bench: dict, work_dir: str, send) -> None:
         total = sum(f["cycles"] for f in floor.values())
         send("figures", {"amp_floor": floor, "amp_floor_cycles": total,
                          "amp_floor_roofline_ratio": total / p.roofline if p.roofline else None})
+        mf = model_floor(graph, target)
+        send("figures", {"model_floor": mf["ops"], "model_floor_cycles": mf["cycles"],
+                         "model_floor_roofline_ratio": mf["cycles"] / p.roofline if p.roofline else None,
+                         "estimate_to_model_floor": p.estimate.cycles / mf["cycles"] if mf["cycles"] else None})
         if bench["small"]:
             problem = build_problem(Context(graph, target, jobs), p.candidates)
             send("figures", {"search": search_gap(problem, SEARCH_PATHS, MAX_EXHAUSTIVE)})
@@ -365,10 +370,10 @@ def target_figures(results: dict) -> list[dict]:
     """Each target with the figure reached (None when not measured) and whether it is met."""
     out = []
 
-    def add(target, figure, limit, unit, source, reference):
+    def add(target, figure, limit, unit, source, reference, floor=None):
         met = None if figure is None else figure <= limit
         out.append({"target": target, "figure": figure, "limit": limit, "unit": unit, "met": met,
-                    "source": source, "reference": reference})
+                    "source": source, "reference": reference, "floor": floor})
 
     add("SigLIP b4 FP8 MLP (1472 tiles): plan + compile", _get(results, "siglip_mlp_fp8_b4", "compile_seconds"),
         10.0, "s", "siglip_mlp_fp8_b4 compile_seconds",
@@ -377,13 +382,14 @@ def target_figures(results: dict) -> list[dict]:
         "mlp_smoke_fp8 plan_seconds (median)", "Rust IPU planner: 185 ms")
     ratio, how = _cycles_ratio(results, "siglip_mlp_fp8_b4")
     add("SigLIP b4 FP8 MLP: cycles / roofline bound", ratio, 1.6, "x", f"siglip_mlp_fp8_b4 {how or 'cycles'}",
-        "hardware (Rust planner's program): 614,700 cycles, about 4x the FP8 roofline bound")
+        "hardware (Rust planner's program): 614,700 cycles, about 4x the FP8 roofline bound",
+        _get(results, "siglip_mlp_fp8_b4", "model_floor_roofline_ratio"))
     ratio, how = _cycles_ratio(results, "gemm_4096_fp16")
     roof = _get(results, "gemm_4096_fp16", "roofline_cycles")
     hw = REFERENCE["hardware_gemm_4096_fp16_cycles"]
     add("4096-square FP16 GEMM: cycles / roofline bound", ratio, 1.3, "x", f"gemm_4096_fp16 {how or 'cycles'}",
         f"hardware: {hw:,} cycles" + (f" ({hw / roof:.2f}x this roofline)" if roof else "")
-        + " (fixtures/gemm_4096_fp16.toml)")
+        + " (fixtures/gemm_4096_fp16.toml)", _get(results, "gemm_4096_fp16", "model_floor_roofline_ratio"))
     errs = {n: abs(r["estimate_to_simulated"] - 1) for n, r in results.items() if r.get("estimate_to_simulated")}
     worst = max(errs, key=errs.get) if errs else None
     add("detailed estimate within 5% of simulated cycles (every fixture)", errs[worst] if worst else None, 0.05,
@@ -493,6 +499,10 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
         row("AMP floor: fastest fitting grids' matmul steps alone (x roofline)",
             lambda r: f"{r['amp_floor_cycles']:,} ({r['amp_floor_roofline_ratio']:.2f}x)"
             if r.get("amp_floor_cycles") is not None and r.get("amp_floor_roofline_ratio") is not None else "—"),
+        row("model floor: no plan in the candidate space is faster (x roofline)",
+            lambda r: f"{r['model_floor_cycles']:,} ({r['model_floor_roofline_ratio']:.2f}x)"
+            if r.get("model_floor_cycles") is not None and r.get("model_floor_roofline_ratio") is not None else "—"),
+        row("estimate / model floor", ratio("estimate_to_model_floor")),
         row("coarse vs detailed Spearman (per GEMM)", _spearman),
         row("bounded search (16 paths) gap to optimum", _search),
         row("validate time (IPU model)", lambda r: _fmt_seconds(r["validate_seconds"])),
@@ -502,12 +512,17 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
     ]
 
 
-def target_rows(doc: dict) -> list[tuple[str, str, str, str]]:
+TARGET_COLUMNS = ("target", "tileplan", "met", "model floor", "reference")
+
+
+def target_rows(doc: dict) -> list[tuple[str, str, str, str, str]]:
     out = []
     for t in doc["targets"]:
         limit = _fmt(t["limit"], t["unit"])
         met = "not measured" if t["met"] is None else "yes" if t["met"] else "**no**"
-        out.append((f"{t['target']} (≤ {limit})", _fmt(t["figure"], t["unit"]), met, t["reference"] or "—"))
+        floor = t.get("floor")
+        floor = "—" if floor is None else _fmt(floor, t["unit"]) + (" (above the target)" if floor > t["limit"] else "")
+        out.append((f"{t['target']} (≤ {limit})", _fmt(t["figure"], t["unit"]), met, floor, t["reference"] or "—"))
     return out
 
 
@@ -550,7 +565,7 @@ def markdown(doc: dict) -> str:
         "",
         "## Targets",
         "",
-        _md_table(["target", "tileplan", "met", "reference"], [list(r) for r in target_rows(doc)]),
+        _md_table(list(TARGET_COLUMNS), [list(r) for r in target_rows(doc)]),
         "",
         "## Figures per benchmark",
         "",
@@ -563,7 +578,13 @@ def markdown(doc: dict) -> str:
         "Compile time: the plan's time plus lowering and package writing. AMP floor: per GEMM, the "
         "matmul step of the grid option (any order, reduction, serial K) with the fewest AMP cycles that "
         "fits tile memory, with no exchange, reduction or elementwise work: no plan under this cycle "
-        "model computes its GEMMs faster. The exhaustive optimum is "
+        "model computes its GEMMs faster. Model floor (`planner.quality.model_floor`): a lower bound on "
+        "every plan of the graph in the candidate space (any grid, tile order, reduction ownership or "
+        "serial split): per GEMM grid its matmul step, the operand bytes its tiles must receive at the "
+        "paired rate with at most one operand paired per tile, the partials its reduction must send "
+        "and reduce, and a sync per phase; per elementwise op its kernel on a balanced share. A target "
+        "below the floor cannot be met by a better search, only by a wider candidate space or faster "
+        "kernels. The exhaustive optimum is "
         f"replaced by the exact (unbounded) DP when the product of choices exceeds {MAX_EXHAUSTIVE:,}.",
         "",
     ]
@@ -627,7 +648,7 @@ def _json_default(o):
 def rich_tables(doc: dict):
     from rich.table import Table
     targets = Table(title="tileplan bench: targets (cycles are the IPU model's, not hardware's)")
-    for col in ("target", "tileplan", "met", "reference"):
+    for col in TARGET_COLUMNS:
         targets.add_column(col, justify="right" if col == "tileplan" else "left")
     for r in target_rows(doc):
         targets.add_row(*(c.replace("**", "") for c in r))

@@ -149,6 +149,16 @@ def show(
     console.print(
         f"roofline bound: [bold]{_n(roofline)} cycles[/bold] = {roofline / tgt.clock_hz * 1e6:,.1f} us "
         f"(MatMul FLOPs / ({_n(tgt.tiles)} tiles x AMP FLOP per tile per cycle))")
+    from .planner.quality import model_floor
+    try:
+        floor = model_floor(graph, tgt)["cycles"]
+    except TileplanError as e:
+        console.print(f"model floor: not available ({e})")
+    else:
+        console.print(
+            f"model floor: [bold]{_n(floor)} cycles[/bold]" + (f" = {floor / roofline:.2f}x the roofline bound"
+                                                                if roofline else "")
+            + " (no plan in tileplan's candidate space is faster under its cycle model)")
 
 
 @app.command("plan")

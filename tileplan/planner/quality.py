@@ -8,6 +8,9 @@
 - ``amp_floor``: per GEMM, the matmul step of its fastest grid option that fits
   tile memory, alone (no exchange, no reduction): what no plan under the cycle
   model can beat, beside the roofline bound that assumes a perfect AMP.
+- ``model_floor``: a lower bound on any plan of a graph in the candidate space
+  (matmul, operand exchange and reduction per GEMM grid; elementwise kernels on
+  a balanced share): a target below it cannot be met by better search.
 - ``search_gap``: the bounded DP's cycles against the optimum of the same
   ``select.Problem`` (the exhaustive oracle, or the unbounded DP when the
   product of choices is too large to enumerate).
@@ -19,6 +22,9 @@ import math
 
 import numpy as np
 
+from ..estimate.coarse import amp_cycles, k_unit
+from ..kernels import AddCall, CastCall, GeLUCall, ReduceCall, dispatch
+from ..kernels.cycles import ADD_VECTOR_STEP, CAST_FP16_FP8_WAVE, GELU_WAVE, reduce_cycles
 from .select import Problem, solve_dp, solve_exhaustive
 
 
@@ -84,22 +90,151 @@ def search_gap(problem: Problem, paths: int = 16, max_combinations: int = 2_000_
             "gap": gap}
 
 
+def fitting_rows(shape, target):
+    """The coarse option rows of a GEMM (``planner.gemm.coarse_rows``) that fit tile memory with no
+    boundary pieces: every option the planner could detail for some boundary combination (boundary
+    pieces only add memory). None when none fits."""
+    import dataclasses
+    from .gemm import coarse_rows
+    rows = coarse_rows(shape, target, 0, 0)
+    fit = np.flatnonzero(rows.fits)
+    if not fit.size:
+        return None
+    return dataclasses.replace(rows, **{f.name: getattr(rows, f.name)[fit] for f in dataclasses.fields(rows)
+                                        if isinstance(getattr(rows, f.name), np.ndarray)})
+
+
 def amp_floor(plan) -> dict[str, dict]:
     """Per GEMM: the fewest matmul-step cycles of any grid option (every order, reduction and
     serial K split) whose blocks fit tile memory with no boundary pieces, and that option."""
-    from ..estimate.coarse import amp_cycles
     from ..graph.core import MatMul
-    from .gemm import GemmShape, coarse_rows
+    from .gemm import GemmShape
     out = {}
     for op in plan.graph.ops:
         if not isinstance(op, MatMul):
             continue
         shape = GemmShape.of(plan.graph, op, plan.target)
-        rows = coarse_rows(shape, plan.target, 0, 0)
-        fit = np.flatnonzero(rows.fits)
-        if not fit.size:
+        rows = fitting_rows(shape, plan.target)
+        if rows is None:
             continue
-        amp = amp_cycles(shape, plan.target, rows.grid[fit], rows.partials[fit], rows.sk[fit])
+        amp = amp_cycles(shape, plan.target, rows.grid, rows.partials, rows.sk)
         best = int(np.argmin(amp))
-        out[op.name] = {"cycles": int(amp[best]), "choice": str(rows.choice(shape, int(fit[best])))}
+        out[op.name] = {"cycles": int(amp[best]), "choice": str(rows.choice(shape, best))}
     return out
+
+
+# ---- the model floor: a lower bound on any plan in the candidate space --------------------------
+
+
+def _kernel_floor(call_of, n: int, target, span: int) -> int:
+    """The fewest cycles of the dispatched kernel on ``n' >= n`` elements (``call_of(n')``): some
+    tile holds at least ``n`` of them, and formulas with a tail path can fall when ``n`` grows to
+    whole blocks, so every ``n' < n + span`` (``span`` a multiple of every block) is tried."""
+    def cycles(x):
+        call = call_of(x)
+        return dispatch(call, target).cycles(call, target)
+    return min(cycles(x) for x in range(n, n + span))
+
+
+def gemm_floor(shape, target, grid, partials, held: tuple[int, int] = (1, 1)) -> np.ndarray:
+    """Per grid option (``grid`` [n, 4] of (gb, gm, gn, gk); ``partials`` index into
+    ``shape.partial_types()``), a lower bound on the cycles of any candidate with that grid, whatever
+    its boundaries, tile order, reduction ownership or serial splits of K or N, and whether or not it
+    fits tile memory:
+
+    - the matmul step at once (``estimate.coarse.amp_cycles`` with ``sk = 1``: serial steps only add
+      kernel setups and round more K and N groups up);
+    - the operand exchange: A is needed on ``gn`` tiles per element (``gb * gn`` when a shared A
+      meets a batched B) and B on ``gm``; a boundary layout holds each element ``held`` times (1 but
+      for replicated storage), so the grid's tiles receive at least ``(copies - held) * bytes`` of
+      each. A tile takes at most 8 B/cycle (a receive pair), and at most one of its two operands
+      arrives paired: a partner sharing its A block (same ``i, l``) computes another column block,
+      so needs another B block, and the other way round. Per tile that is ``(a + b)/8 +
+      min(a, b)/8``; the slowest tile takes at least the mean over the grid's tiles, and ``min(a, b)``
+      is at least the smaller of the smallest blocks less what the tile holds;
+    - with ``gk > 1``, the reduction: ``(gk - 1)`` partials of every output element leave their
+      tile (one may stay on its reducer), each sent once by a tile's 4 B/cycle lane or, paired,
+      by two lanes at once (at most ``min(tiles, 2 * used)`` lanes), and a reduction of ``gk``
+      addends (``kernels.cycles.reduce_cycles``) on at least ``ceil(M * N / tiles)`` elements;
+    - a sync per exchange phase: the preparation's and the reduction's.
+    Transfer control cycles, on-tile copies and the output exchange are left out (all >= 0).
+    """
+    grid, partials = np.asarray(grid, dtype=np.int64), np.asarray(partials, dtype=np.int64)
+    gb, gm, gn, gk = grid.T
+    used = gb * gm * gn * gk
+    amp = amp_cycles(shape, target, grid, partials, np.ones(len(grid), dtype=np.int64))
+    ia = shape.in_dtype.itemsize
+    a_bytes, b_bytes = math.prod(shape.a2) * ia, math.prod(shape.b2) * ia
+    shared = shape.batch > 1
+    copies_a = gn * (gb if shared and not shape.a_batched else 1)
+    copies_b = gm * (gb if shared and not shape.b_batched else 1)
+    recv = np.maximum(copies_a - held[0], 0) * a_bytes + np.maximum(copies_b - held[1], 0) * b_bytes
+    per_group = shape.batch // gb
+    k_min = np.maximum(shape.K // gk - k_unit(shape), 0)
+    min_a = (per_group if shape.a_batched else 1) * (shape.M // gm) * k_min * ia
+    min_b = (per_group if shape.b_batched else 1) * k_min * (shape.N // gn) * ia
+    lone = np.maximum(used * np.minimum(min_a, min_b) - held[0] * a_bytes - held[1] * b_bytes, 0)
+    prep = (recv + lone) // (target.paired_bytes_per_cycle * used)
+    outputs = shape.batch * shape.M * shape.N
+    types = shape.partial_types()
+    pbytes = np.array([t.itemsize for t in types])[partials]
+    lanes = np.minimum(target.tiles, 2 * used)
+    red_ex = (gk - 1) * outputs * pbytes // (target.exchange_bytes_per_cycle * lanes)
+    per_tile = -(-outputs // target.tiles)
+    pairs, inverse = np.unique(np.stack([gk, partials], 1), axis=0, return_inverse=True)
+    red = np.array([reduce_cycles(ReduceCall(n=per_tile, parts=int(p), in_dtype=types[int(t)],
+                                             out_dtype=shape.out_dtype), target) if p > 1 else 0
+                    for p, t in pairs], dtype=np.int64)[inverse.reshape(-1)]
+    return amp + prep + np.where(gk > 1, red_ex + red + target.sync_cycles, 0) + target.sync_cycles
+
+
+def model_floor(graph, target) -> dict:
+    """A lower bound on the cycles of any plan of ``graph`` on ``target`` in tileplan's candidate
+    space, under the same machine model and kernel formulas (no planning needed):
+
+    - per GEMM, the least ``gemm_floor`` over every grid option and partials type (memory ignored,
+      so it holds for serial K and N splits alike);
+    - per GeLU and Cast, its kernel on ``ceil(size / tiles)`` elements (``_kernel_floor``; a fused
+      bias-GeLU pass costs at least its GeLU loop);
+    - per Add, the dense vector kernel on its share, or nothing when it may fuse (into its GEMM's
+      reduction, or with its GeLU);
+    - conversions between ops count zero.
+
+    ``cycles`` is the sum. A target under it is out of reach without a wider candidate space or
+    faster kernel formulas."""
+    from ..graph.core import Add, Cast, GeLU, MatMul
+    from . import elementwise as ew
+    from .gemm import GemmShape, _grid_options
+    from .plan import parameter_storage
+    storage = parameter_storage(graph, target)
+    fused_adds = {found[0].name for op in graph.ops if (found := ew.fusable_bias(graph, op)) is not None}
+    ops = {}
+    for op in graph.ops:
+        out = graph.output_of(op)
+        share = -(-out.size // target.tiles)
+        if isinstance(op, MatMul):
+            shape = GemmShape.of(graph, op, target)
+            grids = _grid_options(shape, target.tiles)
+            # A pinned (Explicit) layout may hold replicas: no credit for what it holds then.
+            held = tuple(target.tiles if t.layout is not None or (t.name in storage and storage[t.name].layout
+                         == ew.replicated(t.shape, target.tiles)) else 1 for t in graph.inputs_of(op))
+            best = None
+            for p, ptype in enumerate(shape.partial_types()):
+                floors = gemm_floor(shape, target, grids, np.full(len(grids), p), held)
+                i = int(np.argmin(floors))
+                if best is None or floors[i] < best[0]:
+                    gb, gm, gn, gk = (int(x) for x in grids[i])
+                    best = (int(floors[i]), f"grid {f'{gb}x' if gb > 1 else ''}{gm}x{gn}x{gk} {ptype}")
+            ops[op.name] = {"cycles": best[0], "grid": best[1]}
+        elif isinstance(op, GeLU):
+            ops[op.name] = {"cycles": _kernel_floor(lambda n: GeLUCall(n, out.dtype, op.approximate), share,
+                                                    target, GELU_WAVE)}
+        elif isinstance(op, Cast):
+            src = graph.inputs_of(op)[0]
+            ops[op.name] = {"cycles": _kernel_floor(lambda n: CastCall(n, src.dtype, out.dtype), share,
+                                                    target, CAST_FP16_FP8_WAVE)}
+        elif isinstance(op, Add):
+            fuses = op.name in fused_adds or ew.fusable_gelu(graph, op) is not None
+            ops[op.name] = {"cycles": 0 if fuses else _kernel_floor(
+                lambda n: AddCall(1, n, out.dtype, "dense"), share, target, ADD_VECTOR_STEP)}
+    return {"ops": ops, "cycles": sum(v["cycles"] for v in ops.values())}

@@ -1,0 +1,96 @@
+"""The model floor is a lower bound: no candidate the planner details, and no plan, beats it."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tileplan.graph.core import Graph, MatMul, Role, Tensor
+from tileplan.graph.dtypes import DType
+from tileplan.graph.loaders import load_model
+from tileplan.kernels import MatMulCall, ReduceCall, dispatch
+from tileplan.planner.gemm import GemmShape
+from tileplan.planner.plan import plan
+from tileplan.planner.quality import detailed_survivors, gemm_floor, model_floor
+from tileplan.target import load_target
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+SMALL = ["mlp_smoke_fp8", "mlp_fp16_small", "odd_prime_dims", "odd_fp8_tails", "odd_fp8_panels",
+         "odd_3d_activation", "residual_block"]
+
+
+@lru_cache(maxsize=None)
+def planned(fixture: str):
+    target = load_target("ipu21-64")
+    graph = load_model(FIXTURES / f"{fixture}.toml")
+    return graph, target, plan(graph, target, jobs=1)
+
+
+@pytest.mark.parametrize("fixture", SMALL)
+def test_no_detailed_candidate_and_no_plan_beats_the_model_floor(fixture):
+    graph, target, p = planned(fixture)
+    floor = model_floor(graph, target)
+    assert floor["cycles"] == sum(f["cycles"] for f in floor["ops"].values())
+    assert set(floor["ops"]) == {op.name for op in graph.ops}
+    assert 0 < floor["cycles"] <= p.estimate.cycles
+    ops = {op.name: op for op in graph.ops}
+    checked = 0
+    for name, cands in detailed_survivors(p).items():
+        shape = GemmShape.of(graph, ops[name], target)
+        grid = [[c.choice.gb, c.choice.gm, c.choice.gn, c.choice.gk] for c in cands]
+        ptype = [shape.partial_types().index(c.choice.partials) for c in cands]
+        bound = gemm_floor(shape, target, grid, ptype)
+        for c, b in zip(cands, bound):
+            assert b <= c.estimate.cycles, (name, str(c.choice), int(b), c.estimate.cycles)
+            checked += 1
+        assert floor["ops"][name]["cycles"] <= min(bound)
+    assert checked
+    # Every elementwise candidate that does its op's work costs at least the op's floor; one fused
+    # into another op's pass costs nothing here, and a bias-GeLU pass at least the GeLU's floor.
+    from tileplan.planner.elementwise import fusable_gelu
+    for name, cands in p.candidates.items():
+        if isinstance(ops[name], MatMul):
+            continue
+        for c in cands:
+            if c.desc.startswith("fused into"):
+                assert c.estimate.cycles == 0
+                continue
+            least = floor["ops"][fusable_gelu(graph, ops[name]).name]["cycles"] if c.desc.startswith("bias-gelu") \
+                else floor["ops"][name]["cycles"]
+            assert c.estimate.cycles >= least, (name, c.desc, c.estimate.cycles, least)
+
+
+def test_the_gemm_floor_of_one_grid_worked_by_hand():
+    # C[256, 256] = A @ B, FP16, on 64 tiles in a 4 x 4 x 4 grid: every tile a 64 x 64 x 64 block.
+    target = load_target("ipu21-64")
+    g = Graph.build("g", [Tensor("a", (256, 256), DType.FP16, Role.INPUT),
+                          Tensor("b", (256, 256), DType.FP16, Role.PARAMETER)], [MatMul("mm", ("a", "b"), "c")])
+    shape = GemmShape.of(g, g.ops[0], target)
+    got = int(gemm_floor(shape, target, [[1, 4, 4, 4]], [0])[0])
+    call = MatMulCall(64, 64, 64, DType.FP16, DType.FP16, "interleaved", "panels", 0, shape.grain)
+    amp = dispatch(call, target).cycles(call, target)
+    # A and B each needed on 4 tiles, held once: 3 * 128 KiB of each received. At most one of a
+    # tile's two operands pairs: each tile's smaller block (64 x 60 K elements, K less one AMP load)
+    # counts twice, less what the tiles hold (the whole of A and B).
+    received = 3 * 131072 * 2 + (64 * (64 * 60 * 2) - 2 * 131072)
+    prep = received // (8 * 64)
+    # Reduction: 3 of 4 partials of each of 65,536 outputs leave their tile over 64 lanes of 4 B/cycle,
+    # and some tile reduces 1,024 outputs of 4 addends.
+    red_exchange = 3 * 65536 * 2 // (4 * 64)
+    red = dispatch(ReduceCall(n=1024, parts=4, in_dtype=DType.FP16, out_dtype=DType.FP16), target).cycles(
+        ReduceCall(n=1024, parts=4, in_dtype=DType.FP16, out_dtype=DType.FP16), target)
+    assert got == amp + prep + red_exchange + red + 2 * target.sync_cycles
+
+
+def test_the_floor_of_a_grid_falls_with_what_a_replicated_operand_already_holds():
+    target = load_target("ipu21-64")
+    g = Graph.build("g", [Tensor("a", (256, 256), DType.FP16, Role.INPUT),
+                          Tensor("b", (256, 256), DType.FP16, Role.PARAMETER)], [MatMul("mm", ("a", "b"), "c")])
+    shape = GemmShape.of(g, g.ops[0], target)
+    grid = np.array([[1, 8, 8, 1], [1, 4, 4, 4]])
+    once = gemm_floor(shape, target, grid, [0, 0])
+    everywhere = gemm_floor(shape, target, grid, [0, 0], held=(target.tiles, target.tiles))
+    assert (everywhere < once).all()
