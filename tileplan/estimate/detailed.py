@@ -368,4 +368,4 @@ def scheduled(program: Program, tiles: int) -> Program:
         else:
             steps.append(step)
     steps, _ = group_exchange_steps(steps, aliases)
-    return Program(dict(program.buffers), steps)
+    return Program(dict(program.buffers), steps, aliases)

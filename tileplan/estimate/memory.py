@@ -92,17 +92,43 @@ def buffer_lifetimes(program: Program) -> dict[str, tuple[int, int]]:
     return spans
 
 
+def alias_roots(names, spans: dict, sizes: dict, aliases: dict[str, str]) -> tuple[list, dict, dict]:
+    """Buffers that share memory counted once: (the root buffers in ``names`` order, per root the
+    largest per-tile size of the buffers on it, per root the union of their lifetimes).
+    ``aliases``: buffer -> the buffer whose memory it shares (a copy that moved nothing)."""
+    def root(n):
+        while n in aliases:
+            n = aliases[n]
+        return n
+
+    roots = [n for n in names if root(n) == n]
+    size = {n: np.array(sizes[n], dtype=np.int64) for n in roots}
+    span = {n: list(spans[n]) for n in roots}
+    for n in names:
+        r = root(n)
+        if r != n:
+            size[r] = np.maximum(size[r], sizes[n])
+            span[r] = [min(span[r][0], spans[n][0]), max(span[r][1], spans[n][1])]
+    return roots, size, {n: tuple(v) for n, v in span.items()}
+
+
 def program_memory(program: Program, target) -> Memory:
+    """Peak bytes per tile, class and kind over the program's steps; buffers in
+    ``program.aliases`` count once, on the buffer whose memory they share (as the allocator
+    places them)."""
     tiles = target.tiles
     nsteps = max(len(program.steps), 1)
-    spans = buffer_lifetimes(program)
+    names = list(program.buffers)
+    sizes = {n: buffer_tile_bytes(program.buffers[n], tiles, target.alignment) for n in names}
+    roots, rsize, spans = alias_roots(names, buffer_lifetimes(program), sizes, program.aliases)
     # Difference arrays over steps: [steps + 1, tiles] per class.
     il = np.zeros((nsteps + 1, tiles), dtype=np.int64)
     st = np.zeros((nsteps + 1, tiles), dtype=np.int64)
     kinds: dict[str, np.ndarray] = {}
-    for name, buf in program.buffers.items():
+    for name in roots:
+        buf = program.buffers[name]
         a, b = spans[name]
-        tb = buffer_tile_bytes(buf, tiles, target.alignment)
+        tb = rsize[name]
         arr = il if buf.region == "interleaved" else st
         arr[a] += tb
         arr[b + 1] -= tb

@@ -82,6 +82,8 @@ class Program:
 
     buffers: dict[str, Buffer] = field(default_factory=dict)
     steps: list = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)   # buffer -> the buffer whose memory it shares
+                                                            # (``estimate.detailed.scheduled``)
 
     def add_buffer(self, buf: Buffer) -> Buffer:
         old = self.buffers.get(buf.name)

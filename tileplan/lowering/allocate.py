@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import TileplanError
-from ..estimate.memory import buffer_lifetimes, buffer_tile_bytes
+from ..estimate.memory import alias_roots, buffer_lifetimes, buffer_tile_bytes
 
 
 @dataclass
@@ -50,16 +50,9 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
             n = aliases[n]
         return n
 
-    roots = [n for n in names if root(n) == n]
+    roots, root_size, rspan = alias_roots(names, spans, dict(zip(names, size)), aliases)
     ridx = {n: i for i, n in enumerate(roots)}
-    rsize = np.zeros((len(roots), tiles), dtype=np.int64)
-    rspan = {n: list(spans[n]) for n in roots}
-    for i, n in enumerate(names):
-        r = root(n)
-        rsize[ridx[r]] = np.maximum(rsize[ridx[r]], size[i])
-        a, b = spans[n]
-        rspan[r][0] = min(rspan[r][0], a)
-        rspan[r][1] = max(rspan[r][1], b)
+    rsize = np.stack([root_size[n] for n in roots]) if roots else np.zeros((0, tiles), dtype=np.int64)
     prefer_il = np.array([program.buffers[n].region == "interleaved" for n in roots])
     order = sorted(range(len(roots)), key=lambda i: (-int(rsize[i].max()), rspan[roots[i]][0], roots[i]))
     raddr = np.full((len(roots), tiles), -1, dtype=np.int64)
