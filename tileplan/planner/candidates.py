@@ -36,6 +36,8 @@ class Candidate:
     lost: str = ""                # why it was dropped (runner-ups only)
     boundary: tuple | None = None # GEMMs: (A layout, B layout, C layout) of its chunk (None: private storage)
     detailed: bool = True
+    weights: Any = None           # GEMMs: B's storage when the candidate keeps its weights in its grid
+                                  # (``plan.stationary_weights``); None: costed with the default storage
 
     def __str__(self) -> str:
         names = "AB"

@@ -171,13 +171,19 @@ def _detail(args) -> list:
         for combo in combos:
             prog = fragment(ctx, op, shape, choice, combo, fusion)
             d = cost_program(prog, ctx.target)
-            transient = d.memory.by_kind.get("transient", np.zeros(ctx.target.tiles, dtype=np.int64))
-            if choice.bias:
-                # Its output is Fused for the selection: the Add's output it writes counts here (as
-                # the bias-GeLU fusion counts the GeLU's output).
-                transient = transient + ctx.tile_bytes(fusion[0].output, combo[2])
-            out.append((combo, choice, d.estimate, transient, prog if keep_programs else None))
+            out.append((combo, choice, d.estimate, transient_of(ctx, d, choice, combo, fusion),
+                        prog if keep_programs else None))
     return out
+
+
+def transient_of(ctx, cost, choice, combo, fusion) -> np.ndarray:
+    """int64 [tiles]: a detailed GEMM candidate's transient bytes for the selection. With the bias
+    in its reduction its output is Fused: the Add's output it writes counts here (as the
+    bias-GeLU fusion counts the GeLU's output)."""
+    transient = cost.memory.by_kind.get("transient", np.zeros(ctx.target.tiles, dtype=np.int64))
+    if choice.bias:
+        transient = transient + ctx.tile_bytes(fusion[0].output, combo[2])
+    return transient
 
 
 def fragment(ctx, op, shape, choice, combo, fusion=None):

@@ -450,7 +450,7 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tupl
     mb = balanced_bounds(g.M, gm)
     kb = aligned_bounds(g.K, gk * sk, k_unit(g))           # K block q = l * sk + s
     nkb = len(kb) - 1
-    nb = aligned_bounds(g.N, gn, g.grain) if g.panels else balanced_bounds(g.N, gn)
+    nb = _col_bounds(g, gn)
     batch_a = g.batch if g.a_batched else 1
     batch_b = g.batch if g.b_batched else 1
     name = g.op
@@ -461,12 +461,9 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tupl
         a_hold = np.stack([T[group[b]].transpose(0, 2, 1) for b in range(g.batch)]).reshape(batch_a * gm, gk, gn)
     else:
         a_hold = T.transpose(1, 3, 0, 2).reshape(gm, gk, gb * gn)
-    if g.b_batched:     # [b-batch * gk, gn, replicas]
-        b_hold = np.stack([T[group[b]].transpose(2, 1, 0) for b in range(g.batch)]).reshape(batch_b * gk, gn, gm)
-    else:
-        b_hold = T.transpose(3, 2, 0, 1).reshape(gk, gn, gb * gm)
+    b_hold = _b_holders(g, choice, T, group)
     a_rows = np.concatenate([b * g.M + mb[:-1] for b in range(batch_a)] + [[batch_a * g.M]])
-    b_rows = np.concatenate([b * g.K + kb[:-1] for b in range(batch_b)] + [[batch_b * g.K]])
+    b_rows = _b_rows(g, kb)
 
     def step_grids(s: int):
         """A and B grids of serial step s: K block l*sk+s of every cell, nothing else held."""
@@ -474,8 +471,7 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tupl
         ah[:, s::sk] = a_hold
         bh = np.full((batch_b * nkb, gn, b_hold.shape[2]), -1, dtype=np.int64)
         bh.reshape(batch_b, nkb, gn, -1)[:, s::sk] = b_hold.reshape(batch_b, gk, gn, -1)
-        return Grid.of(a_rows, kb, ah), Grid.of(b_rows, nb, bh, grain=g.grain if g.panels else 0,
-                                                   panel_space=g.panels), ah, bh
+        return Grid.of(a_rows, kb, ah), _b_grid(g, b_rows, nb, bh), ah, bh
 
     # Result pieces: (b, i, p) row pieces x j, p over the reducing partners.
     pieces = gk if choice.reduction == "rows" else 1
@@ -567,6 +563,41 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tupl
 
     prog.steps.append(ExchangeStep(f"{name}.out", (Copy(Cg.name, _C),)))
     return prog, tuple(cols) if gk > 1 else ()
+
+
+def _b_holders(g: GemmShape, choice: GemmChoice, T: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """int64 [b-batch * gk, gn, replicas]: the tiles multiplying each B block (K block l, column
+    block j): every row block (i) of every batch group that reads it."""
+    gb, gm, gn, gk = choice.gb, choice.gm, choice.gn, choice.gk
+    if g.b_batched:
+        return np.stack([T[group[b]].transpose(2, 1, 0) for b in range(g.batch)]).reshape(g.batch * gk, gn, gm)
+    return T.transpose(3, 2, 0, 1).reshape(gk, gn, gb * gm)
+
+
+def _b_rows(g: GemmShape, kb: np.ndarray) -> np.ndarray:
+    batch_b = g.batch if g.b_batched else 1
+    return np.concatenate([b * g.K + kb[:-1] for b in range(batch_b)] + [[batch_b * g.K]])
+
+
+def _col_bounds(g: GemmShape, gn: int) -> np.ndarray:
+    return aligned_bounds(g.N, gn, g.grain) if g.panels else balanced_bounds(g.N, gn)
+
+
+def _b_grid(g: GemmShape, b_rows, nb, holders) -> Grid:
+    return Grid.of(b_rows, nb, holders, grain=g.grain if g.panels else 0, panel_space=g.panels)
+
+
+def stationary_b(g: GemmShape, choice: GemmChoice) -> Grid | None:
+    """The storage of a parameter B that keeps each block on the tile that multiplies it: the
+    choice's own B grid, so its preparation copy moves nothing (``estimate.detailed.moves_nothing``).
+    Only for choices that read each B block on one tile, at once (no replicas, no serial K);
+    None otherwise."""
+    replicas = choice.gm * (1 if g.b_batched else choice.gb)       # _b_holders' last axis
+    if not g.b_param or choice.sk != 1 or replicas != 1:
+        return None
+    hold = _b_holders(g, choice, tile_of(choice), _batch_groups(g.batch, choice.gb))
+    kb = aligned_bounds(g.K, choice.gk, k_unit(g))
+    return _b_grid(g, _b_rows(g, kb), _col_bounds(g, choice.gn), hold)
 
 
 def _grid_fields(grid: Grid) -> tuple:

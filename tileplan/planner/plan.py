@@ -16,10 +16,19 @@
 3. Selection (``select.solve_dp``, or CP-SAT with ``solver="cpsat"``).
 4. The ``MidGraph``: chosen fragments and explicit conversions as one program,
    costed in detail; the ``Plan`` wraps it with the report data.
+5. Stationary weights (``stationary_weights``): a GEMM's B parameter that its
+   chosen grid reads on one tile per block, at once, is stored in that grid
+   instead of ``PackedPanels`` when the whole program is then faster and fits:
+   its preparation copy moves nothing. Storage is decided after selection, for
+   the picked candidate only (the catalogue and the runner-ups are costed with
+   the default storage): a decode-shaped GEMM (few rows, one row block) stops
+   moving its weights every call.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +42,7 @@ from ..estimate.memory import buffer_tile_bytes
 from ..estimate.program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Add, Graph, MatMul, Role
 from ..layout import Imported, Intervals, Packed, PackedPanels
+from ..layout.gemm_grid import Grid
 from ..layout.panels import panels_fit
 from . import elementwise as ew
 from .candidates import Candidate, Fused
@@ -106,6 +116,12 @@ class Context:
         state["runner_ups"] = {}
         return state
 
+    def with_storage(self, tensor: str, storage: "Storage") -> "Context":
+        """A copy of this context with one parameter stored differently (caches shared)."""
+        other = copy.copy(self)
+        other.storage = {**self.storage, tensor: storage}
+        return other
+
     def kind_of(self, tensor: str) -> str:
         role = self.graph.tensors[tensor].role
         return {Role.INPUT: "input", Role.OUTPUT: "output", Role.PARAMETER: "parameter"}.get(role, "tensor")
@@ -114,9 +130,9 @@ class Context:
         t = self.graph.tensors[tensor]
         st = self.storage.get(tensor)
         if st is not None and st.private:
+            weights = isinstance(st.layout, (Packed, PackedPanels, Grid))     # an AMP's B operand
             return Buffer(tensor, st.layout, _stored_shape(t, st), t.dtype, "parameter",
-                          "interleaved" if isinstance(st.layout, (Packed, PackedPanels)) else "standard", t.scale, tensor,
-                          st.transpose)
+                          "interleaved" if weights else "standard", t.scale, tensor, st.transpose)
         kind = self.kind_of(tensor)
         if st is not None and layout != st.layout:
             kind = "tensor"          # a converted copy of a parameter value
@@ -219,6 +235,7 @@ class Plan:
     solver: str = "dp"
     runner_ups: dict[str, list[Candidate]] = field(default_factory=dict)   # per GEMM: the losers and why
     selection: Any = None         # the solver's select.Solution (its objective: candidate + conversion cycles)
+    storage: dict | None = None   # parameter storage as planned (``parameter_storage`` plus stationary weights)
 
     @property
     def ratio(self) -> float:
@@ -226,7 +243,7 @@ class Plan:
 
 
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
-         dp_paths: int | None = 16, progress=None) -> Plan:
+         dp_paths: int | None = 16, progress=None, stationary: bool = True) -> Plan:
     t0 = time.perf_counter()
     ctx = Context(graph, target, jobs, frontier_bound, progress)
     for name, t in graph.tensors.items():
@@ -270,8 +287,77 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         raise no_fit_error(problem)
     mid = MidGraph.build(ctx, cands, sol.picks)
     detailed = cost_program(scheduled(mid.program, target.tiles), target)
-    return Plan(graph, target, mid, cands, sol.picks, detailed.estimate, detailed, graph.roofline_cycles(target),
-                time.perf_counter() - t0, solver, ctx.runner_ups, sol)
+    if stationary:
+        ctx, cands, picks, mid, detailed = stationary_weights(ctx, cands, sol.picks, mid, detailed)
+    else:
+        picks = sol.picks
+    return Plan(graph, target, mid, cands, picks, detailed.estimate, detailed, graph.roofline_cycles(target),
+                time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage)
+
+
+STATIONARY_TRIES = 6      # per GEMM: detailed candidates re-costed with their weights stored in their grid
+
+
+def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: dict[str, int], mid: MidGraph,
+                       detailed) -> tuple:
+    """Step 5 of ``plan``: per GEMM in op order whose B is a resident-panels parameter read by this
+    op only (no pinned layout), store B in a grid that multiplies each of its blocks on one tile
+    (``gemm.stationary_b``) when the whole program is then faster and fits the target (total and
+    interleaved peaks). The grids tried are those of the detailed candidates (kept or runner-up)
+    with the picked one's boundary layouts and fusion, fastest first (``STATIONARY_TRIES``): the
+    conversions around the GEMM stay as selected. The one faster with its weights in place is
+    rebuilt on the new storage, says so in its description, and becomes the pick (taken out of the
+    runner-ups if it was one). Returns the (context, candidates, picks, MidGraph, detailed cost) in
+    effect."""
+    from .catalogue import bias_fusion, fragment, transient_of
+    from .gemm import GemmShape, stationary_b
+    g, target = ctx.graph, ctx.target
+    picks = dict(picks)
+    for op in g.ops:
+        if not isinstance(op, MatMul):
+            continue
+        cand = cands[op.name][picks[op.name]]
+        b = op.inputs[1]
+        st = ctx.storage.get(b)
+        if cand.choice is None or st is None or not isinstance(st.layout, (Packed, PackedPanels)) \
+                or g.tensors[b].layout is not None or len(g.consumers.get(b, [])) != 1:
+            continue
+        shape = GemmShape.of(g, op, target)
+        same = [c for c in cands[op.name] + ctx.runner_ups.get(op.name, [])
+                if c.detailed and c.choice is not None and c.boundary == cand.boundary and c.fused == cand.fused]
+        same.sort(key=lambda c: (c is not cand, c.estimate.cycles))
+        best = None
+        for c in [c for c in same if stationary_b(shape, c.choice) is not None][:STATIONARY_TRIES]:
+            trial = ctx.with_storage(b, Storage(stationary_b(shape, c.choice), True, st.transpose))
+            prog = fragment(trial, op, shape, c.choice, c.boundary)
+            d = cost_program(prog, target)
+            if best is None or d.estimate.cycles < best[0].estimate.cycles:
+                best = (d, c, trial, prog)
+        if best is None:
+            continue
+        d, c, trial, prog = best
+        moved = dataclasses.replace(c, desc=f"{c.desc}, {b} stored in the grid", estimate=d.estimate, program=prog,
+                                    weights=trial.storage[b].layout,
+                                    transient=transient_of(ctx, d, c.choice, c.boundary, bias_fusion(ctx, op)),
+                                    lost="")
+        kept = list(cands[op.name])
+        at = next((i for i, k in enumerate(kept) if k is c), None)
+        if at is None:
+            kept.append(moved)
+            at = len(kept) - 1
+        else:
+            kept[at] = moved
+        trial_cands = {**cands, op.name: kept}
+        trial_picks = {**picks, op.name: at}
+        trial_mid = MidGraph.build(trial, trial_cands, trial_picks)
+        trial_cost = cost_program(scheduled(trial_mid.program, target.tiles), target)
+        est = trial_cost.estimate
+        if est.cycles < detailed.estimate.cycles and est.total_memory <= target.usable_bytes \
+                and est.interleaved <= target.interleaved_bytes:
+            ctx, cands, picks, mid, detailed = trial, trial_cands, trial_picks, trial_mid, trial_cost
+            if c in ctx.runner_ups.get(op.name, []):
+                ctx.runner_ups = {**ctx.runner_ups, op.name: [r for r in ctx.runner_ups[op.name] if r is not c]}
+    return ctx, cands, picks, mid, detailed
 
 
 def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:

@@ -4,7 +4,8 @@
 - ``detailed_survivors``: per GEMM of a plan, every candidate that reached the
   detailed estimate (kept or a runner-up).
 - ``coarse_ranking``: per GEMM, the Spearman correlation of the coarse compute
-  cycles with the detailed cycles over those survivors.
+  cycles with the detailed cycles over those survivors (the ones costed with the
+  default weight storage, which the coarse model assumes).
 - ``amp_floor``: per GEMM, the matmul step of its fastest grid option that fits
   tile memory, alone (no exchange, no reduction): what no plan under the cycle
   model can beat, beside the roofline bound that assumes a perfect AMP.
@@ -45,12 +46,15 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def detailed_survivors(plan) -> dict[str, list]:
-    """Per GEMM: every candidate that reached the detailed estimate (kept or not)."""
+def detailed_survivors(plan, default_storage: bool = False) -> dict[str, list]:
+    """Per GEMM: every candidate that reached the detailed estimate (kept or not); with
+    ``default_storage`` only those costed with the weights in their default storage (not one a
+    plan re-costed with its weights kept in its grid)."""
     out = {}
     for op, cands in plan.candidates.items():
         if cands and cands[0].choice is not None:
-            out[op] = [c for c in cands + plan.runner_ups.get(op, []) if c.detailed]
+            out[op] = [c for c in cands + plan.runner_ups.get(op, [])
+                       if c.detailed and not (default_storage and c.weights is not None)]
     return out
 
 
@@ -59,7 +63,7 @@ def coarse_ranking(plan, min_distinct: int = 3) -> dict[str, dict]:
     survivors (None when fewer than ``min_distinct`` distinct implementations: nothing to rank),
     and how many survivors there were."""
     out = {}
-    for op, cands in detailed_survivors(plan).items():
+    for op, cands in detailed_survivors(plan, default_storage=True).items():
         distinct = len({c.desc for c in cands})
         rho = (spearman([c.coarse.compute for c in cands], [c.estimate.cycles for c in cands])
                if distinct >= min_distinct else None)
