@@ -16,13 +16,13 @@
 3. Selection (``select.solve_dp``, or CP-SAT with ``solver="cpsat"``).
 4. The ``MidGraph``: chosen fragments and explicit conversions as one program,
    costed in detail; the ``Plan`` wraps it with the report data.
-5. Stationary weights (``stationary_weights``): a GEMM's B parameter that its
-   chosen grid reads on one tile per block, at once, is stored in that grid
-   instead of ``PackedPanels`` when the whole program is then faster and fits:
-   its preparation copy moves nothing. Storage is decided after selection, for
-   the picked candidate only (the catalogue and the runner-ups are costed with
-   the default storage): a decode-shaped GEMM (few rows, one row block) stops
-   moving its weights every call.
+5. Stationary weights (``stationary_weights``): a GEMM's B parameter is stored
+   in a grid that reads each of its blocks on one tile, at once, instead of
+   ``PackedPanels``, when the whole program is then faster and fits: that grid's
+   preparation copy moves nothing. Decided after selection, among the grids of
+   the GEMM's detailed candidates with the picked one's boundary layouts (the
+   catalogue ranks them with the default storage): a decode-shaped GEMM (few
+   rows, one row block) stops moving its weights every call.
 """
 
 from __future__ import annotations
