@@ -61,6 +61,10 @@ def test_plan_json_holds_every_op_its_grid_the_conversions_totals_and_runner_ups
         assert {"tensor", "from", "to", "bytes", "cycles"} <= set(conv)
     assert data["totals"]["cycles"] == p.estimate.cycles
     assert data["ratio"] == pytest.approx(p.estimate.cycles / data["roofline_cycles"], rel=1e-6)
+    floor = data["model_floor"]
+    assert floor["cycles"] == sum(op["floor"] for op in data["ops"]) <= data["totals"]["cycles"]
+    assert floor["plan_ratio"] == pytest.approx(data["totals"]["cycles"] / floor["cycles"], rel=1e-6)
+    assert all(op["floor"] <= op["estimate"]["cycles"] for op in data["ops"] if op["grid"])
     for op in ("fc1", "fc2"):
         losers = data["runner_ups"][op]
         assert losers and all(r["lost"] for r in losers)
@@ -71,7 +75,7 @@ def test_tileplan_plan_prints_the_report_and_writes_plan_json(cli, tmp_path):
     out_path = tmp_path / "out" / "plan.json"
     code, out, err = cli("plan", str(SMOKE), "-o", str(out_path), "--jobs", "1")
     assert code == 0 and err == ""
-    for text in ("fc1", "fc2", "runner-up", "roofline bound", "ratio", "plan time"):
+    for text in ("fc1", "fc2", "runner-up", "roofline bound", "ratio", "plan time", "model floor"):
         assert text in out
     assert json.loads(out_path.read_text())["model"] == "mlp_smoke_fp8"
     assert [p.name for p in out_path.parent.iterdir()] == ["plan.json"]       # no temporary left behind

@@ -153,7 +153,7 @@ def test_the_html_report_loads_in_chromium_without_console_errors_and_shows_plot
     text = " ".join(page.text)
     for needle in ("Totals against the roofline bound", "Plan per op", "why it lost", "Per-tile memory map",
                    "Supersteps of the IPU model run", "cast_x", "fc1", "bias2", "fc2.amp",
-                   "selection:", "passed"):
+                   "selection:", "passed", "model floor"):
         assert needle in text, needle
 
     shot = tmp_path / "report.png"
@@ -201,6 +201,7 @@ def test_the_terminal_report_shows_plan_layouts_runner_ups_totals_and_the_run(pa
     validation = json.loads((packages["validated"] / "validation.json").read_text())
     for needle in ("Plan: mlp_smoke_fp8 on ipu21-64", "Layouts and grids of the chosen candidates",
                    "why it lost", "roofline bound: 972 cycles", "Validation run on the IPU model",
+                   f"model floor: {plan['model_floor']['cycles']:,} cycles",
                    f"simulated: {validation['cycles']:,} cycles", "steps simulate exactly as estimated",
                    "wrote "):
         assert needle in out, needle

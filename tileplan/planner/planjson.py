@@ -18,6 +18,9 @@ Contents:
   the op it feeds, bytes moved and cycles);
 - ``totals``: the whole program's detailed estimate (``Estimate.as_dict()``)
   and the tile with the highest memory peak; ``roofline_cycles`` and ``ratio``;
+  ``model_floor`` (``quality.model_floor``: no plan in the candidate space is
+  faster) with its ratio to the roofline and the plan's ratio to it; each op's
+  ``floor`` is its share of it;
 - ``runner_ups`` per GEMM: the candidates that lost, best first, with coarse and
   (when they reached it) detailed cycles and memory, and why they lost: kept
   candidates the whole-graph selection did not pick, then the catalogue's
@@ -160,6 +163,10 @@ def plan_to_json(plan) -> dict:
              plan.candidates[op.name][0].choice is not None]
     tile_memory = plan.detailed.tile_memory
     peak_tile = int(np.argmax(tile_memory)) if tile_memory is not None and tile_memory.size else -1
+    from .quality import model_floor
+    floor = model_floor(plan.graph, plan.target)
+    for entry in ops:
+        entry["floor"] = floor["ops"].get(entry["name"], {}).get("cycles")
     return {
         "format": FORMAT,
         "model": plan.graph.name,
@@ -171,6 +178,9 @@ def plan_to_json(plan) -> dict:
         "totals": {**{k: int(v) for k, v in plan.estimate.as_dict().items()}, "peak_tile": peak_tile},
         "roofline_cycles": _f(plan.roofline),
         "ratio": _f(plan.ratio),
+        "model_floor": {"cycles": int(floor["cycles"]),
+                        "roofline_ratio": _f(floor["cycles"] / plan.roofline) if plan.roofline else None,
+                        "plan_ratio": _f(plan.estimate.cycles / floor["cycles"]) if floor["cycles"] else None},
         "runner_ups": {op: runner_ups(plan, op) for op in gemms},
     }
 

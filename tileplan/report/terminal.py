@@ -35,7 +35,7 @@ def _n(x) -> str:
 def plan_table(data: dict) -> Table:
     t = Table(title=f"Plan: {data['model']} on {data['target']} ({data['tiles']:,} tiles, solver {data['solver']})")
     for col, right in (("op", False), ("kind", False), ("chosen candidate", False), ("compute", True),
-                       ("exchange", True), ("sync", True), ("cycles", True), ("standard B", True),
+                       ("exchange", True), ("sync", True), ("cycles", True), ("floor", True), ("standard B", True),
                        ("interleaved B", True), ("total B", True)):
         t.add_column(col, justify="right" if right else "left", overflow="fold")
     convs: dict[str, list[dict]] = {}
@@ -45,11 +45,11 @@ def plan_table(data: dict) -> Table:
         for c in convs.get(op["name"], []):
             e = c["estimate"]
             t.add_row("", "convert", f"{c['tensor']}: {c['from']} -> {c['to']} ({_n(c['bytes'])} B moved)",
-                      _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]), _n(e["cycles"]), "", "", "",
+                      _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]), _n(e["cycles"]), "", "", "", "",
                       style="dim")
         e, m = op["estimate"], op["memory"]
         t.add_row(op["name"], op["kind"], op["candidate"], _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]),
-                  _n(e["cycles"]), _n(m["standard"]), _n(m["interleaved"]), _n(m["total"]))
+                  _n(e["cycles"]), _n(op.get("floor")), _n(m["standard"]), _n(m["interleaved"]), _n(m["total"]))
     return t
 
 
@@ -74,6 +74,10 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
         f"(standard {tot['standard']:,} B, interleaved {tot['interleaved']:,} B, worst tiles)",
         f"roofline bound: {data['roofline_cycles']:,.0f} cycles; ratio {data['ratio']:.2f}x",
     ]
+    floor = data.get("model_floor")          # plans written before the floor existed have none
+    if floor:
+        lines.append(f"model floor: {floor['cycles']:,} cycles (no plan in the candidate space is faster); "
+                     f"the plan is {floor['plan_ratio']:.2f}x the floor")
     if plan_seconds is not None:
         lines.append(f"plan time: {plan_seconds:.2f} s")
     return Text("\n".join(lines))
