@@ -145,14 +145,16 @@ def small_graphs(draw):
     return graph, IPU21_64.with_tiles(tiles)
 
 
-@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(small_graphs())
 def test_random_small_graphs_run_without_conflict_and_agree_with_the_reference(case):
     graph, target = case
-    state = lower(plan(graph, target).mid.program, target)
+    p = plan(graph, target)
+    state = lower(p.mid.program, target)
     v = validate_package(Package(None, graph, target, state.tile_program, {}, {}, {}))   # raises on a conflict
     described = "; ".join(op.describe() for op in graph.ops) + f" on {target.tiles} tiles"
     assert v.passed, (described, v.outputs)
+    assert v.profile.cycles == p.estimate.cycles, described
 
 
 def test_an_onnx_models_package_validates_with_the_parameter_values_it_carries(tmp_path):
