@@ -204,10 +204,3 @@ def tile_exchange_cycles(tr: Transfers, target, tiles: int | None = None) -> tup
     send = tile_sum(tr.src_tile[first], s_cyc, tiles) + tile_sum(partner[borrowed], s_cyc[borrowed], tiles)
     return send, recv
 
-
-def phase_cycles(tr: Transfers, target) -> int:
-    """Cycles of one exchange phase excluding its sync: the slowest tile."""
-    if len(tr) == 0:
-        return 0
-    send, recv = tile_exchange_cycles(tr, target)
-    return int(np.maximum(send, recv).max())

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .program import ComputeStep, ExchangeStep, Program
+from .program import ComputeStep, ExchangeStep, Program, alias_root
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,16 +96,11 @@ def alias_roots(names, spans: dict, sizes: dict, aliases: dict[str, str]) -> tup
     """Buffers that share memory counted once: (the root buffers in ``names`` order, per root the
     largest per-tile size of the buffers on it, per root the union of their lifetimes).
     ``aliases``: buffer -> the buffer whose memory it shares (a copy that moved nothing)."""
-    def root(n):
-        while n in aliases:
-            n = aliases[n]
-        return n
-
-    roots = [n for n in names if root(n) == n]
+    roots = [n for n in names if alias_root(n, aliases) == n]
     size = {n: np.array(sizes[n], dtype=np.int64) for n in roots}
     span = {n: list(spans[n]) for n in roots}
     for n in names:
-        r = root(n)
+        r = alias_root(n, aliases)
         if r != n:
             size[r] = np.maximum(size[r], sizes[n])
             span[r] = [min(span[r][0], spans[n][0]), max(span[r][1], spans[n][1])]

@@ -99,6 +99,14 @@ class Program:
         return self
 
 
+def alias_root(name: str, aliases: dict[str, str]) -> str:
+    """The buffer whose memory ``name`` occupies: follow ``aliases`` (buffer -> buffer it shares
+    memory with, from copies that moved nothing) to the end."""
+    while name in aliases:
+        name = aliases[name]
+    return name
+
+
 def group_exchange_steps(steps: list, aliases: dict[str, str]) -> tuple[list, list[str]]:
     """Merge each exchange step into the one before it when no compute lies between them and
     they are independent: no copy of the second reads memory the first writes, or writes memory
@@ -108,18 +116,14 @@ def group_exchange_steps(steps: list, aliases: dict[str, str]) -> tuple[list, li
     The low pass ``group_exchanges`` and the planner's whole-graph estimate both use this, so
     the estimate counts the syncs the lowered program has.
     """
-    def root(name: str) -> str:
-        while name in aliases:
-            name = aliases[name]
-        return name
-
     out, log = [], []
     for step in steps:
         prev = out[-1] if out else None
         if isinstance(step, ExchangeStep) and isinstance(prev, ExchangeStep):
-            written = {root(c.dst) for c in prev.copies}
-            touched = written | {root(c.src) for c in prev.copies}
-            if not any(root(c.src) in written or root(c.dst) in touched for c in step.copies):
+            written = {alias_root(c.dst, aliases) for c in prev.copies}
+            touched = written | {alias_root(c.src, aliases) for c in prev.copies}
+            if not any(alias_root(c.src, aliases) in written or alias_root(c.dst, aliases) in touched
+                       for c in step.copies):
                 out[-1] = ExchangeStep(f"{prev.name}+{step.name}", prev.copies + step.copies)
                 log.append(f"group_exchanges: {step.name} joins {prev.name}")
                 continue

@@ -33,10 +33,6 @@ class DType(enum.Enum):
         """The C++ element type of Poplar codelets (FP8 is carried as raw bytes)."""
         return {DType.FP32: "float", DType.FP16: "half", DType.FP8: "unsigned char"}[self]
 
-    @property
-    def max_finite(self) -> float:
-        return float(np.finfo(self.numpy).max)
-
     def __str__(self) -> str:
         return self.value
 

@@ -123,9 +123,6 @@ class CopyPlan:
         """int64 [tiles]: bytes each tile copies within itself."""
         return self._per_tile(self.src_tile, self.nbytes, self.local, tiles)
 
-    def local_fragments(self, tiles: int) -> np.ndarray:
-        return self._per_tile(self.src_tile, None, self.local, tiles)
-
     @staticmethod
     def _per_tile(tile, weights, mask, tiles: int) -> np.ndarray:
         t = tile[mask]

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import TileplanError
 from ..estimate.memory import alias_roots, buffer_lifetimes, buffer_tile_bytes
+from ..estimate.program import alias_root
 
 
 @dataclass
@@ -44,11 +45,6 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
     size = np.zeros((len(names), tiles), dtype=np.int64)
     for i, n in enumerate(names):
         size[i] = sizes[n] if sizes and n in sizes else buffer_tile_bytes(program.buffers[n], tiles, target.alignment)
-
-    def root(n):
-        while n in aliases:
-            n = aliases[n]
-        return n
 
     roots, root_size, rspan = alias_roots(names, spans, dict(zip(names, size)), aliases)
     ridx = {n: i for i, n in enumerate(roots)}
@@ -90,7 +86,7 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
         raddr[:, inverse == p] = addrs[:, None]
     addr = np.full((len(names), tiles), -1, dtype=np.int64)
     for i, n in enumerate(names):
-        addr[i] = np.where(size[i] > 0, raddr[ridx[root(n)]], -1)
+        addr[i] = np.where(size[i] > 0, raddr[ridx[alias_root(n, aliases)]], -1)
     top = np.where(raddr >= 0, raddr + rsize, 0).max(axis=0) if len(roots) else np.zeros(tiles, np.int64)
     return Allocation(names, addr, size, top)
 

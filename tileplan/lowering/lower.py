@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import TileplanError
 from ..estimate.exchange import Transfers, fragments_to_transfers
-from ..estimate.program import ComputeStep, ExchangeStep, Program
+from ..estimate.program import ComputeStep, ExchangeStep, Program, alias_root
 from ..kernels import NoVariantError, default_registry, dispatch
 from ..kernels.calls import CopyCall, PackCall, UnpackCall
 from .allocate import allocate
@@ -47,9 +47,7 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
     state.plans = CopyPlans(target.tiles)       # expanded: do not keep the copy plans alive
     spans = _tile_spans(state.program, state.tile_program)
     for info in state.tile_program.buffers:
-        root = info.name
-        while root in state.aliases:
-            root = state.aliases[root]
+        root = alias_root(info.name, state.aliases)
         info.alias_of = root if root != info.name else None
         info.span = spans[info.name]
     for name, stage, fn, _why in chosen:
@@ -140,12 +138,7 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
 def _step_traffic(program, step, tiles, index, aliases, block_moves: bool, plans) -> tuple[Transfers, Transfers, int]:
     """``step_traffic(merge=False)`` of one exchange step, copy by copy, with block moves (when allowed)
     one row per block; also the exchange fragments the rows stand for (row by row)."""
-    def root(name):
-        while name in aliases:
-            name = aliases[name]
-        return name
-
-    sources = [root(cp.src) for cp in step.copies]
+    sources = [alias_root(cp.src, aliases) for cp in step.copies]
     ex_parts, loc_parts, fragments = [], [], 0
     for cp, root_src in zip(step.copies, sources):
         move = None
@@ -188,14 +181,9 @@ def _unaliased_identity_runs(program, step, aliases, tiles, index, plans) -> Tra
     When that pass did not run (or did not alias the pair), the destination is
     a separate buffer and its bytes still have to be copied on the tile.
     """
-    def root(name):
-        while name in aliases:
-            name = aliases[name]
-        return name
-
     parts = []
     for cp in step.copies:
-        if root(cp.src) == root(cp.dst):
+        if alias_root(cp.src, aliases) == alias_root(cp.dst, aliases):
             continue
         src, dst = program.buffers[cp.src], program.buffers[cp.dst]
         plan = plans(src, dst)

@@ -235,7 +235,8 @@ class Plan:
     solver: str = "dp"
     runner_ups: dict[str, list[Candidate]] = field(default_factory=dict)   # per GEMM: the losers and why
     selection: Any = None         # the solver's select.Solution (its objective: candidate + conversion cycles)
-    storage: dict | None = None   # parameter storage as planned (``parameter_storage`` plus stationary weights)
+    storage: dict = field(default_factory=dict)   # parameter storage as planned (``parameter_storage``
+                                                  # plus stationary weights)
 
     @property
     def ratio(self) -> float:
@@ -326,9 +327,10 @@ def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: d
         same = [c for c in cands[op.name] + ctx.runner_ups.get(op.name, [])
                 if c.detailed and c.choice is not None and c.boundary == cand.boundary and c.fused == cand.fused]
         same.sort(key=lambda c: (c is not cand, c.estimate.cycles))
+        grids = [(c, grid) for c in same if (grid := stationary_b(shape, c.choice)) is not None]
         best = None
-        for c in [c for c in same if stationary_b(shape, c.choice) is not None][:STATIONARY_TRIES]:
-            trial = ctx.with_storage(b, Storage(stationary_b(shape, c.choice), True, st.transpose))
+        for c, grid in grids[:STATIONARY_TRIES]:
+            trial = ctx.with_storage(b, Storage(grid, True, st.transpose))
             prog = fragment(trial, op, shape, c.choice, c.boundary)
             d = cost_program(prog, target)
             if best is None or d.estimate.cycles < best[0].estimate.cycles:

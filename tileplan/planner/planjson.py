@@ -151,8 +151,7 @@ def _selection_loss(c, chosen) -> str:
 
 
 def plan_to_json(plan) -> dict:
-    from .plan import parameter_storage
-    storage = plan.storage if plan.storage is not None else parameter_storage(plan.graph, plan.target)
+    storage = plan.storage
     ops, conversions = [], []
     for node in plan.mid.nodes:
         if node.kind == "op":
