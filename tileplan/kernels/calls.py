@@ -9,6 +9,8 @@ variant, the variant prices the call (``cycles``), defines its numpy semantics
 Operands are flat, row-major tile buffers. Every call has:
 
 - ``primitive``: the registry key (``"matmul"``, ``"reduce"``, ...);
+- ``operand_types()``: the element types of its inputs and outputs, in field order
+  (what the IPU model reads and writes);
 - ``key()``: a short stable string naming the specialisation, that is, every
   field that changes the generated C++ (types, formats, modes) but not the
   shapes, which are vertex fields. Codelet files are named after it.
@@ -21,10 +23,22 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import ClassVar
 
+import numpy as np
+
 from ..errors import check
 from ..graph.dtypes import DType
 
 WEIGHT_REGIONS = ("interleaved", "standard")
+
+
+class _Byte:
+    """The element type of a raw byte operand (``CopyCall``): a dtype-like with ``numpy`` and ``itemsize``."""
+
+    numpy = np.dtype(np.uint8)
+    itemsize = 1
+
+
+BYTE = _Byte()
 B_FORMATS = ("rows", "panels")
 ADD_MODES = ("dense", "row_broadcast")
 GELU_FORMS = ("tanh", "erf")
@@ -98,6 +112,9 @@ class MatMulCall:
         """Number of B panels (``ceil(n / grain)``); 0 for row-major B."""
         return -(-self.n // self.grain) if self.grain else 0
 
+    def operand_types(self) -> tuple[list[DType], list[DType]]:
+        return [self.in_dtype, self.in_dtype] + ([self.partials] if self.accumulate else []), [self.partials]
+
     def key(self) -> str:
         return f"matmul_{self.in_dtype}_{self.partials}_{self.b_format}" + ("_acc" if self.accumulate else "")
 
@@ -140,6 +157,10 @@ class ReduceCall:
         """Arrays summed per element: the partials, and the bias row when there is one."""
         return self.parts + (1 if self.bias_cols else 0)
 
+    def operand_types(self) -> tuple[list[DType], list[DType]]:
+        return ([self.in_dtype] * (2 if self.own else 1) + ([self.out_dtype] if self.bias_cols else []),
+                [self.out_dtype])
+
     def key(self) -> str:
         return (f"reduce_{self.in_dtype}_{self.out_dtype}" + ("_bias" if self.bias_cols else "")
                 + ("_own" if self.own else ""))
@@ -167,6 +188,9 @@ class AddCall:
     def size(self) -> int:
         return self.rows * self.cols
 
+    def operand_types(self) -> tuple[list[DType], list[DType]]:
+        return [self.dtype, self.dtype], [self.dtype]
+
     def key(self) -> str:
         return f"add_{self.dtype}_{self.mode}"
 
@@ -186,6 +210,9 @@ class GeLUCall:
         _positive(self, n=self.n)
         _dtype(self, dtype=self.dtype)
         _one_of(self, "approximate", self.approximate, GELU_FORMS)
+
+    def operand_types(self) -> tuple[list[DType], list[DType]]:
+        return [self.dtype], [self.dtype]
 
     def key(self) -> str:
         return f"gelu_{self.dtype}_{self.approximate}"
@@ -211,6 +238,9 @@ class BiasGeLUCall:
     @property
     def size(self) -> int:
         return self.rows * self.cols
+
+    def operand_types(self) -> tuple[list[DType], list[DType]]:
+        return [self.dtype, self.dtype], [self.dtype]
 
     def key(self) -> str:
         return f"bias_gelu_{self.dtype}_{self.approximate}"
@@ -239,6 +269,9 @@ class CastCall:
         check(self.out_scale == 0 or self.out_dtype is DType.FP8,
               f"CastCall: out_scale {self.out_scale} given for a {self.out_dtype} output (scales are FP8 only)")
 
+    def operand_types(self) -> tuple[list[DType], list[DType]]:
+        return [self.in_dtype], [self.out_dtype]
+
     def key(self) -> str:
         return f"cast_{self.in_dtype}_{self.out_dtype}"
 
@@ -263,6 +296,9 @@ class PackCall:
     def size(self) -> int:
         return self.rows * self.cols
 
+    def operand_types(self) -> tuple[list[DType], list[DType]]:
+        return [self.dtype], [self.dtype]
+
     def key(self) -> str:
         return f"{self.primitive}_{self.dtype}"
 
@@ -284,6 +320,9 @@ class CopyCall:
 
     def __post_init__(self):
         _positive(self, nbytes=self.nbytes)
+
+    def operand_types(self) -> tuple[list, list]:
+        return [BYTE], [BYTE]
 
     def key(self) -> str:
         return "copy"

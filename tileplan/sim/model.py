@@ -311,31 +311,6 @@ def from_index_space(flat: np.ndarray, space: str, shape=None) -> np.ndarray:
     return from_panel_major(flat, flat.size // n, n, int(space[len("panels"):])).reshape(flat.shape)
 
 
-def operand_types(call) -> tuple[list[DType], list[DType]]:
-    """Element types of a call's inputs and outputs, in field order."""
-    p = call.primitive
-    if p == "matmul":
-        return [call.in_dtype, call.in_dtype] + ([call.partials] if call.accumulate else []), [call.partials]
-    if p == "reduce":
-        return [call.in_dtype] * (2 if call.own else 1) + ([call.out_dtype] if call.bias_cols else []), [call.out_dtype]
-    if p in ("add",):
-        return [call.dtype, call.dtype], [call.dtype]
-    if p == "bias_gelu":
-        return [call.dtype, call.dtype], [call.dtype]
-    if p == "gelu":
-        return [call.dtype], [call.dtype]
-    if p == "cast":
-        return [call.in_dtype], [call.out_dtype]
-    if p in ("pack", "unpack"):
-        return [call.dtype], [call.dtype]
-    if p == "copy":
-        return [_BYTE], [_BYTE]
-    raise TileplanError(f"unknown primitive {p!r}")
-
-
-class _Byte:
-    numpy = np.dtype(np.uint8)
-    itemsize = 1
-
-
-_BYTE = _Byte()
+def operand_types(call) -> tuple[list, list]:
+    """Element types of a call's inputs and outputs, in field order (each call says its own)."""
+    return call.operand_types()
