@@ -123,10 +123,10 @@ def test_target_path_is_resolved_relative_to_the_model_file(write_model, tmp_pat
 
 
 def test_errors_are_prefixed_with_the_file_path(write_model):
-    path = write_model(MLP.replace('op = "add"', 'op = "mul"'))
+    path = write_model(MLP.replace('op = "add"', 'op = "addd"'))
     with pytest.raises(TileplanError) as info:
         load_model(path)
-    assert str(info.value).startswith(f"{path}: op 'bias': unknown op 'mul'")
+    assert str(info.value).startswith(f"{path}: op 'bias': unknown op 'addd'")
 
 
 def test_missing_file_and_unknown_extension_are_errors(tmp_path):

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from tileplan.graph.dtypes import DType
-from tileplan.kernels import (AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
+from tileplan.kernels.pointwise import BINARY, UNARY
+from tileplan.kernels import (UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "poplar"))
@@ -83,12 +84,28 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
         own=random(rng, FP16, 48, 4.0), others=random(rng, FP16, 144, 4.0), bias=random(rng, FP16, 16))
 
     # Adds, dense and row broadcast, aligned and not.
-    for variant, dt in (("add_vector", FP16), ("add_vector", FP32), ("add_pairs", FP16), ("add_pairs", FP32)):
-        add(variant, AddCall(3, 8, dt, "dense"), a=random(rng, dt, 24), b=random(rng, dt, 24))
-        add(variant, AddCall(5, 12, dt, "row_broadcast"), a=random(rng, dt, 60), b=random(rng, dt, 12))
-    add("add_pairs", AddCall(3, 7, FP16, "row_broadcast"), a=random(rng, FP16, 21), b=random(rng, FP16, 7))
-    add("add_vector", AddCall(1, 4, FP16), a=np.array([65504, -65504, 1, np.nan], np.float16),
+    for variant, dt in (("binary_vector", FP16), ("binary_vector", FP32), ("binary_pairs", FP16), ("binary_pairs", FP32)):
+        add(variant, BinaryCall(3, 8, dt, "dense"), a=random(rng, dt, 24), b=random(rng, dt, 24))
+        add(variant, BinaryCall(5, 12, dt, "row_broadcast"), a=random(rng, dt, 60), b=random(rng, dt, 12))
+    add("binary_pairs", BinaryCall(3, 7, FP16, "row_broadcast"), a=random(rng, FP16, 21), b=random(rng, FP16, 7))
+    add("binary_vector", BinaryCall(1, 4, FP16), a=np.array([65504, -65504, 1, np.nan], np.float16),
         b=np.array([65504, -65504, np.inf, 1], np.float16))
+
+    # Every binary op in every broadcast mode, the broadcast operand second and first.
+    for fn in BINARY:
+        for mode, bsize in (("dense", 60), ("row_broadcast", 12), ("col_broadcast", 5), ("scalar", 1)):
+            for swap in ((False, True) if mode != "dense" else (False,)):
+                for dt in (FP16, FP32):
+                    b = random(rng, dt, bsize, 2.0)
+                    add("binary_vector" if mode != "scalar" or dt is FP32 else "binary_pairs",
+                        BinaryCall(5, 12, dt, mode, fn, swap), a=random(rng, dt, 60, 2.0), b=b)
+    # Every unary op, both types, over its domain plus specials.
+    for fn in UNARY:
+        for dt in (FP16, FP32):
+            xs = np.concatenate([np.linspace(-8, 8, 397), [0.0, -0.0, 1e-4, 30.0, -30.0]])
+            if fn in ("sqrt",):
+                xs = np.abs(xs)
+            add("unary", UnaryCall(xs.size, dt, fn), "unary", **{"in": xs.astype(dt.numpy)})
 
     # GeLU and bias-GeLU, both forms, both types; inputs over [-10, 10] plus specials.
     for dt in (FP16, FP32):

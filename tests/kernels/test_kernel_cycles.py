@@ -8,7 +8,7 @@ import pytest
 
 from tileplan.errors import TileplanError
 from tileplan.graph.dtypes import DType
-from tileplan.kernels import (AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
+from tileplan.kernels import (dispatch, UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
 from tileplan.kernels import cycles as cy
 from tileplan.target import load_target
@@ -28,8 +28,9 @@ BASE = {
     "reduce_fp32": (ReduceCall(100, 3, FP32, FP32), ("n", "parts")),
     "reduce_bias_fp16": (ReduceCall(100, 3, FP16, FP16, bias_cols=20), ("n", "parts")),
     "reduce_bias_fp32": (ReduceCall(100, 3, FP32, FP16, bias_cols=50), ("n", "parts")),
-    "add_vector": (AddCall(4, 64, FP16, "row_broadcast"), ("rows", "cols")),
-    "add_pairs": (AddCall(4, 63, FP32, "dense"), ("rows", "cols")),
+    "binary_vector": (BinaryCall(4, 64, FP16, "row_broadcast"), ("rows", "cols")),
+    "binary_pairs": (BinaryCall(4, 63, FP32, "dense"), ("rows", "cols")),
+    "unary": (UnaryCall(100, FP16, "exp"), ("n",)),
     "gelu_fp16": (GeLUCall(100, FP16), ("n",)),
     "gelu_fp32": (GeLUCall(96, FP32, "erf"), ("n",)),
     "bias_gelu_fp16": (BiasGeLUCall(3, 40, FP16), ("rows", "cols")),
@@ -142,7 +143,7 @@ def test_a_bias_row_in_the_reduction_is_priced_as_one_more_partial():
     # Cheaper than the row-broadcast Add it replaces, which pays its own launch and row resets.
     fused = REG["reduce_bias_fp16"].cycles(ReduceCall(36 * 64, 9, FP16, FP16, bias_cols=64), IPU21)
     plain = REG["reduce_fp16"].cycles(ReduceCall(36 * 64, 9, FP16, FP16), IPU21)
-    add = REG["add_vector"].cycles(AddCall(36, 64, FP16, "row_broadcast"), IPU21)
+    add = REG["binary_vector"].cycles(BinaryCall(36, 64, FP16, "row_broadcast"), IPU21)
     assert plain < fused < plain + add
 
 
@@ -156,9 +157,9 @@ def test_dispatch_sends_a_reduction_with_a_bias_row_to_the_bias_variant():
 
 
 def test_add_and_gelu_and_casts_reproduce_their_published_values():
-    assert REG["add_vector"].cycles(AddCall(1, 1728, FP16), IPU21) == 2220
-    assert REG["add_vector"].cycles(AddCall(3, 1152, FP16, "row_broadcast"), IPU21) == 4416
-    assert REG["add_pairs"].cycles(AddCall(1, 120, FP16), IPU21) == 450 + 54 * 10
+    assert REG["binary_vector"].cycles(BinaryCall(1, 1728, FP16), IPU21) == 2220
+    assert REG["binary_vector"].cycles(BinaryCall(3, 1152, FP16, "row_broadcast"), IPU21) == 4416
+    assert REG["binary_pairs"].cycles(BinaryCall(1, 120, FP16), IPU21) == 450 + 54 * 10
     assert REG["gelu_fp16"].cycles(GeLUCall(960, FP16), IPU21) == 330 + 462 * 10
     assert REG["gelu_fp32"].cycles(GeLUCall(960, FP32), IPU21) == 330 + 2 * 462 * 10
     assert REG["cast_fp16_fp8"].cycles(CastCall(480, FP16, FP8), IPU21) == 330 + 24 * 10
@@ -168,7 +169,7 @@ def test_add_and_gelu_and_casts_reproduce_their_published_values():
 
 def test_fused_bias_gelu_is_cheaper_than_add_then_gelu():
     fused = REG["bias_gelu_fp16"].cycles(BiasGeLUCall(8, 96, FP16), IPU21)
-    apart = (REG["add_vector"].cycles(AddCall(8, 96, FP16, "row_broadcast"), IPU21)
+    apart = (REG["binary_vector"].cycles(BinaryCall(8, 96, FP16, "row_broadcast"), IPU21)
              + REG["gelu_fp16"].cycles(GeLUCall(8 * 96, FP16), IPU21))
     assert fused < apart
 
@@ -187,3 +188,19 @@ def test_machine_figures_come_from_the_target():
     launch = dataclasses.replace(IPU21, kernel_launch_cycles=50)
     pack = PackCall(8, 32, FP16, 16)
     assert REG["pack_panels"].cycles(pack, launch) - REG["pack_panels"].cycles(pack, IPU21) == 39
+
+
+def test_sub_and_mul_cost_what_add_costs_and_divide_costs_more():
+    """poplibs prices ADD, SUBTRACT and MULTIPLY alike (1 cycle per vector) and DIVIDE at 21 per 4 halves."""
+    for mode in ("dense", "row_broadcast", "col_broadcast", "scalar"):
+        add = dispatch(BinaryCall(8, 96, FP16, mode), IPU21)
+        cycles = {fn: add.cycles(BinaryCall(8, 96, FP16, mode, fn), IPU21) for fn in ("add", "sub", "mul", "div")}
+        assert cycles["add"] == cycles["sub"] == cycles["mul"] < cycles["div"]
+
+
+def test_unary_cycles_follow_the_poplibs_inner_loops():
+    """330 setup + workers * ceil(n / (workers * unroll)) * loop: exp FP16 is 4 cycles per 4 halves."""
+    v = REG["unary"]
+    assert v.cycles(UnaryCall(24 * 10, FP16, "exp"), IPU21) == 330 + 6 * 10 * 4
+    assert v.cycles(UnaryCall(24 * 10, FP16, "sqrt"), IPU21) == 330 + 6 * 10 * 23
+    assert v.cycles(UnaryCall(6 * 10, FP32, "erf"), IPU21) == 330 + 6 * 10 * 18

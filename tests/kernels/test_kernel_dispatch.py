@@ -11,7 +11,7 @@ import pytest
 
 from tileplan.errors import TileplanError
 from tileplan.graph.dtypes import DType
-from tileplan.kernels import (AddCall, CastCall, CopyCall, MatMulCall, NoVariantError, PackCall, Predicate, Registry,
+from tileplan.kernels import (BinaryCall, CastCall, CopyCall, MatMulCall, NoVariantError, PackCall, Predicate, Registry,
                               Variant, default_registry, dispatch)
 from tileplan.target import load_target
 
@@ -21,13 +21,13 @@ IPU21, IPU2, BOW = load_target("ipu21"), load_target("ipu2"), load_target("bow")
 
 def test_dispatch_picks_the_fastest_accepted_variant():
     # Aligned wide rows: the vector loop; many short broadcast rows: the pair loop is cheaper.
-    wide = AddCall(2, 1152, FP16, "row_broadcast")
-    short = AddCall(200, 4, FP16, "row_broadcast")
+    wide = BinaryCall(2, 1152, FP16, "row_broadcast")
+    short = BinaryCall(200, 4, FP16, "row_broadcast")
     reg = default_registry()
-    assert reg["add_vector"].accepts(short, IPU21) and reg["add_pairs"].accepts(short, IPU21)
-    assert dispatch(wide, IPU21).name == "add_vector"
-    assert dispatch(short, IPU21).name == "add_pairs"
-    assert reg["add_pairs"].cycles(short, IPU21) < reg["add_vector"].cycles(short, IPU21)
+    assert reg["binary_vector"].accepts(short, IPU21) and reg["binary_pairs"].accepts(short, IPU21)
+    assert dispatch(wide, IPU21).name == "binary_vector"
+    assert dispatch(short, IPU21).name == "binary_pairs"
+    assert reg["binary_pairs"].cycles(short, IPU21) < reg["binary_vector"].cycles(short, IPU21)
 
 
 def test_dispatch_uses_the_amp_when_it_fits_and_the_vector_unit_otherwise():
@@ -50,8 +50,8 @@ def test_priority_breaks_ties_then_the_name():
 
 
 def test_forced_variant_is_returned_even_when_slower():
-    call = AddCall(2, 1152, FP16, "row_broadcast")
-    assert dispatch(call, IPU21, force="add_pairs").name == "add_pairs"
+    call = BinaryCall(2, 1152, FP16, "row_broadcast")
+    assert dispatch(call, IPU21, force="binary_pairs").name == "binary_pairs"
 
 
 def test_forcing_a_rejected_variant_says_why():
@@ -129,7 +129,7 @@ def test_calls_validate_their_fields_and_print_in_one_line():
     with pytest.raises(TileplanError, match="scales are FP8 only"):
         CastCall(4, FP16, FP32, in_scale=1)
     with pytest.raises(TileplanError, match="mode must be one of"):
-        AddCall(2, 2, FP16, "diagonal")
+        BinaryCall(2, 2, FP16, "diagonal")
     call = MatMulCall(184, 64, 288, FP8, FP16, b_format="panels", grain=32)
     assert str(call) == "matmul(m=184, n=64, k=288, in_dtype=fp8, partials=fp16, b_format=panels, grain=32)"
     assert call.key() == "matmul_fp8_fp16_panels"

@@ -13,7 +13,7 @@ from hypothesis.extra.numpy import arrays
 
 from tileplan.errors import TileplanError
 from tileplan.graph.dtypes import DType
-from tileplan.kernels import (AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
+from tileplan.kernels import (BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
 from tileplan.kernels.reference import erf
 
@@ -142,21 +142,21 @@ def test_reduce_adds_the_bias_row_as_one_more_addend_before_the_one_rounding(var
     # The unfused path rounds the sum to the output type, then the Add rounds again.
     if out is FP16:
         plain = REG[variant.replace("_bias", "")].reference(ReduceCall(44, 3, dt, out, out_scale=-1), x.reshape(-1))
-        two_roundings = REG["add_vector"].reference(AddCall(4, 11, FP16, "row_broadcast"), plain,
+        two_roundings = REG["binary_vector"].reference(BinaryCall(4, 11, FP16, "row_broadcast"), plain,
                                                     (bias * np.float16(0.5)).astype(np.float16))
         assert np.allclose(got.astype(np.float64), two_roundings.astype(np.float64), rtol=2e-3, atol=2e-3)
     with pytest.raises(ValueError, match="bias operand"):
         REG[variant].reference(call, x.reshape(-1))
 
 
-@pytest.mark.parametrize("variant", ["add_vector", "add_pairs"])
+@pytest.mark.parametrize("variant", ["binary_vector", "binary_pairs"])
 @pytest.mark.parametrize("dt", [FP16, FP32])
 def test_add_dense_and_row_broadcast_round_the_fp32_sum_once(variant, dt):
     rng = np.random.default_rng(5)
     a, b, bias = rand(rng, dt, (6, 8), 1e3), rand(rng, dt, (6, 8), 1e3), rand(rng, dt, (8,), 1e3)
-    dense = REG[variant].reference(AddCall(6, 8, dt, "dense"), a.reshape(-1), b.reshape(-1))
+    dense = REG[variant].reference(BinaryCall(6, 8, dt, "dense"), a.reshape(-1), b.reshape(-1))
     assert dense.tobytes() == (a.astype(np.float32) + b.astype(np.float32)).astype(dt.numpy).tobytes()
-    bcast = REG[variant].reference(AddCall(6, 8, dt, "row_broadcast"), a.reshape(-1), bias)
+    bcast = REG[variant].reference(BinaryCall(6, 8, dt, "row_broadcast"), a.reshape(-1), bias)
     assert bcast.tobytes() == (a.astype(np.float32) + bias.astype(np.float32)).astype(dt.numpy).tobytes()
 
 

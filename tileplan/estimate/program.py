@@ -51,7 +51,7 @@ class Operand:
 @dataclass(frozen=True)
 class Vertex:
     tile: int
-    call: Any                    # a tileplan.kernels call (MatMulCall, AddCall, ...)
+    call: Any                    # a tileplan.kernels call (MatMulCall, BinaryCall, ...)
     ins: tuple[Operand, ...]
     outs: tuple[Operand, ...]
     variant: str = ""            # the kernel variant dispatch chose (filled by the builder)

@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import networkx as nx
+import numpy as np
 
 from ..errors import TileplanError, check
 from .dtypes import DType
+from .numerics import erf, sigmoid
 
 
 class Role(enum.Enum):
@@ -107,6 +109,11 @@ class Op:
     def flops(self, ins: list[Tensor], out: Tensor) -> int:
         return out.size
 
+    def reference(self, *ins: np.ndarray) -> np.ndarray:
+        """float64 semantics on float64 operands (the values the inputs' types hold); the caller
+        rounds the result to the output tensor's type."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class MatMul(Op):
@@ -156,10 +163,48 @@ class MatMul(Op):
         batch, m, n, k = self.mnk(ins)
         return 2 * batch * m * n * k
 
+    def reference(self, a, b):
+        if self.transpose_a:
+            a = np.swapaxes(a, -1, -2)
+        if self.transpose_b:
+            b = np.swapaxes(b, -1, -2)
+        return np.matmul(a, b)
+
+
+class Pointwise(Op):
+    """Base of the elementwise ops: FP16 or FP32 operands (FP8 is cast first), the result in the
+    operands' type, computed exactly in float64 by ``fn`` (the reference) and rounded once."""
+
+    def _float_operands(self, ins: list[Tensor]) -> None:
+        for t in ins:
+            if t.dtype is DType.FP8:
+                raise self.err(f"{self.kind} takes fp16 or fp32 operands, {t.name!r} is fp8 (cast first)")
+        if len({t.dtype for t in ins}) > 1:
+            raise self.err(f"operand dtypes differ: " + ", ".join(f"{t.name!r} is {t.dtype}" for t in ins))
+
+    def fn(self, *xs: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def reference(self, *ins: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.asarray(self.fn(*(np.asarray(x, np.float64) for x in ins)), dtype=np.float64)
+
 
 @dataclass(frozen=True)
-class Add(Op):
-    kind: ClassVar[str] = "add"
+class Unary(Pointwise):
+    """``y = f(x)`` elementwise."""
+
+    arity: ClassVar[int] = 1
+
+    def infer(self, ins):
+        self._float_operands(ins)
+        return ins[0].shape, ins[0].dtype
+
+
+@dataclass(frozen=True)
+class Binary(Pointwise):
+    """``y = f(a, b)`` with numpy broadcasting of the two operands."""
+
     arity: ClassVar[int] = 2
 
     def infer(self, ins):
@@ -169,15 +214,80 @@ class Add(Op):
         except ValueError:
             raise self.err(f"shapes of {a.name!r} {list(a.shape)} and {b.name!r} {list(b.shape)} "
                            "do not broadcast") from None
-        if a.dtype is not b.dtype:
-            raise self.err(f"operand dtypes differ: {a.name!r} is {a.dtype}, {b.name!r} is {b.dtype}")
-        if a.dtype is DType.FP8:
-            raise self.err(f"Add takes fp16 or fp32 operands, {a.name!r} is fp8 (cast first)")
+        self._float_operands(ins)
         return shape, a.dtype
 
 
+# One row per op: (class name, kind, float64 semantics). A new pointwise op is a row here, a row in
+# the kernel table (kernels/pointwise.py) and a row in each importer's table.
 @dataclass(frozen=True)
-class GeLU(Op):
+class Add(Binary):
+    kind: ClassVar[str] = "add"
+    fn = staticmethod(np.add)
+
+
+@dataclass(frozen=True)
+class Sub(Binary):
+    kind: ClassVar[str] = "sub"
+    fn = staticmethod(np.subtract)
+
+
+@dataclass(frozen=True)
+class Mul(Binary):
+    kind: ClassVar[str] = "mul"
+    fn = staticmethod(np.multiply)
+
+
+@dataclass(frozen=True)
+class Div(Binary):
+    kind: ClassVar[str] = "div"
+    fn = staticmethod(np.divide)
+
+
+@dataclass(frozen=True)
+class Neg(Unary):
+    kind: ClassVar[str] = "neg"
+    fn = staticmethod(np.negative)
+
+
+@dataclass(frozen=True)
+class Sqrt(Unary):
+    kind: ClassVar[str] = "sqrt"
+    fn = staticmethod(np.sqrt)
+
+
+@dataclass(frozen=True)
+class Reciprocal(Unary):
+    kind: ClassVar[str] = "reciprocal"
+    fn = staticmethod(np.reciprocal)
+
+
+@dataclass(frozen=True)
+class Exp(Unary):
+    kind: ClassVar[str] = "exp"
+    fn = staticmethod(np.exp)
+
+
+@dataclass(frozen=True)
+class Tanh(Unary):
+    kind: ClassVar[str] = "tanh"
+    fn = staticmethod(np.tanh)
+
+
+@dataclass(frozen=True)
+class Erf(Unary):
+    kind: ClassVar[str] = "erf"
+    fn = staticmethod(erf)
+
+
+@dataclass(frozen=True)
+class Sigmoid(Unary):
+    kind: ClassVar[str] = "sigmoid"
+    fn = staticmethod(sigmoid)
+
+
+@dataclass(frozen=True)
+class GeLU(Unary):
     approximate: str = "tanh"          # "tanh" or "erf" (exact)
     kind: ClassVar[str] = "gelu"
 
@@ -185,11 +295,10 @@ class GeLU(Op):
         if self.approximate not in ("tanh", "erf"):
             raise self.err(f"approximate must be 'tanh' or 'erf', got {self.approximate!r}")
 
-    def infer(self, ins):
-        (x,) = ins
-        if x.dtype is DType.FP8:
-            raise self.err(f"GeLU takes fp16 or fp32, {x.name!r} is fp8 (cast first)")
-        return x.shape, x.dtype
+    def fn(self, x):
+        if self.approximate == "tanh":
+            return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
     def flops(self, ins, out):
         return 8 * out.size     # tanh form: about 8 arithmetic operations per element
@@ -205,12 +314,15 @@ class Cast(Op):
     def allowed_output_dtypes(self, ins):
         return tuple(DType)
 
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float64)      # the rounding is the output tensor's type
 
-OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, GeLU, Cast)}
+
+OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Neg, Sqrt, Reciprocal, Exp,
+                                                           Tanh, Erf, Sigmoid, GeLU, Cast)}
 
 
 def _broadcast(*shapes):
-    import numpy as np
     return np.broadcast_shapes(*(tuple(s) for s in shapes))
 
 

@@ -15,11 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..target import Target
-from .calls import (AddCall, BiasGeLUCall, Call, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
+from .calls import (BiasGeLUCall, Call, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                     UnpackCall)
 from .codelets import CodeletSource, Field
+from .pointwise import BinaryCall, UnaryCall
 from .registry import NoVariantError, Predicate, Registry, Variant
 from .variants import DEFAULT_REGISTRY, build_default_registry
+
+CALL_CLASSES = (MatMulCall, ReduceCall, BinaryCall, UnaryCall, GeLUCall, BiasGeLUCall, CastCall, PackCall,
+                UnpackCall, CopyCall)
+"""Every call record, for reading tile programs back (``primitive`` -> class)."""
 
 
 def default_registry() -> Registry:
@@ -32,6 +37,6 @@ def dispatch(call: Any, target: Target, force: str | None = None, registry: Regi
     return (DEFAULT_REGISTRY if registry is None else registry).dispatch(call, target, force)
 
 
-__all__ = ["AddCall", "BiasGeLUCall", "Call", "CastCall", "CodeletSource", "CopyCall", "Field", "GeLUCall",
-           "MatMulCall", "NoVariantError", "PackCall", "Predicate", "ReduceCall", "Registry", "UnpackCall",
+__all__ = ["BinaryCall", "BiasGeLUCall", "CALL_CLASSES", "Call", "CastCall", "CodeletSource", "CopyCall", "Field", "GeLUCall",
+           "MatMulCall", "NoVariantError", "PackCall", "Predicate", "ReduceCall", "Registry", "UnaryCall", "UnpackCall",
            "Variant", "build_default_registry", "default_registry", "dispatch"]

@@ -40,7 +40,6 @@ class _Byte:
 
 BYTE = _Byte()
 B_FORMATS = ("rows", "panels")
-ADD_MODES = ("dense", "row_broadcast")
 GELU_FORMS = ("tanh", "erf")
 
 
@@ -164,35 +163,6 @@ class ReduceCall:
     def key(self) -> str:
         return (f"reduce_{self.in_dtype}_{self.out_dtype}" + ("_bias" if self.bias_cols else "")
                 + ("_own" if self.own else ""))
-
-
-@dataclass(frozen=True)
-class AddCall:
-    """``a[rows, cols] + b`` with ``b`` of shape ``[rows, cols]`` (``"dense"``) or
-    ``[cols]`` (``"row_broadcast"``, a bias row); computed in FP32, rounded to
-    ``dtype``."""
-
-    rows: int
-    cols: int
-    dtype: DType
-    mode: str = "dense"
-    primitive: ClassVar[str] = "add"
-    __str__ = describe
-
-    def __post_init__(self):
-        _positive(self, rows=self.rows, cols=self.cols)
-        _dtype(self, dtype=self.dtype)
-        _one_of(self, "mode", self.mode, ADD_MODES)
-
-    @property
-    def size(self) -> int:
-        return self.rows * self.cols
-
-    def operand_types(self) -> tuple[list[DType], list[DType]]:
-        return [self.dtype, self.dtype], [self.dtype]
-
-    def key(self) -> str:
-        return f"add_{self.dtype}_{self.mode}"
 
 
 @dataclass(frozen=True)
@@ -328,4 +298,4 @@ class CopyCall:
         return "copy"
 
 
-Call = MatMulCall | ReduceCall | AddCall | GeLUCall | BiasGeLUCall | CastCall | PackCall | UnpackCall | CopyCall
+Call = MatMulCall | ReduceCall | GeLUCall | BiasGeLUCall | CastCall | PackCall | UnpackCall | CopyCall

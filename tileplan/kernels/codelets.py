@@ -227,21 +227,6 @@ def reduce_codelet(call, variant) -> CodeletSource:
     return render(key, body, fields, f"sum of {how}{what} in FP32, {call.out_dtype} out")
 
 
-def add_codelet(call, variant) -> CodeletSource:
-    key = codelet_key(variant.name, call)
-    broadcast = call.mode == "row_broadcast"
-    fields = (_vec("input", "a", call.dtype, call.size),
-              _vec("input", "b", call.dtype, call.cols if broadcast else call.size),
-              _vec("output", "out", call.dtype, call.size),
-              _param("rows", call.rows), _param("cols", call.cols))
-    b_index = "i % cols" if broadcast else "i"
-    body = f"""    const unsigned size = rows * cols;
-    for (unsigned i = workerId; i < size; i += workers) {{
-      out[i] = store_as<{call.dtype.cpp}>(load_f32(a[i]) + load_f32(b[{b_index}]));
-    }}"""
-    return render(key, body, fields, f"a + b ({call.mode}) in FP32, {call.dtype} out")
-
-
 def _gelu_expr(approximate: str) -> str:
     if approximate == "tanh":
         return (f"0.5f * x * (1.0f + std::tanh({_f32_literal((2 / 3.141592653589793) ** 0.5)} * "

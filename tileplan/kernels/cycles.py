@@ -31,11 +31,9 @@ from __future__ import annotations
 from ..errors import TileplanError
 from ..graph.dtypes import DType
 from ..target import Target
-from .calls import AddCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall, UnpackCall
+from .calls import BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall, UnpackCall
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+from .pointwise import ADD_VECTOR_SETUP, BinaryCall, binary_pair_work, binary_vector_cycles, ceil_div
 
 
 # ---- AMP matmul -------------------------------------------------------------------
@@ -181,41 +179,6 @@ def reduce_cycles(call: ReduceCall, target: Target) -> int:
     return REDUCE_SETUP + reduce_work(call.in_dtype, call.n, call.addends, target.workers)
 
 
-# ---- add --------------------------------------------------------------------------
-
-ADD_VECTOR_SETUP = 492        # ipu-stack f16_add_cycles, aligned path
-ADD_VECTOR_STEP = 24          # elements per row step (six workers x four halves)
-ADD_ROW_RESET = 234           # pointer reset per repeated broadcast row
-ADD_PAIR_SETUP = 450          # irregular widths: pair loop
-ADD_PAIR_STEP = 12            # elements per pair-loop wave (six workers x two halves)
-ADD_PAIR_CYCLES = 54          # cycles per pair-loop wave
-
-
-def add_vector_cycles(call: AddCall, target: Target) -> int:
-    """FP16: ``492 + R * ceil(C/24) * 24 + 234 * (R - 1)``: published (ipu-stack
-    ``f16_add_cycles``, aligned dense or row broadcast; dense counts as one row of
-    all elements).
-
-    FP32: DERIVED, a 64-bit vector holds 2 floats instead of 4 halves, so the
-    per-element term doubles: ``492 + R * ceil(2C/24) * 24 + 234 * (R - 1)``.
-    """
-    rows, cols = (1, call.size) if call.mode == "dense" else (call.rows, call.cols)
-    width = cols * (2 if call.dtype is DType.FP32 else 1)
-    return ADD_VECTOR_SETUP + rows * ceil_div(width, ADD_VECTOR_STEP) * ADD_VECTOR_STEP + ADD_ROW_RESET * (rows - 1)
-
-
-def add_pair_work(call: AddCall | BiasGeLUCall) -> int:
-    per = 2 if call.dtype is DType.FP32 else 1
-    return ceil_div(call.size, ADD_PAIR_STEP) * ADD_PAIR_CYCLES * per
-
-
-def add_scalar_cycles(call: AddCall, target: Target) -> int:
-    """FP16: ``450 + 54 * ceil(n/12)``: published (ipu-stack ``f16_add_cycles``,
-    irregular widths). FP32: DERIVED, twice the per-element term (one float per
-    32-bit op instead of a pair of halves)."""
-    return ADD_PAIR_SETUP + add_pair_work(call)
-
-
 # ---- GeLU -------------------------------------------------------------------------
 
 GELU_SETUP = 330              # ipu-stack kernel/cost.rs, gelu_f16.S
@@ -254,12 +217,12 @@ def bias_gelu_cycles(call: BiasGeLUCall, target: Target) -> int:
     setup): the fused pass re-reads the bias row and adds it before the GeLU.
     Cheaper than Add then GeLU by the Add's launch and the intermediate's round
     trip through memory; an upper bound, no public measurement."""
-    add = AddCall(call.rows, call.cols, call.dtype, "row_broadcast")
+    add = BinaryCall(call.rows, call.cols, call.dtype, "row_broadcast")
     vector_lanes = 8 // call.dtype.itemsize
     if call.cols % vector_lanes == 0:
-        bias = add_vector_cycles(add, target) - ADD_VECTOR_SETUP
+        bias = binary_vector_cycles(add, target) - ADD_VECTOR_SETUP
     else:
-        bias = add_pair_work(add)
+        bias = binary_pair_work(add.size, add.dtype)
     return GELU_SETUP + gelu_work(call.dtype, call.size) + bias
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..graph.dtypes import DType
 from . import codelets as cl
 from . import cycles as cy
+from . import pointwise
 from . import reference as ref
 from .registry import Predicate, Registry, Variant
 
@@ -72,8 +73,6 @@ def elementwise(name: str, primitive: str, dtype: DType, cycles, reference, code
     return Variant(name, primitive, BOTH, SPECIAL, (is_("dtype", dtype),), cycles, reference, codelet)
 
 
-ADD_ALIGNED = Predicate("dense: rows*cols, row_broadcast: cols fills whole 64-bit vectors",
-                        lambda c, t: (c.size if c.mode == "dense" else c.cols) * c.dtype.itemsize % 8 == 0)
 FITTED_CASTS = ((FP16, FP8), (FP32, FP16))
 CAST_SIDES_FP8 = Predicate("an fp8 side needs a target with FP8 (amp_fp8 > 0)",
                            lambda c, t: FP8 not in (c.in_dtype, c.out_dtype) or t.amp_fp8 > 0)
@@ -109,11 +108,6 @@ def _table() -> list[Variant]:
                 cy.reduce_cycles, ref.reduce, cl.reduce_codelet, doc="reduction plus a bias row"),
         Variant("reduce_bias_fp32", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP32), REDUCE_OUT, WITH_BIAS),
                 cy.reduce_cycles, ref.reduce, cl.reduce_codelet, doc="reduction plus a bias row"),
-        # Add: 64-bit vector loop when aligned, pair loop otherwise (dispatch takes the cheaper).
-        Variant("add_vector", "add", BOTH, SPECIAL, (in_("dtype", (FP16, FP32)), ADD_ALIGNED),
-                cy.add_vector_cycles, ref.add, cl.add_codelet),
-        Variant("add_pairs", "add", BOTH, FALLBACK, (in_("dtype", (FP16, FP32)),),
-                cy.add_scalar_cycles, ref.add, cl.add_codelet),
         # GeLU and the fused bias-GeLU, per element type.
         elementwise("gelu_fp16", "gelu", FP16, cy.gelu_cycles, ref.gelu, cl.gelu_codelet),
         elementwise("gelu_fp32", "gelu", FP32, cy.gelu_cycles, ref.gelu, cl.gelu_codelet),
@@ -135,6 +129,8 @@ def _table() -> list[Variant]:
         Variant("unpack_panels", "unpack", BOTH, SPECIAL, (PANEL_GRAIN, WHOLE_PANELS),
                 cy.unpack_cycles, ref.unpack, cl.unpack_codelet),
         Variant("copy_local", "copy", BOTH, SPECIAL, (), cy.copy_cycles, ref.copy, cl.copy_codelet),
+        # Pointwise binary (with broadcasting) and unary ops: one module, one row per op there.
+        *pointwise.variants(),
     ]
 
 

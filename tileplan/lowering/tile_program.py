@@ -170,9 +170,8 @@ def call_to_json(call) -> dict:
 def call_from_json(d: dict):
     from dataclasses import fields
     from ..graph.dtypes import DType
-    from ..kernels import calls as C
-    classes = {cls.primitive: cls for cls in (C.MatMulCall, C.ReduceCall, C.AddCall, C.GeLUCall, C.BiasGeLUCall,
-                                              C.CastCall, C.PackCall, C.UnpackCall, C.CopyCall)}
+    from ..kernels import CALL_CLASSES
+    classes = {cls.primitive: cls for cls in CALL_CLASSES}
     cls = classes.get(d.get("primitive"))
     if cls is None:
         raise TileplanError(f"unknown kernel primitive {d.get('primitive')!r} in the tile program")

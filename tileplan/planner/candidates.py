@@ -43,3 +43,17 @@ class Candidate:
         names = "AB"
         ins = " ".join(f"{names[i] if i < 2 else i}:{lay}" for i, lay in enumerate(self.ins))
         return f"{ins + ' ' if ins else ''}{self.desc} -> {self.out}"
+
+
+@dataclass(frozen=True)
+class Storage:
+    """How a parameter is kept: ``private`` (resident buffer an op reads directly) or a fixed-layout value."""
+
+    layout: Any
+    private: bool
+    transpose: bool = False
+
+
+def activation_inputs(storage: dict, op) -> list[str]:
+    """The inputs of an op that are values in the selection (not private parameter storage)."""
+    return [name for name in op.inputs if not (name in storage and storage[name].private)]

@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph.core import Add, Cast, GeLU, Graph, MatMul, Op, Role, Tensor
+from ..graph.core import Add, Binary, Cast, GeLU, Graph, MatMul, Op, Role, Tensor, Unary
 from ..graph.dtypes import DType
-from ..kernels.calls import AddCall, BiasGeLUCall, CastCall, GeLUCall
+from ..kernels.calls import BiasGeLUCall, CastCall, GeLUCall
+from ..kernels.pointwise import BinaryCall, UnaryCall
 from ..layout import Intervals, WholeRows
 from ..layout.gemm_grid import Grid
 from ..estimate.program import Buffer, ComputeStep, Operand, Program
+from ..estimate.cost import Estimate
+from ..estimate.detailed import cost_program
+from .candidates import Candidate, Fused, activation_inputs
 from .gemm import _vertex
 
 
@@ -57,37 +61,77 @@ def replicated(shape, tiles: int) -> Grid:
     return Grid.of((0, rows), (0, cols), np.arange(tiles).reshape(1, 1, tiles))
 
 
-def is_row_broadcast(graph: Graph, op: Op) -> int | None:
-    """For an Add: the index of the operand that numpy broadcasts over the leading dimensions of the
-    other (a bias row ``[N]``, or any ``[..., P, N]`` repeated over a batch), else None."""
-    if not isinstance(op, Add):
-        return None
-    a, b = graph.inputs_of(op)
+def broadcast_form(graph: Graph, op: Op) -> tuple[int | None, str]:
+    """How a pointwise op reads its operands: ``(index of the broadcast operand, mode)`` with the
+    modes of ``kernels.pointwise.BinaryCall``: ``dense`` (no broadcast operand: index None),
+    ``scalar`` (one element), ``row_broadcast`` (the operand repeats over the leading dimensions of
+    the other: a bias row ``[N]``, or any ``[..., P, N]`` repeated over a batch), ``col_broadcast``
+    (``[..., M, 1]`` against ``[..., M, N]``: one value per row). Other broadcasts (both operands
+    broadcast, or a column repeated over a batch) are refused, naming the op and shapes."""
+    if not isinstance(op, Binary):
+        return None, "dense"
+    ins = graph.inputs_of(op)
     out = graph.output_of(op)
-    for idx, t in ((1, b), (0, a)):
-        other = a if idx == 1 else b
-        if t.shape == out.shape or other.shape != out.shape:
+    if all(t.shape == out.shape for t in ins):
+        return None, "dense"
+    for idx in (1, 0):
+        t, other = ins[idx], ins[1 - idx]
+        if other.shape != out.shape or t.shape == out.shape:
             continue
+        if t.size == 1:
+            return idx, "scalar"
         core = tuple(t.shape)
         while len(core) > 1 and core[0] == 1:
             core = core[1:]
         if tuple(out.shape[len(out.shape) - len(core):]) == core:
-            return idx
-    return None
+            return idx, "row_broadcast"
+        padded = (1,) * (len(out.shape) - len(t.shape)) + tuple(t.shape)
+        if padded[-1] == 1 and padded[:-1] == tuple(out.shape[:-1]):
+            return idx, "col_broadcast"
+    a, b = ins
+    raise op.err(f"broadcasting {a.name!r} {list(a.shape)} with {b.name!r} {list(b.shape)} is supported where one "
+                 "operand is the output's shape and the other a scalar, a row repeated over the leading "
+                 "dimensions (a bias row, a batch broadcast) or a column [..., M, 1]")
 
 
-def broadcast_period(graph: Graph, op: Op) -> int:
-    """Elements after which a broadcast operand repeats along the output's flat index."""
-    idx = is_row_broadcast(graph, op)
-    return graph.inputs_of(op)[idx].size
+def broadcast_operand(graph: Graph, op: Op) -> int | None:
+    """The index of the operand a pointwise op reads replicated on every tile (its broadcast operand)."""
+    return broadcast_form(graph, op)[0]
+
+
+def is_row_broadcast(graph: Graph, op: Op) -> int | None:
+    """For an Add: the index of its bias-row operand (``row_broadcast``), else None (what the bias
+    fusions look for)."""
+    if not isinstance(op, Add):
+        return None
+    idx, mode = broadcast_form(graph, op)
+    return idx if mode == "row_broadcast" else None
 
 
 def check_supported(graph: Graph, op: Op) -> None:
-    if isinstance(op, Add):
-        a, b = graph.inputs_of(op)
-        if a.shape != b.shape and is_row_broadcast(graph, op) is None:
-            raise op.err(f"broadcasting {list(a.shape)} with {list(b.shape)} is supported where one operand "
-                         f"repeats over the leading dimensions of the other (a bias row, a batch broadcast)")
+    broadcast_form(graph, op)
+
+
+def pointwise_call(graph: Graph, op: Op, n: int):
+    """The kernel call of a unary pointwise op (or a Cast) on ``n`` elements: the row of
+    ``UNARY_CALLS`` for the op's class or its nearest base."""
+    for cls in type(op).__mro__:
+        if cls in UNARY_CALLS:
+            return UNARY_CALLS[cls](op, graph.inputs_of(op)[0], graph.output_of(op), n)
+    raise TypeError(f"no pointwise kernel for op kind {op.kind!r}")
+
+
+def _cast_call(op, src: Tensor, out: Tensor, n: int) -> CastCall:
+    return CastCall(n, src.dtype, out.dtype, src.scale if src.dtype is DType.FP8 else 0,
+                    out.scale if out.dtype is DType.FP8 else 0)
+
+
+# One row per unary kernel family: op class -> its call on n elements (op, input, output, n).
+UNARY_CALLS = {
+    GeLU: lambda op, src, out, n: GeLUCall(n, out.dtype, op.approximate),     # the fitted GeLU kernel
+    Cast: _cast_call,
+    Unary: lambda op, src, out, n: UnaryCall(n, out.dtype, op.kind),          # kernels.pointwise.UNARY[kind]
+}
 
 
 def _pieces(om) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -121,41 +165,43 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
     out_t = graph.tensors[out_buf.tensor]
     om = layout.owner_map(out_t.shape, out_t.dtype, target.tiles)
     tile, start, stop, offset = _pieces(om)
-    bias_idx = is_row_broadcast(graph, op)
-    dense = [b for i, b in enumerate(in_bufs) if i != bias_idx]
+    bidx, mode = broadcast_form(graph, op)
+    dense = [b for i, b in enumerate(in_bufs) if i != bidx]
     for b in dense:
         bom = b.layout.owner_map(b.shape, b.dtype, target.tiles)
         if not (np.array_equal(bom.tile, tile) and np.array_equal(bom.start, start)
                 and np.array_equal(bom.stop, stop)):
             raise ValueError(f"{op.name}: input {b.name} is not laid out like the output {out_buf.name}")
     vertices = []
-    cols = broadcast_period(graph, op) if bias_idx is not None else out_t.cols
+    period = out_t.cols
+    if mode == "row_broadcast":
+        period = graph.inputs_of(op)[bidx].size
     for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
-        if isinstance(op, Add) and bias_idx is not None:
-            x = dense[0]
-            bias = in_bufs[bias_idx]
-            for rows, width, c0, rel in _row_split(s, e, cols):
-                if fused_gelu is not None:
-                    call = BiasGeLUCall(rows, width, out_t.dtype, fused_gelu.approximate)
-                else:
-                    call = AddCall(rows, width, out_t.dtype, "row_broadcast")
-                ins = [Operand(x.name, o + rel, rows * width), Operand(bias.name, c0, width)]
-                vertices.append(_vertex(t, call, tuple(ins), (Operand(out_buf.name, o + rel, rows * width),), target))
+        if not isinstance(op, Binary):
+            call = pointwise_call(graph, op, e - s)
+            ins = tuple(Operand(b.name, o, e - s) for b in dense)
+            vertices.append(_vertex(t, call, ins, (Operand(out_buf.name, o, e - s),), target))
             continue
-        n = e - s
-        if isinstance(op, Add):
-            call = AddCall(1, n, out_t.dtype, "dense")
-        elif isinstance(op, GeLU):
-            call = GeLUCall(n, out_t.dtype, op.approximate)
-        elif isinstance(op, Cast):
-            src = graph.inputs_of(op)[0]
-            call = CastCall(n, src.dtype, out_t.dtype,
-                            src.scale if src.dtype is DType.FP8 else 0,
-                            out_t.scale if out_t.dtype is DType.FP8 else 0)
-        else:
-            raise TypeError(op)
-        ins = tuple(Operand(b.name, o, n) for b in dense)
-        vertices.append(_vertex(t, call, ins, (Operand(out_buf.name, o, n),), target))
+        x = dense[0]
+        if mode in ("dense", "scalar"):            # one run of every element
+            runs = [(1, e - s, 0, 0)]
+        else:                                      # whole rows of the broadcast period, head and tail pieces
+            runs = _row_split(s, e, period)
+        for rows, width, c0, rel in runs:
+            if fused_gelu is not None:
+                call = BiasGeLUCall(rows, width, out_t.dtype, fused_gelu.approximate)
+            else:
+                call = BinaryCall(rows, width, out_t.dtype, mode, op.kind, swap=bidx == 0)
+            ins = [Operand(x.name, o + rel, rows * width)]
+            if bidx is None:
+                ins.append(Operand(dense[1].name, o + rel, rows * width))
+            elif mode == "scalar":
+                ins.append(Operand(in_bufs[bidx].name, 0, 1))
+            elif mode == "row_broadcast":
+                ins.append(Operand(in_bufs[bidx].name, c0, width))
+            else:                                  # col_broadcast: one value per output row
+                ins.append(Operand(in_bufs[bidx].name, (s + rel) // period, rows))
+            vertices.append(_vertex(t, call, tuple(ins), (Operand(out_buf.name, o + rel, rows * width),), target))
     prog.steps.append(ComputeStep(f"{op.name}.compute", tuple(vertices)))
     return prog
 
@@ -198,3 +244,52 @@ def fusable_bias(graph: Graph, op: Op) -> tuple[Add, str] | None:
     if bias.scale or out.scale or res.scale:
         return None
     return add, bias.name
+
+
+# ---- candidates ----------------------------------------------------------------------
+
+def candidates(ctx, op) -> list[Candidate]:
+    """The Pointwise family's candidates: one per activation layout of the output, plus the fused
+    bias-GeLU ones of a bias Add whose only consumer is a GeLU."""
+    g, target = ctx.graph, ctx.target
+    check_supported(g, op)
+    out_t = g.output_of(op)
+    acts = activation_inputs(ctx.storage, op)
+    cands = []
+    for lay in activation_layouts(out_t, target.tiles):
+        cands.append(_elementwise(ctx, op, lay, acts, fused=None))
+    gelu = fusable_gelu(g, op)
+    if gelu is not None and out_t.layout is None:
+        for lay in activation_layouts(g.output_of(gelu), target.tiles):
+            cands.append(_elementwise(ctx, op, lay, acts, fused=gelu))
+    return cands
+
+
+def _elementwise(ctx, op, lay, acts, fused) -> Candidate:
+    g = ctx.graph
+    bidx = broadcast_operand(g, op)
+    in_lays = [replicated(g.tensors[n].shape, ctx.target.tiles) if i == bidx
+               else same_elements(lay, g.tensors[n].dtype) for i, n in enumerate(op.inputs)]
+    in_bufs = [ctx.tensor_buffer(n, l) for n, l in zip(op.inputs, in_lays)]
+    out_name = fused.output if fused is not None else op.output
+    out_buf = ctx.tensor_buffer(out_name, lay)
+    prog = build_program(g, op, lay, in_bufs, out_buf, ctx.target, fused_gelu=fused)
+    d = cost_program(prog, ctx.target)
+    transient = np.zeros(ctx.target.tiles, dtype=np.int64)
+    if fused is not None:
+        transient = ctx.tile_bytes(out_name, lay)
+    desc = f"{'bias-gelu ' if fused is not None else ''}{op.kind} on {lay}"
+    out_layout = Fused(lay) if fused is not None else lay
+    by_name = dict(zip(op.inputs, in_lays))
+    return Candidate(op.name, tuple(by_name[n] for n in acts), out_layout, desc, d.estimate, d.estimate, prog, transient,
+                     fused=fused.name if fused is not None else None)
+
+
+def absorbed_candidates(ctx, op, fused_layouts, into: str = "the bias Add") -> list[Candidate]:
+    """The absorbed side of a fusion (a GeLU in a bias-GeLU, a bias Add in a GEMM's reduction):
+    reads nothing, costs nothing; its output was written by the op it fused ``into``."""
+    out = []
+    for lay in fused_layouts:
+        out.append(Candidate(op.name, (Fused(lay),), lay, f"fused into {into} on {lay}", Estimate(),
+                             Estimate(), Program(), np.zeros(ctx.target.tiles, dtype=np.int64), absorbed=True))
+    return out

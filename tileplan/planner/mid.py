@@ -17,6 +17,7 @@ from typing import Any
 from ..estimate.detailed import cost_program
 from ..estimate.program import Program
 from ..graph.core import Role
+from .candidates import activation_inputs
 
 
 @dataclass
@@ -40,7 +41,7 @@ class MidGraph:
 
     @classmethod
     def build(cls, ctx, cands, picks: dict[str, int]) -> "MidGraph":
-        from .plan import activation_inputs, input_layout
+        from .plan import input_layout
         g = ctx.graph
         where: dict[str, list] = {}
         for name, t in g.tensors.items():
@@ -52,7 +53,7 @@ class MidGraph:
         program = Program()
         for op in g.ops:
             cand = cands[op.name][picks[op.name]]
-            for tensor, want in zip(activation_inputs(ctx, op), () if cand.absorbed else cand.ins):
+            for tensor, want in zip(activation_inputs(ctx.storage, op), () if cand.absorbed else cand.ins):
                 have = where[tensor]
                 if want in have:
                     continue

@@ -40,51 +40,28 @@ from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program, scheduled
 from ..estimate.memory import buffer_tile_bytes
 from ..estimate.program import Buffer, Copy, ExchangeStep, Program
-from ..graph.core import Add, Graph, MatMul, Role
+from ..graph.core import Graph, Role
 from ..layout import Imported, Intervals, Packed, PackedPanels
 from ..layout.gemm_grid import Grid
 from ..layout.panels import panels_fit
 from . import elementwise as ew
-from .candidates import Candidate, Fused
+from .candidates import Candidate, Fused, Storage, activation_inputs
+from .families import family_of
 from .catalogue import Catalogues
 from .mid import MidGraph
 from .select import Choice, Problem, no_fit_error, solve_dp
 
 
-@dataclass(frozen=True)
-class Storage:
-    """How a parameter is kept: ``private`` (resident buffer an op reads directly) or a fixed-layout value."""
-
-    layout: Any
-    private: bool
-    transpose: bool = False
-
-
 def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
-    tiles = target.tiles
+    """How every parameter is kept: the storage its first consumer's family asks for
+    (``families.Family.storage``), else a value born in ``Intervals``."""
     out: dict[str, Storage] = {}
     for op in graph.ops:
-        ins = graph.inputs_of(op)
-        for idx, t in enumerate(ins):
+        fam = family_of(op)
+        for idx, t in enumerate(graph.inputs_of(op)):
             if t.role is not Role.PARAMETER or t.name in out:
                 continue
-            if isinstance(op, MatMul) and idx == 1:
-                grain = target.grain(t.dtype)
-                n = t.shape[-2] if op.transpose_b else t.shape[-1]
-                # AMP panels in panel-major index space (one fragment per panel in copies), the last
-                # panel partial when grain does not divide N. Rows ending in a sub-word tail
-                # (N * itemsize % 8 != 0) would leave the partial panel's rows off the 8-byte
-                # boundaries that AMP loads and exchange need: those stay row-major (Packed falls
-                # back to Intervals) and the kernel packs B per call. So do matrices narrower than
-                # one panel (they could be read as a single partial panel; not done yet).
-                lay = PackedPanels(grain, tiles) if panels_fit(n, grain, t.dtype.itemsize) else Packed(grain, tiles)
-                out[t.name] = Storage(lay, True, op.transpose_b)
-            elif isinstance(op, MatMul):
-                out[t.name] = Storage(Intervals(tiles), True, op.transpose_a)
-            elif isinstance(op, Add) and ew.is_row_broadcast(graph, op) == idx:
-                out[t.name] = Storage(ew.replicated(t.shape, tiles), True)
-            else:
-                out[t.name] = Storage(ew.intervals(tiles, t.dtype), False)
+            out[t.name] = fam.storage(graph, op, idx, t, target) or Storage(ew.intervals(target.tiles, t.dtype), False)
     return out
 
 
@@ -165,62 +142,6 @@ def _stored_shape(t, st: Storage) -> tuple[int, ...]:
     return t.shape
 
 
-def activation_inputs(ctx: Context, op) -> list[str]:
-    """The inputs of an op that are values in the selection (not private parameter storage)."""
-    out = []
-    for name in op.inputs:
-        st = ctx.storage.get(name)
-        if st is not None and st.private:
-            continue
-        out.append(name)
-    return out
-
-
-def elementwise_candidates(ctx: Context, op) -> list[Candidate]:
-    g, target = ctx.graph, ctx.target
-    ew.check_supported(g, op)
-    out_t = g.output_of(op)
-    acts = activation_inputs(ctx, op)
-    cands = []
-    for lay in ew.activation_layouts(out_t, target.tiles):
-        cands.append(_elementwise(ctx, op, lay, acts, fused=None))
-    gelu = ew.fusable_gelu(g, op)
-    if gelu is not None and out_t.layout is None:
-        for lay in ew.activation_layouts(g.output_of(gelu), target.tiles):
-            cands.append(_elementwise(ctx, op, lay, acts, fused=gelu))
-    return cands
-
-
-def _elementwise(ctx: Context, op, lay, acts, fused) -> Candidate:
-    g = ctx.graph
-    bidx = ew.is_row_broadcast(g, op)
-    in_lays = [ew.replicated(g.tensors[n].shape, ctx.target.tiles) if i == bidx
-               else ew.same_elements(lay, g.tensors[n].dtype) for i, n in enumerate(op.inputs)]
-    in_bufs = [ctx.tensor_buffer(n, l) for n, l in zip(op.inputs, in_lays)]
-    out_name = fused.output if fused is not None else op.output
-    out_buf = ctx.tensor_buffer(out_name, lay)
-    prog = ew.build_program(g, op, lay, in_bufs, out_buf, ctx.target, fused_gelu=fused)
-    d = cost_program(prog, ctx.target)
-    transient = np.zeros(ctx.target.tiles, dtype=np.int64)
-    if fused is not None:
-        transient = ctx.tile_bytes(out_name, lay)
-    desc = f"{'bias-gelu ' if fused is not None else ''}{op.kind} on {lay}"
-    out_layout = Fused(lay) if fused is not None else lay
-    by_name = dict(zip(op.inputs, in_lays))
-    return Candidate(op.name, tuple(by_name[n] for n in acts), out_layout, desc, d.estimate, d.estimate, prog, transient,
-                     fused=fused.name if fused is not None else None)
-
-
-def absorbed_candidates(ctx: Context, op, fused_layouts, into: str = "the bias Add") -> list[Candidate]:
-    """The absorbed side of a fusion (a GeLU in a bias-GeLU, a bias Add in a GEMM's reduction):
-    reads nothing, costs nothing; its output was written by the op it fused ``into``."""
-    out = []
-    for lay in fused_layouts:
-        out.append(Candidate(op.name, (Fused(lay),), lay, f"fused into {into} on {lay}", Estimate(),
-                             Estimate(), Program(), np.zeros(ctx.target.tiles, dtype=np.int64), absorbed=True))
-    return out
-
-
 @dataclass
 class Plan:
     graph: Graph
@@ -252,15 +173,15 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
             t.layout.verify(t.shape, t.dtype, target)
     # The GEMM catalogues (in pool workers when they run in parallel) while the elementwise ops,
     # which never depend on a GEMM's candidates, are planned here.
-    pending = Catalogues(ctx, [op for op in graph.ops if isinstance(op, MatMul)])
+    pending = Catalogues(ctx, [op for op in graph.ops if family_of(op).catalogued])
     ew_cands: dict[str, list[Candidate]] = {}
     try:
         for op in graph.ops:
-            if isinstance(op, MatMul):
+            if family_of(op).catalogued:
                 continue
             fused_layouts = [c.out.layout for cs in ew_cands.values() for c in cs if c.fused == op.name]
-            ew_cands[op.name] = elementwise_candidates(ctx, op) + (
-                absorbed_candidates(ctx, op, fused_layouts) if fused_layouts else [])
+            ew_cands[op.name] = family_of(op).candidates(ctx, op) + (
+                ew.absorbed_candidates(ctx, op, fused_layouts) if fused_layouts else [])
     except BaseException:
         pending.cancel()
         raise
@@ -271,11 +192,11 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         fused_layouts = list(dict.fromkeys(c.out.layout for c in cs if c.fused))
         if fused_layouts:
             add = graph.op(next(c.fused for c in cs if c.fused))
-            ew_cands[add.name] = ew_cands[add.name] + absorbed_candidates(ctx, add, fused_layouts,
+            ew_cands[add.name] = ew_cands[add.name] + ew.absorbed_candidates(ctx, add, fused_layouts,
                                                                           into=f"the reduction of {name}")
     cands: dict[str, list[Candidate]] = {}
     for op in graph.ops:
-        cands[op.name] = gemms[op.name] if isinstance(op, MatMul) else ew_cands[op.name]
+        cands[op.name] = gemms[op.name] if family_of(op).catalogued else ew_cands[op.name]
         if not cands[op.name]:
             raise TileplanError(f"op {op.name!r} ({op.kind}): no candidate fits the target {target.name!r}")
     problem = build_problem(ctx, cands)
@@ -315,9 +236,9 @@ def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: d
     g, target = ctx.graph, ctx.target
     picks = dict(picks)
     for op in g.ops:
-        if not isinstance(op, MatMul):
-            continue
         cand = cands[op.name][picks[op.name]]
+        if cand.choice is None:          # not a GEMM candidate (its grid choice)
+            continue
         b = op.inputs[1]
         st = ctx.storage.get(b)
         if cand.choice is None or st is None or not isinstance(st.layout, (Packed, PackedPanels)) \
@@ -378,7 +299,7 @@ def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
                for op, cs in cands.items()}
     return Problem(
         ops=[op.name for op in g.ops],
-        inputs={op.name: activation_inputs(ctx, op) for op in g.ops},
+        inputs={op.name: activation_inputs(ctx.storage, op) for op in g.ops},
         output={op.name: op.output for op in g.ops},
         choices=choices,
         fixed=fixed,

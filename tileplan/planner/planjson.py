@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .candidates import activation_inputs
+
 FORMAT = "tileplan.plan/1"
 RUNNER_UPS = 12            # per GEMM in plan.json
 
@@ -65,7 +67,7 @@ def _op_entry(plan, node, storage) -> dict:
     graph = plan.graph
     op = graph.op(node.op)
     cand = node.candidate
-    acts = activation_inputs_of(graph, op, storage)
+    acts = activation_inputs(storage, op)
     reads = dict(zip(acts, cand.ins))
     inputs = {}
     for name in op.inputs:
@@ -93,11 +95,6 @@ def absorbed_into(plan, op: str) -> str | None:
         if node.kind == "op" and node.candidate.fused == op:
             return node.op
     return None
-
-
-def activation_inputs_of(graph, op, storage) -> list[str]:
-    """``plan.activation_inputs`` without a planning context: inputs that are not private storage."""
-    return [n for n in op.inputs if not (n in storage and storage[n].private)]
 
 
 def _conversion_entry(node) -> dict:

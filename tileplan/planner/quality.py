@@ -24,8 +24,8 @@ import math
 import numpy as np
 
 from ..estimate.coarse import amp_cycles, k_unit
-from ..kernels import AddCall, CastCall, GeLUCall, ReduceCall, dispatch
-from ..kernels.cycles import ADD_VECTOR_STEP, CAST_FP16_FP8_WAVE, GELU_WAVE, reduce_cycles
+from ..kernels import BinaryCall, ReduceCall, dispatch
+from ..kernels.cycles import reduce_cycles
 from .select import Problem, solve_dp, solve_exhaustive
 
 
@@ -192,53 +192,62 @@ def gemm_floor(shape, target, grid, partials, held: tuple[int, int] = (1, 1)) ->
     return amp + prep + np.where(gk > 1, red_ex + red + target.sync_cycles, 0) + target.sync_cycles
 
 
+def gemm_op_floor(graph, op, target, storage, fused_adds) -> dict:
+    """A GEMM's share: the least ``gemm_floor`` over every grid option and partials type (memory
+    ignored, so it holds for serial K and N splits alike)."""
+    from . import elementwise as ew
+    from .gemm import GemmShape, _grid_options
+    shape = GemmShape.of(graph, op, target)
+    grids = _grid_options(shape, target.tiles)
+    # A pinned (Explicit) layout may hold replicas: no credit for what it holds then.
+    held = tuple(target.tiles if t.layout is not None or (t.name in storage and storage[t.name].layout
+                 == ew.replicated(t.shape, target.tiles)) else 1 for t in graph.inputs_of(op))
+    best = None
+    for p, ptype in enumerate(shape.partial_types()):
+        floors = gemm_floor(shape, target, grids, np.full(len(grids), p), held)
+        i = int(np.argmin(floors))
+        if best is None or floors[i] < best[0]:
+            gb, gm, gn, gk = (int(x) for x in grids[i])
+            best = (int(floors[i]), f"grid {f'{gb}x' if gb > 1 else ''}{gm}x{gn}x{gk} {ptype}")
+    return {"cycles": best[0], "grid": best[1]}
+
+
+POINTWISE_SPAN = 96       # a multiple of every pointwise kernel's block (GeLU 96, casts 48 and 12,
+                          # unary loops 6 x 1, 2 or 4, the Add's 24 and 12)
+
+
+def pointwise_op_floor(graph, op, target, storage, fused_adds) -> dict:
+    """A pointwise op's share: its kernel on ``ceil(size / tiles)`` elements (a binary op as its
+    dense form, a fused bias-GeLU pass costs at least its GeLU loop), or nothing when it may fuse
+    (a bias Add into its GEMM's reduction, or with its GeLU)."""
+    from ..graph.core import Binary
+    from . import elementwise as ew
+    out = graph.output_of(op)
+    share = -(-out.size // target.tiles)
+    if isinstance(op, Binary):
+        if op.name in fused_adds or ew.fusable_gelu(graph, op) is not None:
+            return {"cycles": 0}
+        call_of = lambda n: BinaryCall(1, n, out.dtype, "dense", op.kind)   # noqa: E731
+    else:
+        call_of = lambda n: ew.pointwise_call(graph, op, n)                  # noqa: E731
+    return {"cycles": _kernel_floor(call_of, share, target, POINTWISE_SPAN)}
+
+
+FLOORS = {"Gemm": gemm_op_floor, "Pointwise": pointwise_op_floor}     # family name -> its share
+
+
 def model_floor(graph, target) -> dict:
     """A lower bound on the cycles of any plan of ``graph`` on ``target`` in tileplan's candidate
-    space, under the same machine model and kernel formulas (no planning needed):
-
-    - per GEMM, the least ``gemm_floor`` over every grid option and partials type (memory ignored,
-      so it holds for serial K and N splits alike);
-    - per GeLU and Cast, its kernel on ``ceil(size / tiles)`` elements (``_kernel_floor``; a fused
-      bias-GeLU pass costs at least its GeLU loop);
-    - per Add, the dense vector kernel on its share, or nothing when it may fuse (into its GEMM's
-      reduction, or with its GeLU);
-    - conversions between ops count zero.
+    space, under the same machine model and kernel formulas (no planning needed): per op its
+    family's share (``FLOORS``: ``gemm_op_floor``, ``pointwise_op_floor``); conversions between ops
+    count zero.
 
     ``cycles`` is the sum. A target under it is out of reach without a wider candidate space or
     faster kernel formulas."""
-    from ..graph.core import Add, Cast, GeLU, MatMul
     from . import elementwise as ew
-    from .gemm import GemmShape, _grid_options
+    from .families import family_of
     from .plan import parameter_storage
     storage = parameter_storage(graph, target)
     fused_adds = {found[0].name for op in graph.ops if (found := ew.fusable_bias(graph, op)) is not None}
-    ops = {}
-    for op in graph.ops:
-        out = graph.output_of(op)
-        share = -(-out.size // target.tiles)
-        if isinstance(op, MatMul):
-            shape = GemmShape.of(graph, op, target)
-            grids = _grid_options(shape, target.tiles)
-            # A pinned (Explicit) layout may hold replicas: no credit for what it holds then.
-            held = tuple(target.tiles if t.layout is not None or (t.name in storage and storage[t.name].layout
-                         == ew.replicated(t.shape, target.tiles)) else 1 for t in graph.inputs_of(op))
-            best = None
-            for p, ptype in enumerate(shape.partial_types()):
-                floors = gemm_floor(shape, target, grids, np.full(len(grids), p), held)
-                i = int(np.argmin(floors))
-                if best is None or floors[i] < best[0]:
-                    gb, gm, gn, gk = (int(x) for x in grids[i])
-                    best = (int(floors[i]), f"grid {f'{gb}x' if gb > 1 else ''}{gm}x{gn}x{gk} {ptype}")
-            ops[op.name] = {"cycles": best[0], "grid": best[1]}
-        elif isinstance(op, GeLU):
-            ops[op.name] = {"cycles": _kernel_floor(lambda n: GeLUCall(n, out.dtype, op.approximate), share,
-                                                    target, GELU_WAVE)}
-        elif isinstance(op, Cast):
-            src = graph.inputs_of(op)[0]
-            ops[op.name] = {"cycles": _kernel_floor(lambda n: CastCall(n, src.dtype, out.dtype), share,
-                                                    target, CAST_FP16_FP8_WAVE)}
-        elif isinstance(op, Add):
-            fuses = op.name in fused_adds or ew.fusable_gelu(graph, op) is not None
-            ops[op.name] = {"cycles": 0 if fuses else _kernel_floor(
-                lambda n: AddCall(1, n, out.dtype, "dense"), share, target, ADD_VECTOR_STEP)}
+    ops = {op.name: FLOORS[family_of(op).name](graph, op, target, storage, fused_adds) for op in graph.ops}
     return {"ops": ops, "cycles": sum(v["cycles"] for v in ops.values())}

@@ -22,7 +22,7 @@ import zlib
 
 import numpy as np
 
-from ..graph.core import Add, Cast, GeLU, Graph, MatMul, Role
+from ..graph.core import Add, Graph, MatMul, Role
 from ..graph.dtypes import dequantise, quantise
 
 
@@ -53,34 +53,13 @@ def seeded_values(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def gelu(x: np.ndarray, approximate: str) -> np.ndarray:
-    if approximate == "tanh":
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-    erf = np.vectorize(math.erf, otypes=[np.float64])
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
-
-
 def reference(graph: Graph, stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """float64 values of every tensor, from stored inputs and parameters."""
     vals = {n: dequantise(v, graph.tensors[n].dtype, graph.tensors[n].scale) for n, v in stored.items()}
     for op in graph.ops:
         ins = [vals[i] for i in op.inputs]
         out_t = graph.output_of(op)
-        if isinstance(op, MatMul):
-            a, b = ins
-            if op.transpose_a:
-                a = np.swapaxes(a, -1, -2)
-            if op.transpose_b:
-                b = np.swapaxes(b, -1, -2)
-            y = np.matmul(a, b)
-        elif isinstance(op, Add):
-            y = ins[0] + ins[1]
-        elif isinstance(op, GeLU):
-            y = gelu(ins[0], op.approximate)
-        elif isinstance(op, Cast):
-            y = ins[0]
-        else:
-            raise TypeError(op)
+        y = op.reference(*ins)
         y = np.asarray(y, dtype=np.float64).reshape(out_t.shape)
         vals[op.output] = dequantise(quantise(y, out_t.dtype, out_t.scale), out_t.dtype, out_t.scale)
     return vals
