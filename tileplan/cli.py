@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .report.terminal import NO_ROOFLINE, roofline_ratio_text
 from .errors import TileplanError
 from .graph.core import Graph, MatMul, Role
 from .graph.dtypes import DType
@@ -146,9 +147,12 @@ def show(
     console.print(
         f"target: {tgt.name} ({chosen_by}): {tgt.description}, {_n(tgt.tiles)} tiles, "
         f"{tgt.clock_hz / 1e9:.2f} GHz; parameters fill {100 * params / sram:.1f}% of its usable SRAM")
-    console.print(
-        f"roofline bound: [bold]{_n(roofline)} cycles[/bold] = {roofline / tgt.clock_hz * 1e6:,.1f} us "
-        f"(MatMul FLOPs / ({_n(tgt.tiles)} tiles x AMP FLOP per tile per cycle))")
+    if roofline:
+        console.print(
+            f"roofline bound: [bold]{_n(roofline)} cycles[/bold] = {roofline / tgt.clock_hz * 1e6:,.1f} us "
+            f"(MatMul FLOPs / ({_n(tgt.tiles)} tiles x AMP FLOP per tile per cycle))")
+    else:
+        console.print(f"roofline bound: {NO_ROOFLINE}")
     from .planner.quality import model_floor
     try:
         floor = model_floor(graph, tgt)["cycles"]
@@ -211,7 +215,7 @@ def compile_command(
     out.print(f"compiled [bold]{graph.name}[/bold] for {tgt.name} into {path} in {elapsed:.2f} s "
               f"(plan {p.plan_seconds:.2f} s)")
     out.print(f"estimate: {_n(est.cycles)} cycles (compute {_n(est.compute)}, exchange {_n(est.exchange)}, "
-              f"sync {_n(est.sync)}), {est.cycles / p.roofline:.2f}x the roofline bound {_n(p.roofline)}; "
+              f"sync {_n(est.sync)}), {roofline_ratio_text(est.cycles, p.roofline)}; "
               f"peak {_n(est.total_memory)} B per tile")
     out.print(f"tile program: {len(state.tile_program.steps)} steps; passes: {', '.join(state.tile_program.passes)}")
 
@@ -250,7 +254,7 @@ def validate_command(
     roof = report.get("roofline_cycles") or 0
     est = report.get("estimate", {}).get("cycles")
     out.print(f"simulated: {_n(prof.cycles)} cycles (compute {_n(prof.compute)}, exchange {_n(prof.exchange)}, "
-              f"sync {_n(prof.sync)})" + (f", {prof.cycles / roof:.2f}x the roofline bound {_n(roof)}" if roof else ""))
+              f"sync {_n(prof.sync)}), {roofline_ratio_text(prof.cycles, roof)}")
     if est:
         out.print(f"planner estimate: {_n(est)} cycles; estimate / simulated = {est / max(prof.cycles, 1):.3f}")
     out.print(f"memory peak: {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "

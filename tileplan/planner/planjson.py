@@ -173,7 +173,7 @@ def plan_to_json(plan) -> dict:
         "conversions": conversions,
         "totals": {**{k: int(v) for k, v in plan.estimate.as_dict().items()}, "peak_tile": peak_tile},
         "roofline_cycles": _f(plan.roofline),
-        "ratio": _f(plan.ratio),
+        "ratio": _f(plan.ratio) if plan.roofline else None,
         "model_floor": {"cycles": int(floor["cycles"]),
                         "roofline_ratio": _f(floor["cycles"] / plan.roofline) if plan.roofline else None,
                         "plan_ratio": _f(plan.estimate.cycles / floor["cycles"]) if floor["cycles"] else None},

@@ -28,6 +28,17 @@ from rich.text import Text
 RUNNER_UPS = 5          # per GEMM in the terminal
 
 
+NO_ROOFLINE = "none (no MatMul)"
+
+
+def roofline_ratio_text(cycles: float, roofline: float | None) -> str:
+    """``2.20x the roofline bound 153,470``, or the roofline's absence (a graph without a MatMul has no
+    AMP work, so no bound: elementwise ops are not in it)."""
+    if not roofline:
+        return f"roofline bound {NO_ROOFLINE}"
+    return f"{cycles / roofline:.2f}x the roofline bound {roofline:,.0f}"
+
+
 def _n(x) -> str:
     return "-" if x is None else f"{x:,}"
 
@@ -72,7 +83,7 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
         f"sync {tot['sync']:,}); {tot['bytes_moved']:,} B moved",
         f"memory peak: {tot['total_memory']:,} B on tile {tot['peak_tile']} "
         f"(standard {tot['standard']:,} B, interleaved {tot['interleaved']:,} B, worst tiles)",
-        f"roofline bound: {data['roofline_cycles']:,.0f} cycles; ratio {data['ratio']:.2f}x",
+        f"against the roofline: {roofline_ratio_text(tot['cycles'], data['roofline_cycles'])}",
     ]
     floor = data.get("model_floor")          # plans written before the floor existed have none
     if floor:
@@ -129,7 +140,7 @@ def validation_parts(validation: dict, report: dict, roofline: float) -> list:
     same = sum(est.get(s["name"]) == s["cycles"] + s["sync"] for s in steps)
     worst = max(steps, key=lambda s: abs(s["cycles"] + s["sync"] - est.get(s["name"], 0)), default=None)
     lines = [f"simulated: {v['cycles']:,} cycles (compute {v['compute']:,}, exchange {v['exchange']:,}, "
-             f"sync {v['sync']:,})" + (f", {v['cycles'] / roofline:.2f}x the roofline bound" if roofline else "")]
+             f"sync {v['sync']:,}), {roofline_ratio_text(v['cycles'], roofline)}"]
     if report.get("estimate"):
         e = report["estimate"]["cycles"]
         lines.append(f"estimate / simulated = {e / max(v['cycles'], 1):.3f}; {same} of {len(steps)} steps "
