@@ -32,7 +32,8 @@ def test_every_fixture_loads_and_checks_against_its_own_target(name):
     assert g.name == name
     target = load_target(g.target)
     load_model(FIXTURES / f"{name}.toml", target=target)
-    assert g.roofline_cycles(target) > 0
+    has_matmul = any(op.kind == "matmul" for op in g.ops)
+    assert (g.roofline_cycles(target) > 0) == has_matmul       # no MatMul: no roofline bound
     assert g.by_role(Role.INPUT) and g.by_role(Role.OUTPUT)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tileplan.graph.dtypes import DType
 from tileplan.kernels.pointwise import BINARY, UNARY
-from tileplan.kernels import (UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
+from tileplan.kernels import (TransposeCall, UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "poplar"))
@@ -99,6 +99,10 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
                     b = random(rng, dt, bsize, 2.0)
                     add("binary_vector" if mode != "scalar" or dt is FP32 else "binary_pairs",
                         BinaryCall(5, 12, dt, mode, fn, swap), a=random(rng, dt, 60, 2.0), b=b)
+    # The on-tile 2-D transpose (raw elements): odd shapes, every type.
+    for dt in (FP8, FP16, FP32):
+        add("transpose_2d", TransposeCall(7, 5, dt), **{"in": random(rng, dt, 35)})
+
     # Every unary op, both types, over its domain plus specials.
     for fn in UNARY:
         for dt in (FP16, FP32):

@@ -8,7 +8,7 @@ import pytest
 
 from tileplan.errors import TileplanError
 from tileplan.graph.dtypes import DType
-from tileplan.kernels import (dispatch, UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
+from tileplan.kernels import (dispatch, TransposeCall, UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
 from tileplan.kernels import cycles as cy
 from tileplan.target import load_target
@@ -31,6 +31,7 @@ BASE = {
     "binary_vector": (BinaryCall(4, 64, FP16, "row_broadcast"), ("rows", "cols")),
     "binary_pairs": (BinaryCall(4, 63, FP32, "dense"), ("rows", "cols")),
     "unary": (UnaryCall(100, FP16, "exp"), ("n",)),
+    "transpose_2d": (TransposeCall(8, 9, FP16), ("rows", "cols")),
     "gelu_fp16": (GeLUCall(100, FP16), ("n",)),
     "gelu_fp32": (GeLUCall(96, FP32, "erf"), ("n",)),
     "bias_gelu_fp16": (BiasGeLUCall(3, 40, FP16), ("rows", "cols")),

@@ -318,8 +318,76 @@ class Cast(Op):
         return np.asarray(x, dtype=np.float64)      # the rounding is the output tensor's type
 
 
+def _int_tuple(op: Op, field: str) -> tuple[int, ...]:
+    value = getattr(op, field)
+    try:
+        out = tuple(value)
+    except TypeError:
+        raise op.err(f"{field} must be a list of integers, got {value!r}") from None
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in out):
+        raise op.err(f"{field} must be a list of integers, got {list(out)}")
+    out = tuple(int(d) for d in out)
+    object.__setattr__(op, field, out)
+    return out
+
+
+@dataclass(frozen=True)
+class Reshape(Op):
+    """A relabelling of the row-major order: the same elements in the same order under ``shape``.
+    Importers map Reshape, Flatten, Squeeze, Unsqueeze, Identity and inference Dropout onto it (with
+    the output shape resolved: no -1 or 0 entries remain)."""
+
+    shape: tuple[int, ...] = ()
+    kind: ClassVar[str] = "reshape"
+
+    def __post_init__(self):
+        shape = _int_tuple(self, "shape")
+        if not shape or any(d <= 0 for d in shape):
+            raise self.err(f"shape must be a non-empty list of positive integers, got {list(shape)}")
+
+    def infer(self, ins):
+        (x,) = ins
+        if math.prod(self.shape) != x.size:
+            raise self.err(f"cannot reshape {x.name!r} {list(x.shape)} ({x.size} elements) to {list(self.shape)} "
+                           f"({math.prod(self.shape)} elements)")
+        return self.shape, x.dtype
+
+    def allowed_output_dtypes(self, ins):
+        return (ins[0].dtype,)
+
+    def flops(self, ins, out):
+        return 0
+
+    def reference(self, x):
+        return np.reshape(x, self.shape)
+
+
+@dataclass(frozen=True)
+class Transpose(Op):
+    """Axis permutation (numpy ``transpose(perm)``): a real rearrangement of the elements."""
+
+    perm: tuple[int, ...] = ()
+    kind: ClassVar[str] = "transpose"
+
+    def __post_init__(self):
+        _int_tuple(self, "perm")
+
+    def infer(self, ins):
+        (x,) = ins
+        if sorted(self.perm) != list(range(len(x.shape))):
+            raise self.err(f"perm {list(self.perm)} is not a permutation of the {len(x.shape)} axes of "
+                           f"{x.name!r} {list(x.shape)}")
+        return tuple(x.shape[p] for p in self.perm), x.dtype
+
+    def flops(self, ins, out):
+        return 0
+
+    def reference(self, x):
+        return np.transpose(x, self.perm)
+
+
 OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Neg, Sqrt, Reciprocal, Exp,
-                                                           Tanh, Erf, Sigmoid, GeLU, Cast)}
+                                                           Tanh, Erf, Sigmoid, GeLU, Cast, Reshape, Transpose)}
 
 
 def _broadcast(*shapes):

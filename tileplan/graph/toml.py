@@ -188,6 +188,12 @@ def _bool(v: Any, where: str, key: str) -> bool:
     return v
 
 
+def _int_list(v: Any, where: str, key: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(_is_int(d) for d in v):
+        raise TileplanError(f"{where}: {key} must be a list of integers, got {v!r}")
+    return tuple(v)
+
+
 def _names(v: Any, where: str, key: str) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
         raise TileplanError(f"{where}: {key} must be a list of tensor names, got {v!r}")
@@ -257,7 +263,9 @@ MODEL_KEYS = (set(), {"name", "target", "outputs", "description"})
 TENSOR_KEYS = ({"shape", "dtype"}, {"role", "scale", "layout"})
 OP_KEYS = ({"name", "op", "inputs", "output"}, {"dtype", "scale"})
 OP_OPTIONS = {"matmul": {"transpose_a": _bool, "transpose_b": _bool},
-              "gelu": {"approximate": _str}}
+              "gelu": {"approximate": _str},
+              "reshape": {"shape": lambda v, where, key: _shape(v, f"{where}: {key}")},
+              "transpose": {"perm": lambda v, where, key: _int_list(v, where, key)}}
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ from .calls import (BiasGeLUCall, Call, CastCall, CopyCall, GeLUCall, MatMulCall
                     UnpackCall)
 from .codelets import CodeletSource, Field
 from .pointwise import BinaryCall, UnaryCall
+from .rearrange import TransposeCall
 from .registry import NoVariantError, Predicate, Registry, Variant
 from .variants import DEFAULT_REGISTRY, build_default_registry
 
 CALL_CLASSES = (MatMulCall, ReduceCall, BinaryCall, UnaryCall, GeLUCall, BiasGeLUCall, CastCall, PackCall,
-                UnpackCall, CopyCall)
+                UnpackCall, CopyCall, TransposeCall)
 """Every call record, for reading tile programs back (``primitive`` -> class)."""
 
 
@@ -38,5 +39,5 @@ def dispatch(call: Any, target: Target, force: str | None = None, registry: Regi
 
 
 __all__ = ["BinaryCall", "BiasGeLUCall", "CALL_CLASSES", "Call", "CastCall", "CodeletSource", "CopyCall", "Field", "GeLUCall",
-           "MatMulCall", "NoVariantError", "PackCall", "Predicate", "ReduceCall", "Registry", "UnaryCall", "UnpackCall",
+           "MatMulCall", "NoVariantError", "PackCall", "Predicate", "ReduceCall", "Registry", "TransposeCall", "UnaryCall", "UnpackCall",
            "Variant", "build_default_registry", "default_registry", "dispatch"]

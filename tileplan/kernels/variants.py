@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..graph.dtypes import DType
 from . import codelets as cl
 from . import cycles as cy
-from . import pointwise
+from . import pointwise, rearrange
 from . import reference as ref
 from .registry import Predicate, Registry, Variant
 
@@ -131,6 +131,7 @@ def _table() -> list[Variant]:
         Variant("copy_local", "copy", BOTH, SPECIAL, (), cy.copy_cycles, ref.copy, cl.copy_codelet),
         # Pointwise binary (with broadcasting) and unary ops: one module, one row per op there.
         *pointwise.variants(),
+        *rearrange.variants(),
     ]
 
 

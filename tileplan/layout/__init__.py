@@ -6,10 +6,11 @@ local format; ``owner_map`` gives that as numpy intervals (``OwnerMap``), and
 """
 
 from .convert import CopyPlan, PairTraffic, convert, gather, plan_copy, scatter
-from .layouts import (Blocks, Explicit, Imported, Intervals, Layout, Packed, PackedPanels, WholeRows, balanced_bounds,
+from .layouts import (Blocks, Explicit, Imported, Intervals, Layout, Packed, PackedPanels, Permuted, WholeRows,
+                      balanced_bounds,
                       rows_cols)
 from .owner_map import LOCAL_FORMATS, LayoutError, OwnerMap, TileIntervals
 
 __all__ = ["Blocks", "CopyPlan", "Explicit", "Imported", "Intervals", "LOCAL_FORMATS", "Layout", "LayoutError",
-           "OwnerMap", "Packed", "PackedPanels", "PairTraffic", "TileIntervals", "WholeRows", "balanced_bounds", "convert",
+           "OwnerMap", "Packed", "PackedPanels", "PairTraffic", "Permuted", "TileIntervals", "WholeRows", "balanced_bounds", "convert",
            "gather", "plan_copy", "rows_cols", "scatter"]

@@ -400,6 +400,62 @@ class Imported(Layout):
 
 
 @dataclass(frozen=True)
+class Permuted(Layout):
+    """Where a Transpose's output has its elements, said of its input: for ``y = x.transpose(perm)``
+    in layout ``base`` (of ``out_shape``), each tile holds, at the same local offsets, the elements of
+    ``x`` its pieces of ``y`` are made of. The permutation must keep the last axis: runs of the
+    trailing axes it keeps stay contiguous in both tensors, so the owner map has one interval per
+    run (never per element). A conversion into it is the Transpose's exchange; a local copy on
+    every tile then gives ``y`` in ``base``. Never offered at a boundary."""
+
+    base: Layout
+    out_shape: tuple[int, ...]
+    perm: tuple[int, ...]
+    boundary: ClassVar[bool] = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "out_shape", tuple(int(d) for d in self.out_shape))
+        object.__setattr__(self, "perm", tuple(int(p) for p in self.perm))
+        if sorted(self.perm) != list(range(len(self.out_shape))) or self.perm[-1] != len(self.perm) - 1:
+            raise LayoutError(f"Permuted: perm {list(self.perm)} must be a permutation of "
+                              f"{len(self.out_shape)} axes keeping the last one")
+
+    def __str__(self) -> str:
+        return f"Perm({self.base},{''.join(map(str, self.perm))})"
+
+    def kept_axes(self) -> int:
+        """The first of the trailing axes the permutation keeps in place."""
+        k = len(self.perm)
+        while k > 0 and self.perm[k - 1] == k - 1:
+            k -= 1
+        return k
+
+    def _shape_problem(self, shape):
+        want = tuple(self.out_shape[self.perm.index(a)] for a in range(len(self.perm)))
+        if tuple(shape) != want:
+            return f"the input of this transpose has shape {list(want)}, not {list(shape)}"
+        return None
+
+    def _build(self, shape, dtype, tiles):
+        om = self.base.owner_map(self.out_shape, dtype, tiles)
+        k = self.kept_axes()
+        run = math.prod(self.out_shape[k:])
+        first, last = om.start // run, (om.stop - 1) // run
+        count = last - first + 1
+        j = np.repeat(np.arange(len(om)), count)
+        r = first[j] + (np.arange(int(count.sum()), dtype=np.int64) - np.repeat(exclusive_cumsum(count), count))
+        s = np.maximum(om.start[j], r * run)
+        e = np.minimum(om.stop[j], (r + 1) * run)
+        out_coord = np.unravel_index(r, self.out_shape[:k]) if k else ()
+        in_coord = [None] * k
+        for i in range(k):
+            in_coord[self.perm[i]] = out_coord[i]
+        in_run = np.ravel_multi_index(in_coord, tuple(shape[:k])) if k else np.zeros_like(r)
+        start = in_run * run + (s - r * run)
+        return OwnerMap.build(om.tile[j], start, start + (e - s), om.offset[j] + (s - om.start[j]), math.prod(shape))
+
+
+@dataclass(frozen=True)
 class Blocks(Layout):
     """A GEMM's private 2-D block grid (DESIGN's ``Grid``); never a boundary layout.
 

@@ -17,6 +17,7 @@ Families:
 - ``Pointwise`` (Add, Sub, Mul, Div, the unary ops, GeLU, Cast): runs where its output lies, every
   activation input in the same element intervals; a broadcast operand (a bias row, a scalar, a
   column) is read replicated on every tile.
+- ``View`` (Reshape) and ``Transpose``: ``planner.views``.
 
 ``family_of(op)`` walks the op's class hierarchy, so a new op is covered by its base class's row.
 The row-wise ops (LayerNorm, Softmax, reductions), the views and Transpose get their own rows.
@@ -27,10 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..graph.core import Cast, Graph, MatMul, Op, Pointwise, Tensor
+from ..graph.core import Cast, Graph, MatMul, Op, Pointwise, Reshape, Tensor, Transpose
 from ..layout import Intervals, Packed, PackedPanels
 from ..layout.panels import panels_fit
 from . import elementwise as ew
+from . import views
 from .candidates import Storage
 
 
@@ -40,6 +42,10 @@ class Family:
     catalogued: bool
     storage: Callable[[Graph, Op, int, Tensor, Any], Storage | None]
     candidates: Callable | None = None      # (ctx, op) -> list[Candidate]; None: from the catalogue
+
+
+def _no_storage(graph: Graph, op: Op, idx: int, t: Tensor, target) -> None:
+    return None
 
 
 def _gemm_storage(graph: Graph, op: MatMul, idx: int, t: Tensor, target) -> Storage:
@@ -67,11 +73,15 @@ def _pointwise_storage(graph: Graph, op: Op, idx: int, t: Tensor, target) -> Sto
 
 GEMM = Family("Gemm", True, _gemm_storage)
 POINTWISE = Family("Pointwise", False, _pointwise_storage, ew.candidates)
+VIEW = Family("View", False, _no_storage, views.view_candidates)
+TRANSPOSE = Family("Transpose", False, _no_storage, views.transpose_candidates)
 
 FAMILIES: dict[type, Family] = {
     MatMul: GEMM,             # grids, serial K, reductions
     Pointwise: POINTWISE,     # every elementwise op: Add, Sub, Mul, Div, Neg, ..., GeLU
     Cast: POINTWISE,          # a conversion runs where its output lies, as any elementwise op
+    Reshape: VIEW,            # a relabelling: free where the layout survives it
+    Transpose: TRANSPOSE,     # a real rearrangement: exchange, then an on-tile copy or transpose
 }
 
 

@@ -233,7 +233,26 @@ def pointwise_op_floor(graph, op, target, storage, fused_adds) -> dict:
     return {"cycles": _kernel_floor(call_of, share, target, POINTWISE_SPAN)}
 
 
-FLOORS = {"Gemm": gemm_op_floor, "Pointwise": pointwise_op_floor}     # family name -> its share
+def view_op_floor(graph, op, target, storage, fused_adds) -> dict:
+    """A View's share: nothing (where the layout survives it, it moves nothing)."""
+    return {"cycles": 0}
+
+
+def transpose_op_floor(graph, op, target, storage, fused_adds) -> dict:
+    """A Transpose's share: its on-tile kernel on a balanced share of the elements (the local copy
+    of a row permutation, or the 2-D transpose); the exchange counts zero, as conversions do."""
+    from ..kernels import CopyCall, TransposeCall
+    out = graph.output_of(op)
+    share = -(-out.size // target.tiles)
+    if op.perm[-1] == len(op.perm) - 1:
+        call = CopyCall(share * out.dtype.itemsize)
+    else:
+        call = TransposeCall(1, share, out.dtype)
+    return {"cycles": dispatch(call, target).cycles(call, target)}
+
+
+FLOORS = {"Gemm": gemm_op_floor, "Pointwise": pointwise_op_floor,     # family name -> its share
+          "View": view_op_floor, "Transpose": transpose_op_floor}
 
 
 def model_floor(graph, target) -> dict:

@@ -83,7 +83,8 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
         f"sync {tot['sync']:,}); {tot['bytes_moved']:,} B moved",
         f"memory peak: {tot['total_memory']:,} B on tile {tot['peak_tile']} "
         f"(standard {tot['standard']:,} B, interleaved {tot['interleaved']:,} B, worst tiles)",
-        f"against the roofline: {roofline_ratio_text(tot['cycles'], data['roofline_cycles'])}",
+        (f"roofline bound: {data['roofline_cycles']:,.0f} cycles; ratio {data['ratio']:.2f}x"
+         if data['roofline_cycles'] else f"roofline bound: {NO_ROOFLINE}"),
     ]
     floor = data.get("model_floor")          # plans written before the floor existed have none
     if floor:

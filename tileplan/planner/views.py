@@ -1,0 +1,138 @@
+"""The View and Transpose families: relabellings and rearrangements of a tensor's elements.
+
+- ``View`` (Reshape; the importers map Flatten, Squeeze, Unsqueeze, Identity and inference Dropout
+  onto it): the same elements in the same row-major order. A candidate per pair of activation
+  layouts (input, output): one copy of the input buffer into the output buffer, priced by the
+  copy machinery like any conversion. Where the two owner maps agree (``Intervals`` always, since
+  they cut the flat order alone; ``WholeRows`` when the rows are the same) the copy moves
+  nothing: lowering aliases the output to the input and the candidate costs nothing.
+- ``Transpose`` keeping the last axis (attention's head split and merge, ``[B, T, H, D]`` to
+  ``[B, H, T, D]``): per output layout, the input is exchanged into ``Permuted`` (each tile receives
+  the input rows its output pieces are made of, one fragment per run of the kept trailing axes),
+  then one local copy per tile writes the output buffer (``kernels`` ``copy``, ipu-stack's
+  published local-copy cost). Never expanded into per-element copies.
+- ``Transpose`` of the last two axes (``[..., T, D]`` to ``[..., D, T]``, a key transposed for
+  ``Q K^T``): the output in ``WholeRows``; each tile receives the ``[T, w]`` column blocks of the
+  input its output rows are made of (``Grid`` staging, one fragment per block row), and a
+  ``transpose`` kernel writes them as ``[w, T]`` rows (``kernels.rearrange``).
+Other permutations are refused with an error naming the op.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..estimate.detailed import cost_program, scheduled
+from ..estimate.program import ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
+from ..graph.core import Op
+from ..kernels.calls import CopyCall
+from ..layout import Permuted, WholeRows
+from ..layout.gemm_grid import Grid
+from ..kernels.rearrange import TransposeCall
+from .candidates import Candidate
+from .elementwise import activation_layouts
+from .gemm import _vertex
+
+
+def _candidate(ctx, op: Op, in_layout, out_layout, prog: Program, desc: str) -> Candidate:
+    d = cost_program(scheduled(prog, ctx.target.tiles), ctx.target)
+    return Candidate(op.name, (in_layout,), out_layout, desc, d.estimate, d.estimate, prog,
+                     np.zeros(ctx.target.tiles, dtype=np.int64))
+
+
+def view_candidates(ctx, op) -> list[Candidate]:
+    g, tiles = ctx.graph, ctx.target.tiles
+    x, y = g.inputs_of(op)[0], g.output_of(op)
+    out = []
+    for lay_out in activation_layouts(y, tiles):
+        for lay_in in activation_layouts(x, tiles):
+            prog = Program()
+            a, b = prog.add_buffer(ctx.tensor_buffer(x.name, lay_in)), prog.add_buffer(ctx.tensor_buffer(y.name, lay_out))
+            prog.steps.append(ExchangeStep(f"{op.name}.view", (Copy(a.name, b.name),)))
+            out.append(_candidate(ctx, op, lay_in, lay_out, prog, f"view {list(x.shape)} -> {list(y.shape)}"))
+    return out
+
+
+def transpose_candidates(ctx, op) -> list[Candidate]:
+    g, target = ctx.graph, ctx.target
+    x, y = g.inputs_of(op)[0], g.output_of(op)
+    perm, n = tuple(op.perm), len(op.perm)
+    if perm == tuple(range(n)):
+        return view_candidates(ctx, op)
+    if perm[-1] == n - 1:
+        return [_row_permutation(ctx, op, lay) for lay in activation_layouts(y, target.tiles)]
+    if perm == tuple(range(n - 2)) + (n - 1, n - 2):
+        if y.layout is not None and not isinstance(y.layout, WholeRows):
+            raise op.err(f"a transpose of the last two axes writes whole rows; the pinned layout {y.layout} of "
+                         f"{y.name!r} is not")
+        return [_matrix_transpose(ctx, op, y.layout or WholeRows(target.tiles))]
+    raise op.err(f"perm {list(perm)} moves the last axis and others at once; tileplan transposes the last two "
+                 "axes, or permutes leading axes keeping the last (split it into two Transposes)")
+
+
+def _row_permutation(ctx, op, lay) -> Candidate:
+    g, target = ctx.graph, ctx.target
+    x, y = g.inputs_of(op)[0], g.output_of(op)
+    staged = Permuted(lay, y.shape, tuple(op.perm))
+    prog = Program()
+    src = prog.add_buffer(ctx.tensor_buffer(x.name, staged))
+    dst = prog.add_buffer(ctx.tensor_buffer(y.name, lay))
+    held = lay.owner_map(y.shape, y.dtype, target.tiles).elements_per_tile(target.tiles)
+    vertices = tuple(_vertex(t, CopyCall(int(e) * y.dtype.itemsize), (Operand(src.name, 0, int(e)),),
+                             (Operand(dst.name, 0, int(e)),), target) for t, e in enumerate(held.tolist()) if e)
+    prog.steps.append(ComputeStep(f"{op.name}.copy", vertices))
+    return _candidate(ctx, op, staged, lay, prog, f"transpose {''.join(map(str, op.perm))}: rows exchanged, "
+                                                 f"one local copy per tile")
+
+
+def column_blocks(x_shape, lay: WholeRows, y_shape, dtype, tiles: int) -> tuple[Grid, list]:
+    """The staging grid of a last-two-axes transpose ``[B, T, D] -> [B, D, T]`` with the output in
+    ``lay``: the input's 2-D view ``[B*T, D]`` cut into row blocks of ``T`` (one per batch) and the
+    column bounds of every output tile's rows; each block is held by the tile whose output rows it
+    makes. Returns the grid and, per held block in the grid's order on its tile, ``(tile, b, d0, d1)``."""
+    T, D = int(x_shape[-2]), int(x_shape[-1])
+    B = int(np.prod(x_shape[:-2], dtype=np.int64))
+    om = lay.owner_map(y_shape, dtype, tiles)
+    # Output rows r = b * D + d of [B*D, T]; each tile's range cut at batch boundaries.
+    r0, r1 = om.start // T, om.stop // T
+    cuts = set()
+    for a, b in zip(r0.tolist(), r1.tolist()):
+        cuts.update((a % D, b % D if b % D else D))
+    col_bounds = sorted(cuts | {0, D})
+    holders = np.full((B, len(col_bounds) - 1), -1, dtype=np.int64)
+    segments = []
+    for t, a, b in zip(om.tile.tolist(), r0.tolist(), r1.tolist()):
+        r = a
+        while r < b:
+            bi, d0 = divmod(r, D)
+            d1 = min(D, d0 + (b - r))
+            lo, hi = col_bounds.index(d0), col_bounds.index(d1)
+            holders[bi, lo:hi] = t
+            segments.extend((t, bi, col_bounds[j], col_bounds[j + 1]) for j in range(lo, hi))
+            r += d1 - d0
+    grid = Grid.of([i * T for i in range(B + 1)], col_bounds, holders)
+    return grid, segments
+
+
+def _matrix_transpose(ctx, op, lay: WholeRows) -> Candidate:
+    g, target = ctx.graph, ctx.target
+    x, y = g.inputs_of(op)[0], g.output_of(op)
+    T, D = x.shape[-2], x.shape[-1]
+    grid, segments = column_blocks(x.shape, lay, y.shape, x.dtype, target.tiles)
+    prog = Program()
+    src = prog.add_buffer(ctx.tensor_buffer(x.name, grid))
+    dst = prog.add_buffer(ctx.tensor_buffer(y.name, lay))
+    om = lay.owner_map(y.shape, y.dtype, target.tiles)
+    first_row = dict(zip(om.tile.tolist(), (om.start // T).tolist()))
+    # Blocks stack on their tile in block order (row block major), each at an 8-byte aligned offset.
+    offsets = grid.block_offsets(x.dtype.itemsize)
+    vertices = []
+    for t, b, d0, d1 in segments:
+        j = grid.col_bounds.index(d0)
+        at = int(offsets[b, j, 0])
+        rows_out = b * D + d0 - first_row[t]
+        vertices.append(_vertex(t, TransposeCall(T, d1 - d0, x.dtype), (Operand(src.name, at, T * (d1 - d0)),),
+                                (Operand(dst.name, rows_out * T, T * (d1 - d0)),), target))
+    prog.steps.append(ComputeStep(f"{op.name}.transpose", tuple(vertices)))
+    return _candidate(ctx, op, grid, lay, prog, f"transpose of the last two axes: [{T}, w] column blocks "
+                                               f"exchanged, transposed on tile")
