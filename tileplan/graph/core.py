@@ -318,6 +318,109 @@ class Cast(Op):
         return np.asarray(x, dtype=np.float64)      # the rounding is the output tensor's type
 
 
+class Rowwise(Op):
+    """Base of the row-wise ops: they reduce or normalise over the last axis (every leading axis is
+    a row), with FP32 statistics, the result in the input's type (FP16 or FP32)."""
+
+    def _float_input(self, x: Tensor) -> None:
+        if x.dtype is DType.FP8:
+            raise self.err(f"{self.kind} takes fp16 or fp32, {x.name!r} is fp8 (cast first)")
+
+
+@dataclass(frozen=True)
+class LayerNorm(Rowwise):
+    """``(x - mean) / sqrt(var + epsilon) * gamma + beta`` over the last axis (ONNX
+    LayerNormalization with ``axis = -1``; importers reshape other axes onto the last one).
+    Inputs: x, gamma ``[C]``, beta ``[C]``."""
+
+    epsilon: float = 1e-5
+    kind: ClassVar[str] = "layernorm"
+    arity: ClassVar[int] = 3
+
+    def __post_init__(self):
+        if not isinstance(self.epsilon, (int, float)) or isinstance(self.epsilon, bool) or not self.epsilon >= 0:
+            raise self.err(f"epsilon must be a non-negative number, got {self.epsilon!r}")
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+
+    def infer(self, ins):
+        x, gamma, beta = ins
+        self._float_input(x)
+        for t in (gamma, beta):
+            if tuple(t.shape) != (x.shape[-1],):
+                raise self.err(f"{t.name!r} {list(t.shape)} must have shape [{x.shape[-1]}] (the last axis of "
+                               f"{x.name!r} {list(x.shape)})")
+            if t.dtype is not x.dtype:
+                raise self.err(f"{t.name!r} is {t.dtype}, {x.name!r} is {x.dtype}: they must agree")
+        return x.shape, x.dtype
+
+    def flops(self, ins, out):
+        return 8 * out.size
+
+    def reference(self, x, gamma, beta):
+        mean = x.mean(axis=-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+        return (x - mean) / np.sqrt(var + self.epsilon) * gamma + beta
+
+
+@dataclass(frozen=True)
+class Softmax(Rowwise):
+    """``exp(x - max) / sum(exp(x - max))`` over ``axis`` (the planner runs the last axis natively and
+    moves any other onto it with a Transpose)."""
+
+    axis: int = -1
+    kind: ClassVar[str] = "softmax"
+
+    def infer(self, ins):
+        (x,) = ins
+        self._float_input(x)
+        if not isinstance(self.axis, int) or isinstance(self.axis, bool) or not -len(x.shape) <= self.axis < len(x.shape):
+            raise self.err(f"axis {self.axis!r} is out of range for {x.name!r} {list(x.shape)}")
+        return x.shape, x.dtype
+
+    def flops(self, ins, out):
+        return 5 * out.size
+
+    def reference(self, x):
+        e = np.exp(x - x.max(axis=self.axis, keepdims=True))
+        return e / e.sum(axis=self.axis, keepdims=True)
+
+
+@dataclass(frozen=True)
+class Reduce(Rowwise):
+    """A reduction over the last axis, ``keepdims`` as ONNX (default: keep a unit axis)."""
+
+    keepdims: bool = True
+
+    def infer(self, ins):
+        (x,) = ins
+        self._float_input(x)
+        if not isinstance(self.keepdims, bool):
+            raise self.err(f"keepdims must be true or false, got {self.keepdims!r}")
+        shape = x.shape[:-1] + ((1,) if self.keepdims or len(x.shape) == 1 else ())
+        return shape, x.dtype
+
+    def reference(self, x):
+        return self.fn(x, axis=-1, keepdims=self.keepdims)
+
+
+@dataclass(frozen=True)
+class ReduceSum(Reduce):
+    kind: ClassVar[str] = "reducesum"
+    fn = staticmethod(np.sum)
+
+
+@dataclass(frozen=True)
+class ReduceMean(Reduce):
+    kind: ClassVar[str] = "reducemean"
+    fn = staticmethod(np.mean)
+
+
+@dataclass(frozen=True)
+class ReduceMax(Reduce):
+    kind: ClassVar[str] = "reducemax"
+    fn = staticmethod(np.max)
+
+
 def _int_tuple(op: Op, field: str) -> tuple[int, ...]:
     value = getattr(op, field)
     try:
@@ -387,7 +490,8 @@ class Transpose(Op):
 
 
 OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Neg, Sqrt, Reciprocal, Exp,
-                                                           Tanh, Erf, Sigmoid, GeLU, Cast, Reshape, Transpose)}
+                                                           Tanh, Erf, Sigmoid, GeLU, Cast, Reshape, Transpose,
+                                                           LayerNorm, Softmax, ReduceSum, ReduceMean, ReduceMax)}
 
 
 def _broadcast(*shapes):

@@ -188,6 +188,12 @@ def _bool(v: Any, where: str, key: str) -> bool:
     return v
 
 
+def _number(v: Any, where: str, key: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TileplanError(f"{where}: {key} must be a number, got {v!r}")
+    return float(v)
+
+
 def _int_list(v: Any, where: str, key: str) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(_is_int(d) for d in v):
         raise TileplanError(f"{where}: {key} must be a list of integers, got {v!r}")
@@ -265,7 +271,10 @@ OP_KEYS = ({"name", "op", "inputs", "output"}, {"dtype", "scale"})
 OP_OPTIONS = {"matmul": {"transpose_a": _bool, "transpose_b": _bool},
               "gelu": {"approximate": _str},
               "reshape": {"shape": lambda v, where, key: _shape(v, f"{where}: {key}")},
-              "transpose": {"perm": lambda v, where, key: _int_list(v, where, key)}}
+              "transpose": {"perm": lambda v, where, key: _int_list(v, where, key)},
+              "layernorm": {"epsilon": lambda v, where, key: _number(v, where, key)},
+              "softmax": {"axis": _int},
+              **{k: {"keepdims": _bool} for k in ("reducesum", "reducemean", "reducemax")}}
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from .candidates import Candidate, Fused, Storage, activation_inputs
 from .families import family_of
 from .catalogue import Catalogues
 from .mid import MidGraph
+from .rewrite import canonical
 from .select import Choice, Problem, no_fit_error, solve_dp
 
 
@@ -167,6 +168,7 @@ class Plan:
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
          dp_paths: int | None = 16, progress=None, stationary: bool = True) -> Plan:
     t0 = time.perf_counter()
+    graph = canonical(graph)
     ctx = Context(graph, target, jobs, frontier_bound, progress)
     for name, t in graph.tensors.items():
         if t.layout is not None:
