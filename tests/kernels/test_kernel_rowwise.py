@@ -354,3 +354,13 @@ def test_operand_types_list_the_codelet_vectors_in_field_order():
         cs = v.codelet(call)
         ins, outs = call.operand_types()
         assert [f.dtype for f in cs.inputs] == ins and [f.dtype for f in cs.outputs] == outs, v.name
+
+
+def test_every_registered_primitive_has_a_call_class_tile_programs_can_read_back():
+    from tileplan.kernels import CALL_CLASSES
+    from tileplan.lowering.tile_program import call_from_json, call_to_json
+
+    assert {v.primitive for v in REG} <= {cls.primitive for cls in CALL_CLASSES}
+    for call in (LayerNormCall(3, 1152, FP16, eps=1e-6, residual=True), MomentsCombineCall(7, 3, 0.0),
+                 SoftmaxApplyCall(8, 729, FP32), RowReduceCombineCall(5, 2, 90, FP16, "mean")):
+        assert call_from_json(call_to_json(call)) == call
