@@ -16,6 +16,9 @@ from tileplan.graph.dtypes import DType
 from tileplan.kernels.pointwise import BINARY, UNARY
 from tileplan.kernels import (TransposeCall, UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
+from tileplan.kernels import (LayerNormApplyCall, LayerNormCall, MomentsCombineCall, RowMomentsCall, RowReduceCall,
+                              RowReduceCombineCall, RowReducePartialCall, SoftmaxApplyCall, SoftmaxCall,
+                              SoftmaxCombineCall, SoftmaxPartialCall)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "poplar"))
 from harness import GXX, Case, compare, random, run_codelets  # noqa: E402
@@ -141,7 +144,60 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
         add("pack_panels", PackCall(rows, cols, dt, grain), **{"in": random(rng, dt, rows * cols)})
         add("unpack_panels", UnpackCall(rows, cols, dt, grain), **{"in": random(rng, dt, rows * cols)})
     add("copy_local", CopyCall(37), **{"in": rng.integers(0, 256, 37, dtype=np.uint8)})
+    rowwise_cases(rng, add)
     return cases
+
+
+# Row shapes: one short row (cut over the workers), rows below six, exactly six, six plus a remainder.
+ROW_SHAPES = ((1, 7), (3, 100), (6, 48), (8, 37))
+
+
+def rowwise_cases(rng, add) -> None:
+    """LayerNorm, softmax and row reductions: both schedules, both types, whole rows and split-row
+    chains fed with partials their own references made (from row pieces of unequal widths)."""
+    reg = default_registry()
+    for d in (FP16, FP32):
+        for sched in ("rows", "split"):
+            for rows, cols in ROW_SHAPES:
+                n = rows * cols
+                x = rng.normal(3.0, 2.0, n).astype(d.numpy)          # a mean far from 0: two-pass statistics
+                r = random(rng, d, n, 0.5)
+                gamma, beta = random(rng, d, cols), random(rng, d, cols)
+                add(f"layernorm_{sched}_{d}", LayerNormCall(rows, cols, d), x=x, gamma=gamma, beta=beta)
+                add(f"add_layernorm_{sched}_{d}", LayerNormCall(rows, cols, d, eps=1e-3, residual=True),
+                    x=x, r=r, gamma=gamma, beta=beta)
+                add(f"row_moments_{sched}_{d}", RowMomentsCall(rows, cols, d), x=x)
+                add(f"add_row_moments_{sched}_{d}", RowMomentsCall(rows, cols, d, residual=True), x=x, r=r)
+                moments = reg[f"row_moments_{sched}_{d}"].reference(RowMomentsCall(rows, cols, d), x)
+                stats = reg["moments_combine"].reference(MomentsCombineCall(rows, 1), moments)
+                add(f"layernorm_apply_{sched}_{d}", LayerNormApplyCall(rows, cols, d), x=x, stats=stats,
+                    gamma=gamma, beta=beta)
+                logits = random(rng, d, n, 4.0)
+                add(f"softmax_{sched}_{d}", SoftmaxCall(rows, cols, d), "exp", x=logits)
+                add(f"softmax_partial_{sched}_{d}", SoftmaxPartialCall(rows, cols, d), "exp", x=logits)
+                sm = reg[f"softmax_partial_{sched}_{d}"].reference(SoftmaxPartialCall(rows, cols, d), logits)
+                add(f"softmax_apply_{sched}_{d}", SoftmaxApplyCall(rows, cols, d), "exp", x=logits, stats=sm)
+                fn = ("sum", "mean", "max")[rows % 3]
+                add(f"row_reduce_{sched}_{d}", RowReduceCall(rows, cols, d, fn), x=logits)
+                add(f"row_reduce_partial_{sched}_{d}", RowReducePartialCall(rows, cols, d, fn), x=logits)
+        for fn in ("sum", "mean", "max"):
+            partials = random(rng, FP32, 3 * 5, 10.0)
+            add(f"row_reduce_combine_{d}", RowReduceCombineCall(5, 3, 90, d, fn), partials=partials)
+        # Specials: a NaN in one softmax row (that row only becomes NaN); FP16 overflow of the residual sum.
+        logits = np.array([0.0, 1.0, np.nan, 2.0, -1.0, 3.0, 0.5, 0.25], d.numpy)
+        add(f"softmax_split_{d}", SoftmaxCall(2, 4, d), "exp", x=logits)
+        add(f"row_reduce_rows_{d}", RowReduceCall(2, 4, d, "max"), x=logits)
+        big = np.full(8, 60000 if d is FP16 else 3e38, d.numpy)
+        add(f"add_layernorm_rows_{d}", LayerNormCall(1, 8, d, residual=True), x=big, r=big,
+            gamma=np.ones(8, d.numpy), beta=np.zeros(8, d.numpy))
+    # Split-row combines: pieces of 5, 40 and 17 columns of 7 rows, partials from their references.
+    widths, rows = (5, 40, 17), 7
+    pieces = [rng.normal(50.0, 3.0, rows * w).astype(np.float16) for w in widths]
+    moments = [reg["row_moments_rows_fp16"].reference(RowMomentsCall(rows, w, FP16), p) for w, p in zip(widths, pieces)]
+    add("moments_combine", MomentsCombineCall(rows, 3, eps=1e-5), partials=np.concatenate(moments))
+    parts = [reg["softmax_partial_rows_fp16"].reference(SoftmaxPartialCall(rows, w, FP16), 3 * p - 150)
+             for w, p in zip(widths, pieces)]
+    add("softmax_combine", SoftmaxCombineCall(rows, 3), "exp", partials=np.concatenate(parts))
 
 
 def test_every_codelet_matches_its_numpy_semantics(tmp_path):
@@ -152,8 +208,8 @@ def test_every_codelet_matches_its_numpy_semantics(tmp_path):
     runs = [Case(registry[name].codelet(call), inputs) for name, call, inputs, _ in cases]
     results = run_codelets(runs, tmp_path)
     for (name, call, inputs, comparison), run, result in zip(cases, runs, results):
-        (out_field,) = run.codelet.outputs
-        compare(registry[name], call, inputs, comparison, result[out_field.name], out_field.dtype)
+        for i, out_field in enumerate(run.codelet.outputs):
+            compare(registry[name], call, inputs, comparison, result[out_field.name], out_field.dtype, i)
 
 
 def test_one_codelet_source_serves_every_shape_of_a_specialisation():

@@ -10,6 +10,9 @@ from tileplan.errors import TileplanError
 from tileplan.graph.dtypes import DType
 from tileplan.kernels import (dispatch, TransposeCall, UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
+from tileplan.kernels import (LayerNormApplyCall, LayerNormCall, MomentsCombineCall, RowMomentsCall, RowReduceCall,
+                              RowReduceCombineCall, RowReducePartialCall, SoftmaxApplyCall, SoftmaxCall,
+                              SoftmaxCombineCall, SoftmaxPartialCall)
 from tileplan.kernels import cycles as cy
 from tileplan.target import load_target
 
@@ -43,6 +46,33 @@ BASE = {
     "unpack_panels": (UnpackCall(8, 32, FP16, 16), ("rows",)),
     "copy_local": (CopyCall(100), ("nbytes",)),
 }
+
+
+def _rowwise_base() -> dict:
+    """A base call per row-wise variant: six rows (whole rounds, so both schedules grow monotonically
+    from it), for the variant's type and fusion; the combines grow in rows and parts."""
+    shaped = {"layernorm": lambda d, res: LayerNormCall(6, 96, d, residual=res),
+              "row_moments": lambda d, res: RowMomentsCall(6, 96, d, residual=res),
+              "layernorm_apply": lambda d, res: LayerNormApplyCall(6, 96, d),
+              "softmax": lambda d, res: SoftmaxCall(6, 96, d),
+              "softmax_partial": lambda d, res: SoftmaxPartialCall(6, 96, d),
+              "softmax_apply": lambda d, res: SoftmaxApplyCall(6, 96, d),
+              "row_reduce": lambda d, res: RowReduceCall(6, 96, d, "mean"),
+              "row_reduce_partial": lambda d, res: RowReducePartialCall(6, 96, d, "max")}
+    base = {}
+    for v in REG:
+        if v.primitive in shaped:
+            (call,) = [c for c in (shaped[v.primitive](d, res) for d in (FP16, FP32) for res in (False, True))
+                       if v.accepts(c, IPU21)][:1]
+            base[v.name] = (call, ("rows", "cols"))
+    base["moments_combine"] = (MomentsCombineCall(6, 2), ("rows", "parts"))
+    base["softmax_combine"] = (SoftmaxCombineCall(6, 2), ("rows", "parts"))
+    for d in (FP16, FP32):
+        base[f"row_reduce_combine_{d}"] = (RowReduceCombineCall(6, 2, 100, d, "mean"), ("rows", "parts"))
+    return base
+
+
+BASE.update(_rowwise_base())
 
 
 def test_every_variant_has_a_base_call_it_accepts():

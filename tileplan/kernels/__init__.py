@@ -20,11 +20,16 @@ from .calls import (BiasGeLUCall, Call, CastCall, CopyCall, GeLUCall, MatMulCall
 from .codelets import CodeletSource, Field
 from .pointwise import BinaryCall, UnaryCall
 from .rearrange import TransposeCall
+from .layernorm import LayerNormApplyCall, LayerNormCall, MomentsCombineCall, RowMomentsCall
+from .rowreduce import RowReduceCall, RowReduceCombineCall, RowReducePartialCall
+from .softmax import SoftmaxApplyCall, SoftmaxCall, SoftmaxCombineCall, SoftmaxPartialCall
 from .registry import NoVariantError, Predicate, Registry, Variant
 from .variants import DEFAULT_REGISTRY, build_default_registry
 
 CALL_CLASSES = (MatMulCall, ReduceCall, BinaryCall, UnaryCall, GeLUCall, BiasGeLUCall, CastCall, PackCall,
-                UnpackCall, CopyCall, TransposeCall)
+                UnpackCall, CopyCall, LayerNormCall, RowMomentsCall, MomentsCombineCall, LayerNormApplyCall,
+                SoftmaxCall, SoftmaxPartialCall, SoftmaxCombineCall, SoftmaxApplyCall, RowReduceCall,
+                RowReducePartialCall, RowReduceCombineCall, TransposeCall)
 """Every call record, for reading tile programs back (``primitive`` -> class)."""
 
 
@@ -40,4 +45,7 @@ def dispatch(call: Any, target: Target, force: str | None = None, registry: Regi
 
 __all__ = ["BinaryCall", "BiasGeLUCall", "CALL_CLASSES", "Call", "CastCall", "CodeletSource", "CopyCall", "Field", "GeLUCall",
            "MatMulCall", "NoVariantError", "PackCall", "Predicate", "ReduceCall", "Registry", "TransposeCall", "UnaryCall", "UnpackCall",
-           "Variant", "build_default_registry", "default_registry", "dispatch"]
+           "Variant", "build_default_registry", "default_registry", "dispatch",
+           "LayerNormApplyCall", "LayerNormCall", "MomentsCombineCall", "RowMomentsCall", "RowReduceCall",
+           "RowReduceCombineCall", "RowReducePartialCall", "SoftmaxApplyCall", "SoftmaxCall", "SoftmaxCombineCall",
+           "SoftmaxPartialCall"]

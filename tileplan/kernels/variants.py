@@ -2,7 +2,8 @@
 
 Each row names the variant, its primitive, families, priority, predicates (a
 reason string per test), cycle formula (``cycles.py``), numpy semantics
-(``reference.py``) and codelet emitter (``codelets.py``). Priorities: a
+(``reference.py``) and codelet emitter (``codelets.py``); primitives in their own module
+(``pointwise``, ``layernorm``, ``softmax``, ``rowreduce``) contribute their rows through ``variants()``. Priorities: a
 specialised kernel 10, a general fallback 0 (ties on cycles only).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from ..graph.dtypes import DType
 from . import codelets as cl
 from . import cycles as cy
-from . import pointwise, rearrange
+from . import layernorm, pointwise, rearrange, rowreduce, softmax
 from . import reference as ref
 from .registry import Predicate, Registry, Variant
 
@@ -132,6 +133,10 @@ def _table() -> list[Variant]:
         # Pointwise binary (with broadcasting) and unary ops: one module, one row per op there.
         *pointwise.variants(),
         *rearrange.variants(),
+        # Row-wise kernels: each module lists its own rows (LayerNorm, softmax, row reductions).
+        *layernorm.variants(),
+        *softmax.variants(),
+        *rowreduce.variants(),
     ]
 
 
