@@ -388,9 +388,9 @@ def _op(v: dict, index: int) -> _OpEntry:
         raise TileplanError(f"{where}: unknown op {kind!r} (known: {', '.join(OP_KINDS)})")
     options = OP_OPTIONS.get(kind, {})
     for key in v:
-        for other, other_options in OP_OPTIONS.items():
-            if key in other_options and other != kind:
-                raise TileplanError(f"{where}: key {key!r} applies to {other} ops, not {kind}")
+        owners = [other for other, other_options in OP_OPTIONS.items() if key in other_options]
+        if owners and key not in options:
+            raise TileplanError(f"{where}: key {key!r} applies to {', '.join(owners)} ops, not {kind}")
     required, optional = OP_KEYS
     _check_keys(v, where, required, optional | set(options))
     name = _str(v["name"], where, "name")

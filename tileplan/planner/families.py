@@ -17,10 +17,10 @@ Families:
 - ``Pointwise`` (Add, Sub, Mul, Div, the unary ops, GeLU, Cast): runs where its output lies, every
   activation input in the same element intervals; a broadcast operand (a bias row, a scalar, a
   column) is read replicated on every tile.
+- ``Rowwise`` (LayerNorm, Softmax, ReduceSum/Mean/Max over the last axis): ``planner.rowwise``.
 - ``View`` (Reshape) and ``Transpose``: ``planner.views``.
 
 ``family_of(op)`` walks the op's class hierarchy, so a new op is covered by its base class's row.
-The row-wise ops (LayerNorm, Softmax, reductions), the views and Transpose get their own rows.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..graph.core import Cast, Graph, MatMul, Op, Pointwise, Reshape, Tensor, Transpose
+from ..graph.core import Cast, Graph, MatMul, Op, Pointwise, Reshape, Rowwise, Tensor, Transpose
 from ..layout import Intervals, Packed, PackedPanels
 from ..layout.panels import panels_fit
 from . import elementwise as ew
-from . import views
+from . import rowwise, views
 from .candidates import Storage
 
 
@@ -46,6 +46,11 @@ class Family:
 
 def _no_storage(graph: Graph, op: Op, idx: int, t: Tensor, target) -> None:
     return None
+
+
+def _rowwise_storage(graph: Graph, op: Op, idx: int, t: Tensor, target) -> Storage | None:
+    """LayerNorm's gamma and beta are resident on every tile (each tile normalises whole rows)."""
+    return Storage(ew.replicated(t.shape, target.tiles), True) if idx > 0 else None
 
 
 def _gemm_storage(graph: Graph, op: MatMul, idx: int, t: Tensor, target) -> Storage:
@@ -74,12 +79,14 @@ def _pointwise_storage(graph: Graph, op: Op, idx: int, t: Tensor, target) -> Sto
 GEMM = Family("Gemm", True, _gemm_storage)
 POINTWISE = Family("Pointwise", False, _pointwise_storage, ew.candidates)
 VIEW = Family("View", False, _no_storage, views.view_candidates)
+ROWWISE = Family("Rowwise", False, _rowwise_storage, rowwise.candidates)
 TRANSPOSE = Family("Transpose", False, _no_storage, views.transpose_candidates)
 
 FAMILIES: dict[type, Family] = {
     MatMul: GEMM,             # grids, serial K, reductions
     Pointwise: POINTWISE,     # every elementwise op: Add, Sub, Mul, Div, Neg, ..., GeLU
     Cast: POINTWISE,          # a conversion runs where its output lies, as any elementwise op
+    Rowwise: ROWWISE,         # LayerNorm, Softmax, reductions over the last axis: whole rows
     Reshape: VIEW,            # a relabelling: free where the layout survives it
     Transpose: TRANSPOSE,     # a real rearrangement: exchange, then an on-tile copy or transpose
 }

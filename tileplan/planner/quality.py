@@ -251,7 +251,15 @@ def transpose_op_floor(graph, op, target, storage, fused_adds) -> dict:
     return {"cycles": dispatch(call, target).cycles(call, target)}
 
 
-FLOORS = {"Gemm": gemm_op_floor, "Pointwise": pointwise_op_floor,     # family name -> its share
+def rowwise_op_floor(graph, op, target, storage, fused_adds) -> dict:
+    """A row-wise op's share: its kernel on the fullest tile's whole rows, ``ceil(rows / tiles)``."""
+    from .rowwise import ROW_CALLS
+    x = graph.inputs_of(op)[0]
+    call = ROW_CALLS[type(op)](op, -(-x.rows // target.tiles), x.shape[-1], x.dtype)
+    return {"cycles": dispatch(call, target).cycles(call, target)}
+
+
+FLOORS = {"Rowwise": rowwise_op_floor, "Gemm": gemm_op_floor, "Pointwise": pointwise_op_floor,     # family name -> its share
           "View": view_op_floor, "Transpose": transpose_op_floor}
 
 
