@@ -235,7 +235,7 @@ def validate_command(
     import numpy as np
 
     from .lowering.package import dumps, load_package
-    from .sim.validate import validate_package
+    from .sim.validate import validate_package, write_validation
 
     pkg = load_package(package)
     t0 = time.perf_counter()
@@ -259,13 +259,7 @@ def validate_command(
         out.print(f"planner estimate: {_n(est)} cycles; estimate / simulated = {est / max(prof.cycles, 1):.3f}")
     out.print(f"memory peak: {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "
               f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g} rtol {v.rtol:g}; run {elapsed:.2f} s")
-    record = {"outputs": v.outputs, "atol": v.atol, "rtol": v.rtol, "cycles": prof.cycles,
-              "compute": prof.compute, "exchange": prof.exchange, "sync": prof.sync,
-              "steps": [{"name": s.name, "kind": s.kind, "cycles": s.cycles, "sync": s.sync, "bytes": s.bytes}
-                        for s in prof.steps],
-              "memory_peak": [int(x) for x in prof.memory_peak],
-              "step_tile_cycles_max": [int(s.tile_cycles.max(initial=0)) for s in prof.steps]}
-    (pkg.path / "validation.json").write_text(dumps(record))
+    write_validation(pkg, v)
     if outputs is not None:
         try:
             np.savez(outputs, **{k: val for k, val in sorted(v.values.items())})
