@@ -102,15 +102,16 @@ def validate(package, *, inputs=None, expected=None, atol=None, rtol=None, write
     return v
 
 
-def report(package, html=None, *, compare=None) -> Path:
+def report(package, html=None, *, compare=()) -> Path:
     """Write the HTML report of a package (default ``package/report.html``); returns its path.
 
     One self-contained page: plan per op, GEMM candidates, memory and liveness, and
     after ``validate`` the per-tile execution trace, compute sets and exchanges.
-    ``compare`` names a second package to show side by side.
+    ``compare``: other packages to show side by side with this one (per op and per step,
+    cycles and memory, with deltas); the page switches between them.
     """
     from .report.html import load_report_data, write_html
     data = load_report_data(package)
-    other = load_report_data(compare) if compare is not None else None
-    return write_html(data, Path(html) if html is not None else Path(package) / "report.html", compare=other)
+    others = [load_report_data(c) for c in ([compare] if isinstance(compare, (str, Path)) else compare)]
+    return write_html(data, Path(html) if html is not None else Path(package) / "report.html", compare=others)
 

@@ -285,3 +285,40 @@ def print_report(plan_or_data, console: Console | None = None, plan_seconds: flo
         plan_seconds = plan_or_data.plan_seconds if plan_seconds is None else plan_seconds
         data = plan_to_json(plan_or_data)
     (console or Console()).print(render(data, plan_seconds, verbose))
+
+
+def _signed(x) -> str:
+    return "-" if x is None else f"{x:+,}"
+
+
+def compare_table(a, b, verbose: bool = False) -> Group:
+    """Two packages (``html.ReportData``) side by side: per op and per step, cycles and memory, b - a."""
+    from . import compare
+    la, lb = package_label(a), package_label(b)
+    t = _table(f"Compare per op: A = {la}, B = {lb}",
+               (("op", False), ("A cycles", True), ("B cycles", True), ("B - A", True), ("B / A", True),
+                ("A memory B", True), ("B memory B", True), ("B - A ", True)), verbose)
+    for r in compare.op_rows(a, b):
+        t.add_row(r["name"], _n(r["cycles_a"]), _n(r["cycles_b"]), _signed(r["cycles_delta"]),
+                  "-" if r["cycles_ratio"] is None else f"{r['cycles_ratio']:.2f}",
+                  _n(r["memory_a"]), _n(r["memory_b"]), _signed(r["memory_delta"]))
+    tot = compare.totals(a, b)
+    t.add_row("total", _n(tot["cycles_a"]), _n(tot["cycles_b"]), _signed(tot["cycles_delta"]),
+              "-" if tot["cycles_ratio"] is None else f"{tot['cycles_ratio']:.2f}",
+              _n(tot["memory_a"]), _n(tot["memory_b"]), _signed(tot["memory_delta"]), style="bold")
+    source, steps = compare.step_rows(a, b)
+    s = _table(f"Compare per step ({source}, cycles incl. sync)",
+               (("step", False), ("A", True), ("B", True), ("B - A", True)), verbose, flexible={"step": 40})
+    for r in steps:
+        if verbose or r["cycles_delta"] != 0:
+            s.add_row(r["name"], _n(r["cycles_a"]), _n(r["cycles_b"]), _signed(r["cycles_delta"]))
+    same = sum(r["cycles_delta"] == 0 for r in steps)
+    note = Text(f"{same} of {len(steps)} steps take the same cycles in both" + ("" if verbose else
+                " (not listed; --verbose lists every step)"), style="dim")
+    return Group(_pin(t), _pin(s), note)
+
+
+def package_label(d) -> str:
+    """How a report names a package: its model and the first digits of its manifest's SHA-256
+    (never its folder, so the same package reads the same wherever it lives)."""
+    return f"{d.plan['model']} @{d.manifest_sha[:8]}"
