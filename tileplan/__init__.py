@@ -115,3 +115,6 @@ def report(package, html=None, *, compare=()) -> Path:
     others = [load_report_data(c) for c in ([compare] if isinstance(compare, (str, Path)) else compare)]
     return write_html(data, Path(html) if html is not None else Path(package) / "report.html", compare=others)
 
+
+_report = report     # importing the subpackage tileplan.report rebinds the name; it stays callable
+
