@@ -31,10 +31,60 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 TargetOption = Annotated[Optional[str], typer.Option(
     "--target", "-t", help="Preset name (see `tileplan machines`) or a target TOML file.")]
+
+
+JsonOption = Annotated[bool, typer.Option(
+    "--json", help="Print one JSON document on stdout; the human output goes to stderr.")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors (and --json's document).")]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Print the details: full candidate names "
+                                             "and reasons, memory by region, compute sets.")]
+
+
+class Output:
+    """Where a command's output goes. Human output: stdout, or stderr with ``--json`` (stdout then
+    holds only the one JSON document), nothing with ``--quiet``; ``verbose`` asks for the details."""
+
+    def __init__(self, json: bool = False, quiet: bool = False, verbose: bool = False):
+        if quiet and verbose:
+            raise typer.BadParameter("--quiet and --verbose exclude each other", param_hint="--quiet")
+        self.json, self.quiet, self.verbose = json, quiet, verbose
+        if quiet:
+            self.console = Console(quiet=True)
+        elif json:
+            self.console = Console(stderr=True) if sys.stderr.isatty() or "COLUMNS" in os.environ \
+                else Console(stderr=True, width=160)
+        else:
+            self.console = _console()
+
+    def print(self, *args, **kw) -> None:
+        self.console.print(*args, **kw)
+
+    def document(self, doc) -> None:
+        """With ``--json``: the command's result as one JSON document on stdout."""
+        if self.json:
+            from .lowering.package import dumps
+            sys.stdout.write(dumps(doc))
+            sys.stdout.flush()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+        typer.echo(f"tileplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", "-V", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Plan and compile model graphs for IPU-style many-core accelerators."""
 
 
 def _console() -> Console:
@@ -101,12 +151,25 @@ def machines(
 def show(
     model: Annotated[Path, typer.Argument(help="Model file (.toml).", metavar="MODEL")],
     target: TargetOption = None,
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Summarise a model graph: ops, tensors, FLOPs, bytes and the roofline bound."""
     graph, tgt, chosen_by = _load_checked(model, target)
     roofline = graph.roofline_cycles(tgt)
 
-    console = _console()
+    console = Output(as_json, quiet)
+    doc = {"model": graph.name, "target": tgt.name, "target_from": chosen_by, "tiles": tgt.tiles,
+           "roofline_cycles": roofline,
+           "ops": [{"name": op.name, "kind": op.kind, "inputs": list(op.inputs), "output": op.output,
+                    "shapes": [list(graph.tensors[t].shape) for t in (*op.inputs, op.output)],
+                    "dtypes": [str(graph.tensors[t].dtype) for t in (*op.inputs, op.output)],
+                    "flops": graph.flops(op), "bytes": graph.op_bytes(op)} for op in graph.ops],
+           "tensors": [{"name": t.name, "role": str(t.role), "shape": list(t.shape), "dtype": str(t.dtype),
+                        "scale": t.scale if t.dtype is DType.FP8 else None, "bytes": t.nbytes,
+                        "layout": str(t.layout) if t.layout is not None else None}
+                       for t in graph.tensors.values()],
+           "flops": graph.total_flops()}
     console.print(f"[bold]{graph.name}[/bold]  ({model})")
 
     ops = Table(title="Ops (in execution order)")
@@ -158,11 +221,14 @@ def show(
         floor = model_floor(graph, tgt)["cycles"]
     except TileplanError as e:
         console.print(f"model floor: not available ({e})")
+        doc["model_floor_cycles"] = None
     else:
+        doc["model_floor_cycles"] = floor
         console.print(
             f"model floor: [bold]{_n(floor)} cycles[/bold]" + (f" = {floor / roofline:.2f}x the roofline bound"
                                                                 if roofline else "")
             + " (no plan in tileplan's candidate space is faster under its cycle model)")
+    console.document(doc)
 
 
 @app.command("plan")
@@ -173,19 +239,27 @@ def plan_command(
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
                                                 help="Worker processes costing the catalogue (default: all cores).")] = None,
     solver: Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")] = "dp",
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
+    verbose: VerboseOption = False,
 ) -> None:
-    """Plan a model: choose every op's implementation and print the cost report."""
+    """Plan a model: choose every op's implementation and print the cost report.
+    With --json (or -o -) the plan, as plan.json holds it, goes to stdout."""
     from .planner.plan import plan
-    from .planner.planjson import write_plan_json
+    from .planner.planjson import plan_to_json, write_plan_json
     from .report.terminal import print_report
 
+    if output == Path("-"):
+        as_json, output = True, None
+    out = Output(as_json, quiet, verbose)
     graph, tgt = _model_and_target(model, target, solver)
-    with _catalogue_progress() as on_progress:
+    with _catalogue_progress(quiet) as on_progress:
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress)
-    print_report(result, _console())
+    print_report(result, out.console, verbose=verbose)
     if output is not None:
         write_plan_json(result, output)
-        _console().print(f"wrote {output}")
+        out.print(f"wrote {output}")
+    out.document(plan_to_json(result))
 
 
 @app.command("compile")
@@ -196,6 +270,8 @@ def compile_command(
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
                                                 help="Worker processes costing the catalogue (default: all cores).")] = None,
     solver: Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")] = "dp",
+    quiet: QuietOption = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
     import time
@@ -206,11 +282,11 @@ def compile_command(
     graph, tgt = _model_and_target(model, target, solver)
     params = load_params(model)
     t0 = time.perf_counter()
-    with _catalogue_progress() as on_progress:
+    with _catalogue_progress(quiet) as on_progress:
         p, state, path = compile_model(graph, tgt, output, params=params, jobs=jobs or os.cpu_count() or 1,
                                        solver=solver, progress=on_progress)
     elapsed = time.perf_counter() - t0
-    out = _console()
+    out = Output(quiet=quiet, verbose=verbose)
     est = p.estimate
     out.print(f"compiled [bold]{graph.name}[/bold] for {tgt.name} into {path} in {elapsed:.2f} s "
               f"(plan {p.plan_seconds:.2f} s)")
@@ -218,6 +294,10 @@ def compile_command(
               f"sync {_n(est.sync)}), {roofline_ratio_text(est.cycles, p.roofline)}; "
               f"peak {_n(est.total_memory)} B per tile")
     out.print(f"tile program: {len(state.tile_program.steps)} steps; passes: {', '.join(state.tile_program.passes)}")
+    if verbose:
+        from .report.terminal import render
+        from .planner.planjson import plan_to_json
+        out.print(render(plan_to_json(p), p.plan_seconds, verbose=True))
 
 
 @app.command("validate")
@@ -228,14 +308,18 @@ def validate_command(
     outputs: Annotated[Optional[Path], typer.Option("--outputs", help="Write the computed outputs to this npz.")] = None,
     atol: Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default by dtype).")] = None,
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default by dtype).")] = None,
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Run a package on the IPU model; compare with float64 (or --expected). Exit 0 pass, 1 fail, 2 bad input."""
     import time
 
     import numpy as np
 
-    from .lowering.package import dumps, load_package
-    from .sim.validate import validate_package
+    from .lowering.package import load_package
+    from .report.terminal import error_table
+    from .sim.validate import validate_package, validation_record, write_validation
 
     pkg = load_package(package)
     t0 = time.perf_counter()
@@ -243,14 +327,9 @@ def validate_command(
     elapsed = time.perf_counter() - t0
     prof = v.profile
     report = pkg.report
-    out = _console()
-    table = Table(title=f"validate {pkg.graph.name} on the IPU model ({pkg.target.name}, {pkg.target.tiles} tiles)")
-    for col in ("output", "max abs err", "max rel err", "cosine", "within tol"):
-        table.add_column(col, justify="right" if col != "output" else "left")
-    for name, fig in sorted(v.outputs.items()):
-        table.add_row(name, f"{fig['max_abs']:.6f}", f"{fig['max_rel']:.4f}", f"{fig['cosine']:.6f}",
-                      "[green]yes[/green]" if fig["passed"] else "[red]NO[/red]")
-    out.print(table)
+    out = Output(as_json, quiet, verbose)
+    out.print(error_table(f"validate {pkg.graph.name} on the IPU model ({pkg.target.name}, {pkg.target.tiles} tiles)",
+                          v.outputs, v.atol, v.rtol))
     roof = report.get("roofline_cycles") or 0
     est = report.get("estimate", {}).get("cycles")
     out.print(f"simulated: {_n(prof.cycles)} cycles (compute {_n(prof.compute)}, exchange {_n(prof.exchange)}, "
@@ -259,19 +338,19 @@ def validate_command(
         out.print(f"planner estimate: {_n(est)} cycles; estimate / simulated = {est / max(prof.cycles, 1):.3f}")
     out.print(f"memory peak: {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "
               f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g} rtol {v.rtol:g}; run {elapsed:.2f} s")
-    record = {"outputs": v.outputs, "atol": v.atol, "rtol": v.rtol, "cycles": prof.cycles,
-              "compute": prof.compute, "exchange": prof.exchange, "sync": prof.sync,
-              "steps": [{"name": s.name, "kind": s.kind, "cycles": s.cycles, "sync": s.sync, "bytes": s.bytes}
-                        for s in prof.steps],
-              "memory_peak": [int(x) for x in prof.memory_peak],
-              "step_tile_cycles_max": [int(s.tile_cycles.max(initial=0)) for s in prof.steps]}
-    (pkg.path / "validation.json").write_text(dumps(record))
+    write_validation(pkg, v)
     if outputs is not None:
         try:
             np.savez(outputs, **{k: val for k, val in sorted(v.values.items())})
         except OSError as exc:
             raise TileplanError(f"{outputs}: cannot write the outputs ({exc.strerror or exc})") from None
         out.print(f"wrote {outputs}")
+    if verbose:
+        for st in prof.steps:
+            out.print(f"  {st.name}: {st.kind} {_n(st.cycles + st.sync)} cycles"
+                      + (f", {_n(st.bytes)} B" if st.bytes else ""))
+    out.document({**validation_record(v), "passed": v.passed, "model": pkg.graph.name,
+                  "target": pkg.target.name, "run_seconds": round(elapsed, 3)})
     if not v.passed:
         out.print("[red]validation FAILED[/red]: outputs outside tolerance")
         raise typer.Exit(1)
@@ -280,18 +359,33 @@ def validate_command(
 
 @app.command("report")
 def report_command(
-    package: Annotated[Path, typer.Argument(help="Package folder written by tileplan compile.", metavar="DIR")],
+    package: Annotated[Optional[Path], typer.Argument(help="Package folder written by tileplan compile.",
+                                                      metavar="DIR")] = None,
     html: Annotated[Optional[Path], typer.Option("--html", help="Where to write the HTML report "
                                                  "(default: DIR/report.html).")] = None,
+    compare: Annotated[Optional[list[Path]], typer.Option(
+        "--compare", help="Another package to show side by side (repeatable: the page switches between them).",
+        metavar="DIR")] = None,
+    legend: Annotated[bool, typer.Option("--legend", help="Print the key to the notation and exit.")] = False,
+    quiet: QuietOption = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Print a package's cost report and write it as one self-contained HTML file with plots."""
     from .report.html import load_report_data, write_html
-    from .report.terminal import render_package
+    from .report.terminal import compare_table, legend_table, render_package
 
+    out = Output(quiet=quiet, verbose=verbose)
+    if legend:
+        out.print(legend_table())
+        return
+    if package is None:
+        raise typer.BadParameter("missing the package folder DIR", param_hint="DIR")
     data = load_report_data(package)
-    out = _console()
-    out.print(render_package(data.plan, data.report, data.validation))
-    path = write_html(data, html if html is not None else package / "report.html")
+    others = [load_report_data(c) for c in compare or ()]
+    out.print(render_package(data.plan, data.report, data.validation, verbose=verbose))
+    for other in others:
+        out.print(compare_table(data, other, verbose=verbose))
+    path = write_html(data, html if html is not None else package / "report.html", compare=others)
     out.print(f"wrote {path}")
 
 
@@ -302,6 +396,8 @@ def bench_command(
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
                                                 help="Worker processes costing the catalogue (default: all cores).")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this benchmark (repeatable).")] = None,
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Benchmark plan and compile time, planner memory, modelled cycles and plan quality on the fixtures."""
     from .bench import BY_NAME, rich_tables, run_bench, write_artifacts
@@ -310,18 +406,19 @@ def bench_command(
         if name not in BY_NAME:
             raise typer.BadParameter(f"unknown benchmark {name!r} (expected one of {', '.join(BY_NAME)})",
                                      param_hint="--only")
-    err = Console(stderr=True)
+    err = Console(stderr=True, quiet=quiet)
 
     def on_result(rec: dict) -> None:
         where = f" in {rec['stage_at_stop']}" if rec["status"] != "ok" and rec["stage_at_stop"] else ""
         err.print(f"{rec['fixture']}: {rec['status']}{where} ({rec['elapsed_seconds']:.1f} s)")
 
     doc = run_bench(quick=quick, jobs=jobs or os.cpu_count() or 1, only=only, on_result=on_result)
-    console = _console()
+    console = Output(as_json, quiet)
     for table in rich_tables(doc):
         console.print(table)
     paths = write_artifacts(doc, out)
     console.print(f"bench took {doc['total_seconds']:.0f} s; wrote {paths[0]} and {paths[1]}")
+    console.document(doc)
 
 
 def _load_checked(model: Path, target: str | None):
@@ -345,13 +442,18 @@ def _model_and_target(model: Path, target: str | None, solver: str):
 
 
 class _catalogue_progress:
-    """A live progress display of the catalogue costing (stderr, only on a terminal)."""
+    """A live progress display of the catalogue costing: per GEMM, the chunks (boundary combinations)
+    costed, then its detailed estimates (stderr, only on a terminal, not with --quiet)."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
 
     def __enter__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         err = Console(stderr=True)
         self.progress = Progress(TextColumn("costing {task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
+                                 TimeElapsedColumn(), console=err, transient=True,
+                                 disable=self.quiet or not err.is_terminal)
         self.tasks: dict[str, int] = {}
         self.progress.__enter__()
         return self.update

@@ -154,9 +154,13 @@ def test_plan_json_and_the_report_say_the_bias_is_fused_into_the_reduction(small
     assert any("leaves the bias to the Add" in r["lost"] for r in losers)
     from rich.console import Console
     console = Console(width=400, record=True)
-    console.print(render_package(data))
+    console.print(render_package(data, verbose=True))
     text = console.export_text()
     assert "bias fused into the reduction" in text and "fused into the reduction of fc1" in text
+    console = Console(width=100, record=True)             # the compact tables abbreviate the same facts
+    console.print(render_package(data))
+    text = console.export_text()
+    assert "+bias" in text and "fused: reduction of fc1" in text
 
 
 def test_same_inputs_give_byte_identical_packages_with_the_bias_in_the_reduction(small_mlp, tmp_path):

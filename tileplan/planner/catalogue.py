@@ -214,25 +214,44 @@ def _overflow(rows, shape, op, target) -> str:
             f"the least overflowing ({rows.choice(shape, i)}) needs on tile 0, which holds the largest blocks, {what}")
 
 
-def _chunks(ctx, op, shape, bias: bool = False) -> list[Chunk]:
+def _chunks(ctx, op, shape, bias: bool = False, combos=None, tick=None) -> list[Chunk]:
     """The chunks of one kind (plain, or the bias in the reduction): every boundary combination,
-    from one coarse table shared by them (built for the largest boundary bytes among them)."""
-    combos = boundary_combinations(ctx, op, bias)
+    from one coarse table shared by them (built for the largest boundary bytes among them).
+    ``tick()`` is called after each chunk is costed (the progress display)."""
+    combos = boundary_combinations(ctx, op, bias) if combos is None else combos
     figures = [boundary_figures(ctx, op, shape, c) for c in combos]
     table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures), bias)
     if not len(table.grid):
         return []
-    return [_select(ctx, op, shape, c, f, table, bias) for c, f in zip(combos, figures)]
+    out = []
+    for c, f in zip(combos, figures):
+        out.append(_select(ctx, op, shape, c, f, table, bias))
+        if tick is not None:
+            tick()
+    return out
 
 
 def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     shape = GemmShape.of(ctx.graph, op, ctx.target)
     fusion = bias_fusion(ctx, op)
-    chunks = _chunks(ctx, op, shape)
+    # Progress: one unit per chunk costed, then one per part of the detailed work.
+    plain = boundary_combinations(ctx, op, False)
+    biased = boundary_combinations(ctx, op, True) if fusion is not None else []
+    count = [0, len(plain) + len(biased) + 1]
+
+    def tick(units: int = 1, total: int | None = None) -> None:
+        count[0] += units
+        count[1] = count[1] if total is None else total
+        if ctx.progress is not None:
+            ctx.progress(op.name, count[0], count[1])
+
+    tick(0)
+    chunks = _chunks(ctx, op, shape, combos=plain, tick=tick)
     if fusion is not None:
         # The bias-in-reduction kind: the Add's output layouts for C (same shape and type as the
         # product), options with a reduction only (none when K is too short to split).
-        chunks += _chunks(ctx, op, shape, bias=True)
+        chunks += _chunks(ctx, op, shape, bias=True, combos=biased, tick=tick)
+    count[0] = len(plain) + len(biased)       # a kind with no feasible grid costs no chunk
     # The detailed work, by grid choice: each choice is built once for all the chunks that kept it.
     wanted: dict = {}
     for ch in chunks:
@@ -245,20 +264,17 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     pooled = ctx.jobs > 1 and len(work) > 1 and len(work) * ctx.target.tiles >= POOL_MIN_WORK
     parts = [work[k::ctx.jobs] for k in range(ctx.jobs)] if pooled else [work]
     tasks = [(ctx, op, part, not pooled) for part in parts if part]
-    if ctx.progress is not None:
-        ctx.progress(op.name, 0, len(tasks))
+    tick(0, count[0] + len(tasks))
     detailed: dict = {}
     if pooled:
         with ProcessPoolExecutor(max_workers=len(tasks)) as pool:
             for k, res in enumerate(pool.map(_detail, tasks)):
                 detailed.update({(combo, choice): r for combo, choice, *r in res})
-                if ctx.progress is not None:
-                    ctx.progress(op.name, k + 1, len(tasks))
+                tick()
     else:
         for k, t in enumerate(tasks):
             detailed.update({(combo, choice): r for combo, choice, *r in _detail(t)})
-            if ctx.progress is not None:
-                ctx.progress(op.name, k + 1, len(tasks))
+            tick()
     results = []
     for ch in chunks:
         if ch.error is not None:

@@ -6,10 +6,14 @@ is a ``TileplanError``) plus its ``validation.json`` when ``tileplan validate`` 
 run. ``render_html(data)`` fills ``templates/report.html.j2``; ``write_html`` writes
 the page atomically.
 
-The page has no external resources: no scripts at all, CSS in a ``<style>``
-element, system fonts only, and every plot an inline ``<svg>`` made by
-``report.plots``. It never names the folder it was made from and carries no
-time, so the same package gives the same bytes wherever it lives.
+The page has no external resources: CSS in a ``<style>`` element, one inline
+script (``templates/report.js``, plain JS drawing SVG), its data in one inline
+``application/json`` element (``page_data``), system fonts only, and the static
+plots as inline ``<svg>`` made by ``report.plots``. It never names the folder it
+was made from and carries no time, so the same package gives the same bytes
+wherever it lives. Per-tile data (liveness by class, the run's cycles, exchange
+bytes: ``report.views``) is kept exact; for a 1472-tile SigLIP layer the page
+stays near 1-2 MB.
 
 Sections: totals against the roofline bound; the plan per op (chosen candidate,
 layouts, grid, cycles by phase, memory by class) and the conversions; per GEMM
@@ -17,6 +21,12 @@ the Pareto frontier of its candidates and the runner-up table with why each
 lost; the per-tile memory map (total, standard, interleaved: the planner's peaks
 from report.json); and, for a validated package, the outputs' error figures, the
 superstep timeline of the IPU model run and estimate vs simulated per step.
+Interactive views (the script): a tile map (hover a tile for its numbers, click
+it to chart its liveness; a metric and a step to colour by), liveness per step
+of the worst and the chosen tile by class, the BSP execution trace (tiles x
+steps, zoomable), and the compare selector. Server-side tables: compute sets and
+vertices per step, exchanges with the largest flows, tile balance per step, the
+legend of the notation, and the per op / per step comparison with other packages.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ class ReportData:
     target: dict                # target.json
     validation: dict | None     # validation.json, when the package has been validated
     manifest_sha: str           # SHA-256 of manifest.json: names the package contents
+    program: object = None      # the TileProgram (lowering.tile_program)
+    tile_cycles: object = None  # int32 [steps, tiles] of the run (validation.npz), when recorded
 
 
 def load_report_data(path: str | Path) -> ReportData:
@@ -64,7 +76,24 @@ def load_report_data(path: str | Path) -> ReportData:
                                 f"run tileplan validate again")
     target = json.loads((pkg.path / "target.json").read_text())
     sha = hashlib.sha256((pkg.path / "manifest.json").read_bytes()).hexdigest()
-    return ReportData(pkg.plan, pkg.report, target, validation, sha)
+    cycles = None
+    if validation is not None and validation.get("trace"):
+        cycles = _load_trace(pkg.path / validation["trace"], len(validation["steps"]), pkg.program.tiles)
+    return ReportData(pkg.plan, pkg.report, target, validation, sha, pkg.program, cycles)
+
+
+def _load_trace(path: Path, steps: int, tiles: int):
+    import numpy as np
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            cycles = z["tile_cycles"]
+    except Exception as exc:
+        raise TileplanError(f"{path}: damaged validation trace ({type(exc).__name__}); "
+                            f"run tileplan validate again") from None
+    if cycles.shape != (steps, tiles):
+        raise TileplanError(f"{path}: trace of shape {list(cycles.shape)}, the run has {steps} steps on "
+                            f"{tiles} tiles; run tileplan validate again")
+    return cycles
 
 
 # ---- the page's content ------------------------------------------------------------------
@@ -103,9 +132,42 @@ def memory_panels(data: ReportData) -> list[tuple[str, list[int], int]]:
     return panels
 
 
-def context(data: ReportData) -> dict:
+def page_data(data: ReportData, live: dict, ex: list[dict]) -> dict:
+    """The JSON the page's script draws from: per tile and step, exact integers."""
+    tp = data.program
+    v = data.validation
+    rows, cols = plots.tile_grid(tp.tiles)
+    steps = [{"name": st.name, "kind": "compute" if hasattr(st, "groups") else "exchange"} for st in tp.steps]
+    doc = {"tiles": tp.tiles, "grid": [rows, cols], "steps": steps, "classes": live["classes"],
+           "live": live["live"].tolist(), "worst": live["worst_tile"],
+           "always": [int(x) for x in live["always_bytes"]],
+           "memory": [int(x) for x in (v["memory_peak"] if v else live["live"].sum(axis=0).max(axis=0))],
+           "sent": {str(e["step"]): e["sent"].tolist() for e in ex},
+           "received": {str(e["step"]): e["received"].tolist() for e in ex},
+           "trace": None, "sync": None}
+    if data.tile_cycles is not None and len(v["steps"]) == len(steps):
+        doc["trace"] = data.tile_cycles.tolist()
+        doc["sync"] = [s["sync"] for s in v["steps"]]
+    return doc
+
+
+def compare_context(data: ReportData, others: list[ReportData]) -> list[dict]:
+    from . import compare
+    from .terminal import package_label
+    out = []
+    for i, o in enumerate(others):
+        source, steps = compare.step_rows(data, o)
+        out.append({"index": i, "label": package_label(o), "ops": compare.op_rows(data, o),
+                    "totals": compare.totals(data, o), "step_source": source, "steps": steps})
+    return out
+
+
+def context(data: ReportData, compare: list[ReportData] = ()) -> dict:
     """Everything the template shows, as plain values and SVG strings."""
     from .. import __version__
+    from . import views
+    from .legend import LEGEND
+    from .terminal import package_label
 
     plan, report, v = data.plan, data.report, data.validation
     ops = plan["ops"]
@@ -139,7 +201,21 @@ def context(data: ReportData) -> dict:
         "memory_svg": plots.memory_map(memory_panels(data), "memory-map"),
         "memory_tiles": plots.tile_grid(plan["tiles"]),
         "validation": v,
+        "legend": LEGEND,
+        "label": package_label(data),
+        "compare": compare_context(data, list(compare)),
     }
+    if data.program is not None:
+        live = views.liveness(data.program)
+        ex = views.exchanges(data.program)
+        ctx.update({"live": live, "compute_sets": views.compute_sets(data.program), "exchanges": ex,
+                    "classes": views.CLASSES, "class_colours": plots.CLASS_COLOURS,
+                    "steps_all": [st.name for st in data.program.steps],
+                    "page_json": json.dumps(page_data(data, live, ex), sort_keys=True, separators=(",", ":"))
+                    .replace("</", "<\\/"),
+                    "script": (Path(__file__).parent / "templates" / "report.js").read_text(encoding="utf-8")})
+        if data.tile_cycles is not None:
+            ctx["trace"] = views.trace(data.tile_cycles, v["steps"])
     if v is not None:
         rows = step_rows(data)
         est = {s["name"]: s for s in report.get("estimate_steps", [])}
@@ -171,17 +247,19 @@ def _environment() -> jinja2.Environment:
     env.filters["num"] = _num
     env.filters["slug"] = _slug
     env.filters["signed"] = lambda x: "-" if x is None else f"{int(x):+,}"
+    env.filters["round"] = lambda x: round(x)
     return env
 
 
-def render_html(data: ReportData) -> str:
-    return _environment().get_template("report.html.j2").render(**context(data))
+def render_html(data: ReportData, compare: list[ReportData] = ()) -> str:
+    return _environment().get_template("report.html.j2").render(**context(data, compare))
 
 
-def write_html(data: ReportData, path: str | Path) -> Path:
-    """Write the page atomically (a temporary file beside ``path``, renamed into place)."""
+def write_html(data: ReportData, path: str | Path, compare: list[ReportData] = ()) -> Path:
+    """Write the page atomically (a temporary file beside ``path``, renamed into place);
+    ``compare``: other packages shown side by side."""
     path = Path(path)
-    text = render_html(data)
+    text = render_html(data, compare)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")    # open() keeps the umask's permissions
     try:

@@ -43,6 +43,9 @@ COLOURS = {
     "chosen": "#c8102e",
 }
 
+# liveness classes (report.views.CLASSES), also in templates/report.js
+CLASS_COLOURS = {"parameters": "#8172b2", "activations": "#4c72b0", "partials": "#dd8452", "transient": "#55a868"}
+
 RC = {
     "svg.hashsalt": HASHSALT,
     "svg.fonttype": "path",           # glyphs as paths: no font needed in the browser

@@ -12,6 +12,13 @@ makes (so a saved plan.json renders the same way) and returns rich renderables:
 
 ``print_report(plan_or_data, console, plan_seconds)`` prints them.
 
+Every function takes ``verbose``: by default the tables fit 100 columns without
+wrapping a cell (candidates abbreviated to their grid or kernel, the reasons to
+their first clause, long cells cut with an ellipsis, memory as the total only);
+``verbose=True`` (``--verbose``) prints the full candidate names and reasons, the
+memory by region and the bytes each conversion moves, wrapping as needed.
+``legend_table()`` is the key to the notation (``tileplan report --legend``).
+
 ``render_package(plan, report, validation)`` is the report of a compiled package
 (``tileplan report DIR``): the same plan table, then each op's layouts and GEMM
 grid, the runner-ups, the totals, the estimate against the lowered program, and,
@@ -21,6 +28,9 @@ cycles by phase, how many steps simulate as estimated).
 
 from __future__ import annotations
 
+import re
+
+from rich import box
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -39,41 +49,107 @@ def roofline_ratio_text(cycles: float, roofline: float | None) -> str:
     return f"{cycles / roofline:.2f}x the roofline bound {roofline:,.0f}"
 
 
+def _table(title: str, columns, verbose: bool, flexible: dict | None = None, **kw) -> Table:
+    """A table; compact (default): light borders, no cell wraps; only the ``flexible`` columns
+    (long text; name -> widest) are cut, with an ellipsis (``_pin`` keeps the others whole)."""
+    flexible = flexible or {}
+    if verbose:
+        t = Table(title=title, box=box.HEAVY_HEAD, **kw)
+    else:
+        t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, **kw)
+    for col, right in columns:
+        if verbose:
+            t.add_column(col, justify="right" if right else "left", overflow="fold")
+        else:
+            t.add_column(col, justify="right" if right else "left", no_wrap=True, overflow="ellipsis",
+                         max_width=flexible.get(col))
+    t.flexible = set(flexible)
+    return t
+
+
+def _pin(t: Table) -> Table:
+    """Fix every column but the flexible ones at its widest cell, so only those shrink."""
+    if t.box is box.SIMPLE_HEAD:
+        for col in t.columns:
+            if col.header not in t.flexible:
+                col.min_width = max([len(str(col.header))] + [Text.from_markup(str(c)).cell_len
+                                                             for c in col._cells])
+    return t
+
+
+_INPUT = re.compile(r"^A:\S+ ")
+_OUTPUT = re.compile(r" -> \S+$")
+
+
+def short_candidate(desc: str) -> str:
+    """A candidate without its boundary layouts (those are in the layouts table):
+    ``A:Iv(64,a8) grid 4x5x3 bjli rows fp16, bias fused into the reduction -> Fused(..)`` ->
+    ``grid 4x5x3 bjli rows fp16 +bias``."""
+    s = _OUTPUT.sub("", _INPUT.sub("", desc))
+    return s.replace(", bias fused into the reduction", " +bias").replace("fused into the ", "fused: ")
+
+
+_REASONS = [
+    (re.compile(r"^selection: ([\d,]+) cycles slower than the chosen candidate on its own$"), r"selection: +\1 cycles"),
+    (re.compile(r"^selection: ([+-][\d,]+) cycles against the chosen candidate on its own, but it adds the bias "
+                r"in its reduction.*$"), r"selection: \1; whole graph slower"),
+    (re.compile(r"^selection: ([+-][\d,]+) cycles against the chosen candidate on its own, but it leaves the "
+                r"bias to the Add.*$"), r"selection: \1; whole graph slower"),
+    (re.compile(r"^detailed ([\d,]+) cycles, ([\d,]+) B: dominated by (.*?) \(.*$"), r"dominated by \3"),
+]
+
+
+def short_reason(reason: str) -> str:
+    """Why a runner-up lost, in a few words (``--verbose`` prints it whole)."""
+    for pattern, repl in _REASONS:
+        if pattern.match(reason):
+            return pattern.sub(repl, reason)
+    return reason.split("; ")[0]
+
+
 def _n(x) -> str:
     return "-" if x is None else f"{x:,}"
 
 
-def plan_table(data: dict) -> Table:
-    t = Table(title=f"Plan: {data['model']} on {data['target']} ({data['tiles']:,} tiles, solver {data['solver']})")
-    for col, right in (("op", False), ("kind", False), ("chosen candidate", False), ("compute", True),
-                       ("exchange", True), ("sync", True), ("cycles", True), ("floor", True), ("standard B", True),
-                       ("interleaved B", True), ("total B", True)):
-        t.add_column(col, justify="right" if right else "left", overflow="fold")
+def plan_table(data: dict, verbose: bool = False) -> Table:
+    title = f"Plan: {data['model']} on {data['target']} ({data['tiles']:,} tiles, solver {data['solver']})"
+    if verbose:
+        cols = (("op", False), ("kind", False), ("chosen candidate", False), ("compute", True),
+                ("exchange", True), ("sync", True), ("cycles", True), ("floor", True), ("standard B", True),
+                ("interleaved B", True), ("total B", True))
+    else:
+        cols = (("op", False), ("kind", False), ("chosen", False), ("compute", True), ("exch", True),
+                ("sync", True), ("cycles", True), ("floor", True), ("memory B", True))
+    t = _table(title, cols, verbose, flexible={"chosen": 34})
     convs: dict[str, list[dict]] = {}
     for c in data["conversions"]:
         convs.setdefault(c["for_op"], []).append(c)
     for op in data["ops"]:
         for c in convs.get(op["name"], []):
             e = c["estimate"]
-            t.add_row("", "convert", f"{c['tensor']}: {c['from']} -> {c['to']} ({_n(c['bytes'])} B moved)",
-                      _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]), _n(e["cycles"]), "", "", "", "",
-                      style="dim")
+            what = (f"{c['tensor']}: {c['from']} -> {c['to']} ({_n(c['bytes'])} B moved)" if verbose
+                    else f"{c['tensor']}: {c['from']} -> {c['to']}")
+            t.add_row("", "convert", what, _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]), _n(e["cycles"]),
+                      *([""] * (4 if verbose else 2)), style="dim")
         e, m = op["estimate"], op["memory"]
-        t.add_row(op["name"], op["kind"], op["candidate"], _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]),
-                  _n(e["cycles"]), _n(op.get("floor")), _n(m["standard"]), _n(m["interleaved"]), _n(m["total"]))
-    return t
+        mem = (_n(m["standard"]), _n(m["interleaved"]), _n(m["total"])) if verbose else (_n(m["total"]),)
+        t.add_row(op["name"], op["kind"], op["candidate"] if verbose else short_candidate(op["candidate"]),
+                  _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]), _n(e["cycles"]), _n(op.get("floor")), *mem)
+    return _pin(t)
 
 
-def runner_up_table(op: str, chosen: str, losers: list[dict], limit: int = RUNNER_UPS) -> Table:
-    t = Table(title=f"{op}: chosen {chosen}", title_justify="left")
-    for col, right in (("runner-up", False), ("coarse cycles", True), ("detailed cycles", True),
-                       ("memory B", True), ("why it lost", False)):
-        t.add_column(col, justify="right" if right else "left", overflow="fold")
+def runner_up_table(op: str, chosen: str, losers: list[dict], limit: int = RUNNER_UPS,
+                    verbose: bool = False) -> Table:
+    title = f"{op}: chosen {chosen if verbose else short_candidate(chosen)}"
+    cols = (("runner-up", False), ("coarse cycles" if verbose else "coarse", True),
+            ("detailed cycles" if verbose else "detailed", True), ("memory B", True), ("why it lost", False))
+    t = _table(title, cols, verbose, flexible={"runner-up": 32, "why it lost": 40}, title_justify="left")
     for r in losers[:limit]:
         d = r["detailed"]
-        t.add_row(r["candidate"], _n(r["coarse"]["cycles"]), _n(d["cycles"]) if d else "-",
-                  _n(d["memory"]["total"] if d else r["coarse"]["memory"]), r["lost"])
-    return t
+        t.add_row(r["candidate"] if verbose else short_candidate(r["candidate"]), _n(r["coarse"]["cycles"]),
+                  _n(d["cycles"]) if d else "-", _n(d["memory"]["total"] if d else r["coarse"]["memory"]),
+                  r["lost"] if verbose else short_reason(r["lost"]))
+    return _pin(t)
 
 
 def totals_text(data: dict, plan_seconds: float | None) -> Text:
@@ -95,13 +171,13 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
     return Text("\n".join(lines))
 
 
-def render(data: dict, plan_seconds: float | None = None) -> Group:
-    parts = [plan_table(data)]
+def render(data: dict, plan_seconds: float | None = None, verbose: bool = False) -> Group:
+    parts = [plan_table(data, verbose)]
     chosen = {op["name"]: op["candidate"] for op in data["ops"]}
     for op in chosen:                          # execution order (plan.json sorts its keys)
         losers = data["runner_ups"].get(op)
         if losers:
-            parts.append(runner_up_table(op, chosen[op], losers))
+            parts.append(runner_up_table(op, chosen[op], losers, verbose=verbose))
     parts.append(totals_text(data, plan_seconds))
     return Group(*parts)
 
@@ -115,26 +191,55 @@ def _grid(g: dict | None) -> str:
             f"partials {g['partials']}{bias}")
 
 
-def layouts_table(data: dict) -> Table:
+def _short_grid(g: dict | None) -> str:
+    if not g:
+        return "-"
+    batch = f"{g['gb']}x" if g["gb"] > 1 else ""
+    red = "" if g["reduction"] == "none" else f" {g['reduction']}"
+    return f"{batch}{g['gm']}x{g['gn']}x{g['gk']} {g['order']}{red} {g['partials']}" + (
+        " +bias" if g.get("bias_in_reduction") else "")
+
+
+def layouts_table(data: dict, verbose: bool = False) -> Table:
     """Per op: the layouts the chosen candidate reads (parameters in their resident storage),
     the layout it writes, and the GEMM grid."""
-    t = Table(title="Layouts and grids of the chosen candidates")
-    for col in ("op", "input layouts", "output layout", "grid"):
-        t.add_column(col, overflow="fold")
+    t = _table("Layouts and grids of the chosen candidates",
+               (("op", False), ("input layouts", False), ("output layout", False), ("grid", False)), verbose,
+               flexible={"input layouts": 40, "output layout": 20, "grid": 28})
     for op in data["ops"]:
         ins = ", ".join(f"{name} {lay}" for name, lay in op["layouts"]["inputs"].items())
-        t.add_row(op["name"], ins, op["layouts"]["output"], _grid(op["grid"]))
+        t.add_row(op["name"], ins, op["layouts"]["output"], _grid(op["grid"]) if verbose else _short_grid(op["grid"]))
+    return _pin(t)
+
+
+def legend_table() -> Table:
+    """The key to the notation of the reports (``report.legend``)."""
+    from .legend import LEGEND
+    t = Table(title="Notation", box=box.SIMPLE_HEAD)
+    t.add_column("", style="dim")
+    t.add_column("notation", style="bold", no_wrap=True)
+    t.add_column("meaning", overflow="fold")
+    for group, notation, meaning in LEGEND:
+        t.add_row(group, notation, meaning)
+    return t
+
+
+def error_table(title: str, outputs: dict, atol: float, rtol: float) -> Table:
+    """Each output's errors against the reference (scientific notation: FP32 errors are tiny) and
+    whether it is within ``|got - want| <= atol + rtol |want|``."""
+    t = Table(title=title, box=box.SIMPLE_HEAD)
+    for col in ("output", "max abs err", "max rel err", "cosine", "atol", "rtol", "within tol"):
+        t.add_column(col, justify="left" if col == "output" else "right", no_wrap=True)
+    for name, fig in sorted(outputs.items()):
+        t.add_row(name, f"{fig['max_abs']:.3e}", f"{fig['max_rel']:.3e}", f"{fig['cosine']:.6f}",
+                  f"{atol:g}", f"{rtol:g}", "[green]yes[/green]" if fig["passed"] else "[red]NO[/red]")
     return t
 
 
 def validation_parts(validation: dict, report: dict, roofline: float) -> list:
     """The IPU model run of a validated package: output errors, cycles by phase, estimate per step."""
-    t = Table(title="Validation run on the IPU model")
-    for col in ("output", "max abs err", "max rel err", "cosine", "within tol"):
-        t.add_column(col, justify="left" if col == "output" else "right")
-    for name, fig in sorted(validation["outputs"].items()):
-        t.add_row(name, f"{fig['max_abs']:.6f}", f"{fig['max_rel']:.4f}", f"{fig['cosine']:.6f}",
-                  "[green]yes[/green]" if fig["passed"] else "[red]NO[/red]")
+    t = error_table("Validation run on the IPU model", validation["outputs"], validation["atol"],
+                    validation["rtol"])
     v = validation
     est = {s["name"]: s["cycles"] + s["sync"] for s in report.get("estimate_steps", [])}
     steps = v["steps"]
@@ -156,10 +261,11 @@ def validation_parts(validation: dict, report: dict, roofline: float) -> list:
     return [t, Text("\n".join(lines))]
 
 
-def render_package(data: dict, report: dict | None = None, validation: dict | None = None) -> Group:
+def render_package(data: dict, report: dict | None = None, validation: dict | None = None,
+                   verbose: bool = False) -> Group:
     """The terminal report of a package: plan, layouts, runner-ups, totals, program, validation run."""
-    parts = list(render(data).renderables)
-    parts.insert(1, layouts_table(data))
+    parts = list(render(data, verbose=verbose).renderables)
+    parts.insert(1, layouts_table(data, verbose))
     report = report or {}
     if report.get("program_cycles") is not None:
         steps = report.get("program_steps", [])
@@ -172,10 +278,48 @@ def render_package(data: dict, report: dict | None = None, validation: dict | No
     return Group(*parts)
 
 
-def print_report(plan_or_data, console: Console | None = None, plan_seconds: float | None = None) -> None:
+def print_report(plan_or_data, console: Console | None = None, plan_seconds: float | None = None,
+                 verbose: bool = False) -> None:
     data = plan_or_data
     if not isinstance(data, dict):
         from ..planner.planjson import plan_to_json
         plan_seconds = plan_or_data.plan_seconds if plan_seconds is None else plan_seconds
         data = plan_to_json(plan_or_data)
-    (console or Console()).print(render(data, plan_seconds))
+    (console or Console()).print(render(data, plan_seconds, verbose))
+
+
+def _signed(x) -> str:
+    return "-" if x is None else f"{x:+,}"
+
+
+def compare_table(a, b, verbose: bool = False) -> Group:
+    """Two packages (``html.ReportData``) side by side: per op and per step, cycles and memory, b - a."""
+    from . import compare
+    la, lb = package_label(a), package_label(b)
+    t = _table(f"Compare per op: A = {la}, B = {lb}",
+               (("op", False), ("A cycles", True), ("B cycles", True), ("B - A", True), ("B / A", True),
+                ("A memory B", True), ("B memory B", True), ("B - A ", True)), verbose)
+    for r in compare.op_rows(a, b):
+        t.add_row(r["name"], _n(r["cycles_a"]), _n(r["cycles_b"]), _signed(r["cycles_delta"]),
+                  "-" if r["cycles_ratio"] is None else f"{r['cycles_ratio']:.2f}",
+                  _n(r["memory_a"]), _n(r["memory_b"]), _signed(r["memory_delta"]))
+    tot = compare.totals(a, b)
+    t.add_row("total", _n(tot["cycles_a"]), _n(tot["cycles_b"]), _signed(tot["cycles_delta"]),
+              "-" if tot["cycles_ratio"] is None else f"{tot['cycles_ratio']:.2f}",
+              _n(tot["memory_a"]), _n(tot["memory_b"]), _signed(tot["memory_delta"]), style="bold")
+    source, steps = compare.step_rows(a, b)
+    s = _table(f"Compare per step ({source}, cycles incl. sync)",
+               (("step", False), ("A", True), ("B", True), ("B - A", True)), verbose, flexible={"step": 40})
+    for r in steps:
+        if verbose or r["cycles_delta"] != 0:
+            s.add_row(r["name"], _n(r["cycles_a"]), _n(r["cycles_b"]), _signed(r["cycles_delta"]))
+    same = sum(r["cycles_delta"] == 0 for r in steps)
+    note = Text(f"{same} of {len(steps)} steps take the same cycles in both" + ("" if verbose else
+                " (not listed; --verbose lists every step)"), style="dim")
+    return Group(_pin(t), _pin(s), note)
+
+
+def package_label(d) -> str:
+    """How a report names a package: its model and the first digits of its manifest's SHA-256
+    (never its folder, so the same package reads the same wherever it lives)."""
+    return f"{d.plan['model']} @{d.manifest_sha[:8]}"

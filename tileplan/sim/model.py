@@ -133,26 +133,8 @@ class IPUModel:
         return prof
 
     def _live_peak(self) -> np.ndarray:
-        """Per tile, the most bytes live at once: every buffer (aliases counted once, on their root)
-        over its lifetime in the program's steps."""
-        tp = self.program
-        nsteps = max(len(tp.steps), 1)
-        names = [b.name for b in tp.buffers]
-        root = np.array([names.index(b.alias_of) if b.alias_of else i for i, b in enumerate(tp.buffers)])
-        nb = len(names)
-        lo = np.full(nb, nsteps, dtype=np.int64)
-        hi = np.full(nb, -1, dtype=np.int64)
-        for i, b in enumerate(tp.buffers):
-            a, e = b.span if b.span is not None else (0, nsteps - 1)
-            lo[root[i]] = min(lo[root[i]], a)
-            hi[root[i]] = max(hi[root[i]], e)
-        size = np.zeros((nb, tp.tiles), dtype=np.int64)
-        np.maximum.at(size, root, tp.size)
-        live = np.zeros((nsteps + 1, tp.tiles), dtype=np.int64)
-        for r in np.flatnonzero(hi >= lo):
-            live[lo[r]] += size[r]
-            live[hi[r] + 1] -= size[r]
-        return np.cumsum(live, axis=0)[:-1].max(axis=0)
+        """Per tile, the most bytes live at once (``live_bytes`` summed over the buffers)."""
+        return live_bytes(self.program).max(axis=0)
 
     def _bounds(self, tiles, addr, nbytes, what: str) -> None:
         lo = self.target.reserve_bytes
@@ -229,6 +211,33 @@ class IPUModel:
         per_tile = np.maximum(send, recv)
         return StepProfile(ex.name, "exchange", int(per_tile.max(initial=0)), self.target.sync_cycles if n else 0,
                            per_tile, int(tr.nbytes.sum()))
+
+
+def live_bytes(tp: TileProgram, group=None, groups: int = 1) -> np.ndarray:
+    """int64 [steps, tiles] (or [groups, steps, tiles] when ``group`` maps each buffer index to a group
+    in ``range(groups)``): the bytes live on each tile at each step of the program. A buffer is live
+    over its span (the whole program when it has none); aliases count once, on their root, over the
+    union of their spans."""
+    nsteps = max(len(tp.steps), 1)
+    names = [b.name for b in tp.buffers]
+    root = np.array([names.index(b.alias_of) if b.alias_of else i for i, b in enumerate(tp.buffers)], dtype=np.int64)
+    nb = len(names)
+    lo = np.full(nb, nsteps, dtype=np.int64)
+    hi = np.full(nb, -1, dtype=np.int64)
+    for i, b in enumerate(tp.buffers):
+        a, e = b.span if b.span is not None else (0, nsteps - 1)
+        lo[root[i]] = min(lo[root[i]], a)
+        hi[root[i]] = max(hi[root[i]], e)
+    size = np.zeros((nb, tp.tiles), dtype=np.int64)
+    if nb:
+        np.maximum.at(size, root, tp.size)
+    gid = np.zeros(nb, dtype=np.int64) if group is None else np.asarray(group, dtype=np.int64)
+    live = np.zeros((groups if group is not None else 1, nsteps + 1, tp.tiles), dtype=np.int64)
+    for r in np.flatnonzero(hi >= lo):
+        live[gid[r], lo[r]] += size[r]
+        live[gid[r], hi[r] + 1] -= size[r]
+    out = np.cumsum(live, axis=1)[:, :-1]
+    return out[0] if group is None else out
 
 
 def _move_bytes(mem: np.ndarray, src_tile, src_off, dst_tile, dst_off, nbytes) -> None:

@@ -111,3 +111,53 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
         fig["passed"] = bool(np.all(diff <= atol + rtol * np.abs(want)) and fig["nonfinite"] == 0)
         results[t.name] = fig
     return Validation(results, profile, atol, rtol, values)
+
+
+# ---- the run's record in the package ----------------------------------------------------------
+
+TRACE_FILE = "validation.npz"     # per step, per tile cycles of the run (the report's execution trace)
+
+
+def validation_record(v: Validation) -> dict:
+    """What ``validation.json`` holds: the outputs' figures, the tolerances, the cycles by phase and
+    per step (slowest tile), and each tile's memory peak. Per-tile cycles go to ``validation.npz``."""
+    prof = v.profile
+    return {"outputs": v.outputs, "atol": v.atol, "rtol": v.rtol, "cycles": prof.cycles,
+            "compute": prof.compute, "exchange": prof.exchange, "sync": prof.sync,
+            "steps": [{"name": s.name, "kind": s.kind, "cycles": s.cycles, "sync": s.sync, "bytes": s.bytes}
+                      for s in prof.steps],
+            "memory_peak": [int(x) for x in prof.memory_peak],
+            "step_tile_cycles_max": [int(s.tile_cycles.max(initial=0)) for s in prof.steps],
+            "trace": TRACE_FILE}
+
+
+def tile_cycles(v: Validation) -> np.ndarray:
+    """int32 [steps, tiles]: each tile's cycles in each step of the run (a compute set: the sum of its
+    vertices; an exchange: max(send, receive), without the sync)."""
+    steps = v.profile.steps
+    tiles = len(v.profile.memory_peak)
+    out = np.zeros((len(steps), tiles), dtype=np.int32)
+    for i, s in enumerate(steps):
+        out[i, :len(s.tile_cycles)] = s.tile_cycles
+    return out
+
+
+def write_validation(pkg, v: Validation) -> None:
+    """Record a run in the package: ``validation.json`` and ``validation.npz`` (``tile_cycles``),
+    each written to a temporary file and renamed into place. Neither is in the manifest: they
+    describe a run of the package, not its contents."""
+    import os
+
+    from ..lowering.package import dumps
+    from ..lowering.tile_program import deterministic_npz
+    files = {"validation.json": dumps(validation_record(v)).encode(),
+             TRACE_FILE: deterministic_npz({"tile_cycles": tile_cycles(v)})}
+    for name, data in files.items():
+        path = pkg.path / name
+        tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise TileplanError(f"{path}: cannot write the validation record ({exc.strerror or exc})") from None

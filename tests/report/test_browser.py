@@ -1,0 +1,162 @@
+"""The HTML report in a real browser: playwright driving Debian's chromium (/usr/bin/chromium, installed
+by .ci/run; playwright never downloads a browser here).
+
+Console errors are collected from the page's ``console`` events of type error and its uncaught
+exceptions (``pageerror``); `test_the_error_check_catches_a_page_with_a_js_error` is the negative
+control. Screenshots go to pytest's tmp_path (kept as test artifacts, not committed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+import tileplan
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "fixtures"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is needed at /usr/bin/chromium (apt-get install chromium, as .ci/run does)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page with its console errors and uncaught exceptions recorded."""
+
+    def __init__(self, browser, path: Path):
+        self.errors: list[str] = []
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        t0 = time.perf_counter()
+        self.page.goto(path.as_uri(), wait_until="load")
+        self.seconds = time.perf_counter() - t0
+
+    def ready(self) -> "Page":
+        self.page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+        return self
+
+
+@pytest.fixture(scope="session")
+def small(tmp_path_factory) -> dict:
+    """The smoke package (validated) and the small FP16 MLP and an unvalidated copy to compare with."""
+    root = tmp_path_factory.mktemp("browser")
+    smoke = tileplan.compile(FIXTURES / "mlp_smoke_fp8.toml", root / "smoke")
+    v = tileplan.validate(smoke)
+    fp16 = tileplan.compile(FIXTURES / "mlp_fp16_small.toml", root / "fp16")
+    tileplan.validate(fp16)
+    odd = tileplan.compile(FIXTURES / "odd_prime_dims.toml", root / "odd")
+    html = tileplan.report(smoke, compare=[fp16, odd])
+    return {"html": html, "validation": v, "root": root}
+
+
+@pytest.fixture(scope="session")
+def siglip(tmp_path_factory) -> dict:
+    """SigLIP b1 on all 1472 tiles, compiled, validated and reported."""
+    root = tmp_path_factory.mktemp("siglip")
+    pkg = tileplan.compile(FIXTURES / "siglip_mlp_fp8_b1.toml", root / "b1", jobs=2)
+    tileplan.validate(pkg)
+    return {"html": tileplan.report(pkg), "package": pkg}
+
+
+def test_the_small_report_opens_without_console_errors_and_draws_its_views(browser, small, tmp_path):
+    page = Page(browser, small["html"]).ready()
+    assert page.errors == []
+    p = page.page
+    assert p.locator("#tile-map rect.tile").count() == 64
+    assert p.locator("#live-worst rect").count() > 10 and p.locator("#trace rect.cell").count() > 10
+    p.screenshot(path=str(tmp_path / "small.png"), full_page=True)
+    assert (tmp_path / "small.png").stat().st_size > 50_000
+
+
+def test_the_error_check_catches_a_page_with_a_js_error(browser, tmp_path):
+    bad = tmp_path / "bad.html"
+    bad.write_text("<!DOCTYPE html><html><body><p>page</p><script>console.error('deliberate console error');"
+                   "window.noSuchFunction();</script></body></html>")
+    page = Page(browser, bad)
+    page.page.wait_for_timeout(100)
+    assert any("deliberate console error" in e for e in page.errors)
+    assert any(e.startswith("uncaught:") and "noSuchFunction" in e for e in page.errors)
+
+
+def test_hovering_a_tile_shows_its_numbers(browser, small):
+    page = Page(browser, small["html"]).ready()
+    p = page.page
+    peak = int(small["validation"].profile.memory_peak[5])
+    p.hover("#tile-map rect[data-tile='5']")
+    text = p.inner_text("#tooltip")
+    assert "tile 5" in text and f"{peak:,} B" in text
+    # a step's view: bytes sent by the tile in the first GEMM's preparation exchange
+    step = [s.name for s in small["validation"].profile.steps].index("fc1.prep")
+    p.select_option("#tile-metric", "sent")
+    p.select_option("#tile-step", str(step))
+    p.hover("#tile-map rect[data-tile='0']")
+    assert "B sent (fc1.prep)" in p.inner_text("#tooltip")
+    assert page.errors == []
+
+
+def test_clicking_a_tile_charts_its_liveness_and_hovering_a_step_shows_bytes_by_class(browser, small):
+    page = Page(browser, small["html"]).ready()
+    p = page.page
+    p.click("#tile-map rect[data-tile='9']")
+    assert "chosen tile 9" in p.text_content("#live-chosen")
+    p.hover("#live-chosen rect.hit[data-step='3']")
+    text = p.inner_text("#tooltip")
+    assert "fc1.amp" in text and "partials:" in text and "parameters:" in text
+
+
+def test_the_trace_zooms_in_and_resets(browser, small):
+    page = Page(browser, small["html"]).ready()
+    p = page.page
+    total = small["validation"].profile.cycles
+    assert p.inner_text("#trace-range").startswith(f"cycles 0 to {total:,} of {total:,}")
+    p.click("#zoom-in")
+    assert not p.inner_text("#trace-range").startswith(f"cycles 0 to {total:,}")
+    p.click("#zoom-reset")
+    assert p.inner_text("#trace-range").startswith(f"cycles 0 to {total:,}")
+    p.hover("#trace rect.cell >> nth=0")
+    assert "cast_x.compute" in p.inner_text("#tooltip")
+
+
+def test_switching_the_compared_package_shows_its_table(browser, small, tmp_path):
+    page = Page(browser, small["html"]).ready()
+    p = page.page
+    blocks = p.locator(".compare-block")
+    assert blocks.count() == 2
+    assert blocks.nth(0).is_visible() and not blocks.nth(1).is_visible()
+    assert "mlp_fp16_small" in blocks.nth(0).inner_text()
+    p.select_option("#compare-select", "1")
+    assert blocks.nth(1).is_visible() and not blocks.nth(0).is_visible()
+    assert "odd_prime_dims" in p.locator(".compare-block >> visible=true").inner_text()
+    p.locator("#compare").screenshot(path=str(tmp_path / "compare.png"))
+
+
+@pytest.mark.slow
+def test_the_1472_tile_siglip_report_is_under_10_mb_and_loads_in_under_3_s(browser, siglip, tmp_path):
+    html = siglip["html"]
+    size = html.stat().st_size
+    assert size < 10 * 1024 * 1024
+    page = Page(browser, html).ready()
+    assert page.seconds < 3.0, f"load took {page.seconds:.2f} s"
+    assert page.errors == []
+    p = page.page
+    assert p.locator("#tile-map rect.tile").count() == 1472
+    validation = json.loads((siglip["package"] / "validation.json").read_text())
+    p.hover("#tile-map rect[data-tile='1000']")
+    assert f"{validation['memory_peak'][1000]:,} B" in p.inner_text("#tooltip")
+    p.screenshot(path=str(tmp_path / "siglip.png"), full_page=True)
+    print(f"SigLIP b1 report: {size / 1e6:.2f} MB, loaded in {page.seconds:.2f} s; screenshot {tmp_path}")

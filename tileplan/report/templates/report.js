@@ -1,0 +1,218 @@
+// tileplan report: the interactive views, plain JS drawing SVG from the page's JSON data
+// (<script type="application/json" id="page-data">, made by report/html.py: page_data).
+// Views: the tile map (hover a tile for its numbers, click to chart its liveness), liveness
+// per step of the worst and the chosen tile, the BSP execution trace (tiles x steps, zoom with
+// the wheel or the buttons), and the compare selector. No network, no library.
+"use strict";
+(function () {
+  const D = JSON.parse(document.getElementById("page-data").textContent);
+  const NS = "http://www.w3.org/2000/svg";
+  const CLASS_COLOURS = {parameters: "#8172b2", activations: "#4c72b0", partials: "#dd8452", transient: "#55a868"};
+  const tip = document.getElementById("tooltip");
+  const fmt = (x) => Math.round(x).toLocaleString("en-US");
+  let chosenTile = D.tiles - 1;      // until a tile is clicked: the last tile (the worst is charted beside it)
+
+  function el(name, attrs, parent) {
+    const e = document.createElementNS(NS, name);
+    for (const k in attrs) e.setAttribute(k, attrs[k]);
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  function showTip(evt, html) {
+    tip.innerHTML = html;
+    tip.style.display = "block";
+    tip.style.left = (evt.pageX + 14) + "px";
+    tip.style.top = (evt.pageY + 12) + "px";
+  }
+  function hideTip() { tip.style.display = "none"; }
+  function colour(f) {            // 0..1 -> a light-to-dark blue-green ramp (viridis-like ends)
+    const stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+    const x = Math.max(0, Math.min(1, f)) * (stops.length - 1);
+    const i = Math.min(stops.length - 2, Math.floor(x)), t = x - i;
+    const c = stops[i].map((v, k) => Math.round(v + (stops[i + 1][k] - v) * t));
+    return "rgb(" + c.join(",") + ")";
+  }
+  function liveTotal(step, tile) {
+    let s = 0;
+    for (let c = 0; c < D.classes.length; c++) s += D.live[c][step][tile];
+    return s;
+  }
+
+  // ---- tile map ----------------------------------------------------------------------------
+  const metricSel = document.getElementById("tile-metric");
+  const stepSel = document.getElementById("tile-step");
+  function metricValues() {
+    const m = metricSel.value, st = stepSel.value === "" ? -1 : Number(stepSel.value);
+    const vals = new Array(D.tiles).fill(0);
+    for (let t = 0; t < D.tiles; t++) {
+      if (m === "memory") vals[t] = st < 0 ? D.memory[t] : liveTotal(st, t);
+      else if (m === "cycles" && D.trace) {
+        if (st >= 0) vals[t] = D.trace[st][t];
+        else for (let s = 0; s < D.steps.length; s++) vals[t] += D.trace[s][t];
+      } else if (m === "sent" || m === "received") {
+        const per = m === "sent" ? D.sent : D.received;
+        if (st >= 0) vals[t] = per[String(st)] ? per[String(st)][t] : 0;
+        else for (const k in per) vals[t] += per[k][t];
+      }
+    }
+    return vals;
+  }
+  const UNITS = {memory: "B live", cycles: "cycles", sent: "B sent", received: "B received"};
+  function drawTileMap() {
+    const svg = document.getElementById("tile-map");
+    svg.innerHTML = "";
+    const rows = D.grid[0], cols = D.grid[1], cell = Math.max(6, Math.min(18, Math.floor(900 / cols)));
+    svg.setAttribute("viewBox", "0 0 " + cols * cell + " " + rows * cell);
+    svg.setAttribute("width", cols * cell);
+    svg.setAttribute("height", rows * cell);
+    const vals = metricValues();
+    let lo = Infinity, hi = -Infinity;
+    for (const v of vals) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    const m = metricSel.value, st = stepSel.value;
+    const stepName = st === "" ? "all steps" : D.steps[Number(st)].name;
+    for (let t = 0; t < D.tiles; t++) {
+      const r = el("rect", {x: (t % cols) * cell, y: Math.floor(t / cols) * cell, width: cell - 1, height: cell - 1,
+                            fill: colour(hi > lo ? (vals[t] - lo) / (hi - lo) : 0.5), "data-tile": t,
+                            class: "tile" + (t === chosenTile ? " chosen" : "")}, svg);
+      r.addEventListener("mouseenter", (e) => {
+        let extra = "";
+        if (D.trace && st !== "") extra = "<br>step cycles: " + fmt(D.trace[Number(st)][t]);
+        showTip(e, "<b>tile " + t + "</b><br>" + fmt(vals[t]) + " " + UNITS[m] + " (" + stepName + ")" +
+                   "<br>memory peak: " + fmt(D.memory[t]) + " B" + extra);
+      });
+      r.addEventListener("mousemove", (e) => { tip.style.left = (e.pageX + 14) + "px"; tip.style.top = (e.pageY + 12) + "px"; });
+      r.addEventListener("mouseleave", hideTip);
+      r.addEventListener("click", () => { chosenTile = t; drawTileMap(); drawLiveness(); });
+    }
+    document.getElementById("tile-scale").textContent =
+      "colour: " + UNITS[m] + ", " + stepName + ": lowest " + fmt(lo) + ", highest " + fmt(hi) +
+      "; chosen tile " + chosenTile + " (click a tile to choose)";
+  }
+
+  // ---- liveness ----------------------------------------------------------------------------
+  function liveChart(svgId, tile, title) {
+    const svg = document.getElementById(svgId);
+    svg.innerHTML = "";
+    const W = 900, H = 230, L = 70, B = 40, n = D.steps.length;
+    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+    let top = 1;
+    for (let s = 0; s < n; s++) top = Math.max(top, liveTotal(s, tile));
+    const bw = (W - L - 10) / n, y = (v) => H - B - (H - B - 24) * v / top;
+    el("text", {x: L, y: 14, class: "chart-title"}, svg).textContent = title + " (peak " + fmt(top) + " B)";
+    for (const f of [0, 0.5, 1]) {
+      el("line", {x1: L, x2: W - 10, y1: y(top * f), y2: y(top * f), class: "gridline"}, svg);
+      el("text", {x: L - 6, y: y(top * f) + 4, class: "axis", "text-anchor": "end"}, svg).textContent = fmt(top * f);
+    }
+    for (let s = 0; s < n; s++) {
+      let base = 0;
+      const parts = [];
+      D.classes.forEach((c, k) => {
+        const v = D.live[k][s][tile];
+        parts.push(c + ": " + fmt(v) + " B");
+        if (v > 0) el("rect", {x: L + s * bw + 1, y: y(base + v), width: Math.max(1, bw - 2), height: y(base) - y(base + v),
+                               fill: CLASS_COLOURS[c]}, svg);
+        base += v;
+      });
+      const hit = el("rect", {x: L + s * bw, y: 20, width: bw, height: H - B - 20, class: "hit", "data-step": s}, svg);
+      hit.addEventListener("mouseenter", (e) => showTip(e, "<b>" + D.steps[s].name + "</b> (step " + s + ", tile " + tile +
+                                                        ")<br>" + parts.join("<br>") + "<br>total " + fmt(base) + " B"));
+      hit.addEventListener("mouseleave", hideTip);
+      if (n <= 40 || s % Math.ceil(n / 40) === 0)
+        el("text", {x: L + s * bw + bw / 2, y: H - B + 12, class: "axis", "text-anchor": "middle"}, svg).textContent = s;
+    }
+    const always = D.always[tile];
+    if (always > 0) {
+      el("line", {x1: L, x2: W - 10, y1: y(always), y2: y(always), class: "always"}, svg);
+      el("text", {x: W - 12, y: y(always) - 3, class: "axis", "text-anchor": "end"}, svg).textContent =
+        "always live " + fmt(always) + " B";
+    }
+    el("text", {x: L + (W - L) / 2, y: H - 6, class: "axis", "text-anchor": "middle"}, svg).textContent = "program step";
+  }
+  function drawLiveness() {
+    liveChart("live-worst", D.worst, "worst tile " + D.worst);
+    liveChart("live-chosen", chosenTile, "chosen tile " + chosenTile);
+  }
+
+  // ---- BSP execution trace -----------------------------------------------------------------
+  let view = null;
+  function drawTrace() {
+    const svg = document.getElementById("trace");
+    if (!svg || !D.trace) return;
+    svg.innerHTML = "";
+    const n = D.steps.length, bins = Math.min(D.tiles, 128), per = Math.ceil(D.tiles / bins);
+    const rowsN = Math.ceil(D.tiles / per);
+    const len = [], start = [];
+    let t = 0;
+    for (let s = 0; s < n; s++) {
+      let mx = 0;
+      for (const c of D.trace[s]) mx = Math.max(mx, c);
+      start.push(t); len.push(mx + D.sync[s]); t += mx + D.sync[s];
+    }
+    const total = Math.max(t, 1), W = 1000, rowH = Math.max(2, Math.min(8, Math.floor(400 / rowsN))), H = rowsN * rowH;
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.setAttribute("height", H);
+    svg.style.height = H + "px";
+    if (!view) view = [0, total];
+    svg.setAttribute("viewBox", view[0] + " 0 " + (view[1] - view[0]) + " " + H);
+    for (let s = 0; s < n; s++) {
+      const kind = D.steps[s].kind, sync = D.sync[s];
+      if (sync > 0) el("rect", {x: start[s], y: 0, width: sync, height: H, fill: "#d0d0d0"}, svg);
+      for (let b = 0; b < rowsN; b++) {
+        let mx = 0, sum = 0, cnt = 0;
+        for (let k = b * per; k < Math.min(D.tiles, (b + 1) * per); k++) { const c = D.trace[s][k]; mx = Math.max(mx, c); sum += c; cnt++; }
+        if (mx === 0) continue;
+        const r = el("rect", {x: start[s] + sync, y: b * rowH, width: mx, height: rowH - (rowH > 3 ? 1 : 0),
+                              fill: kind === "compute" ? "#4c72b0" : "#dd8452", "fill-opacity": 0.35 + 0.65 * (sum / cnt) / mx,
+                              class: "cell", "data-step": s, "data-bin": b}, svg);
+        const lo = b * per, hi = Math.min(D.tiles, (b + 1) * per) - 1;
+        r.addEventListener("mouseenter", (e) => showTip(e, "<b>" + D.steps[s].name + "</b> (" + kind + ")<br>tiles " + lo +
+          (hi > lo ? "-" + hi : "") + ": slowest " + fmt(mx) + ", mean " + fmt(sum / cnt) + " cycles<br>step: " +
+          fmt(len[s]) + " cycles incl. sync " + fmt(sync) + ", starts at " + fmt(start[s])));
+        r.addEventListener("mouseleave", hideTip);
+      }
+    }
+    document.getElementById("trace-range").textContent =
+      "cycles " + fmt(view[0]) + " to " + fmt(view[1]) + " of " + fmt(total) + "; " + rowsN + " rows of " + per +
+      " tile" + (per > 1 ? "s" : "") + " (bar: the slowest tile of the row, opacity: mean / slowest)";
+    svg.dataset.total = total;
+  }
+  function zoom(factor, centre) {
+    const svg = document.getElementById("trace");
+    const total = Number(svg.dataset.total);
+    const w = Math.min(total, Math.max(50, (view[1] - view[0]) * factor));
+    const c = centre === undefined ? (view[0] + view[1]) / 2 : centre;
+    let a = Math.max(0, c - w / 2);
+    a = Math.min(a, total - w);
+    view = [a, a + w];
+    drawTrace();
+  }
+
+  // ---- compare -----------------------------------------------------------------------------
+  function showCompare() {
+    const sel = document.getElementById("compare-select");
+    document.querySelectorAll(".compare-block").forEach((b) => {
+      b.style.display = b.dataset.index === sel.value ? "" : "none";
+    });
+  }
+
+  // ---- wiring ------------------------------------------------------------------------------
+  metricSel.addEventListener("change", drawTileMap);
+  stepSel.addEventListener("change", drawTileMap);
+  drawTileMap();
+  drawLiveness();
+  const trace = document.getElementById("trace");
+  if (trace && D.trace) {
+    drawTrace();
+    trace.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const box = trace.getBoundingClientRect();
+      zoom(e.deltaY < 0 ? 0.8 : 1.25, view[0] + (view[1] - view[0]) * (e.clientX - box.left) / box.width);
+    }, {passive: false});
+    document.getElementById("zoom-in").addEventListener("click", () => zoom(0.5));
+    document.getElementById("zoom-out").addEventListener("click", () => zoom(2));
+    document.getElementById("zoom-reset").addEventListener("click", () => { view = null; drawTrace(); });
+  }
+  const csel = document.getElementById("compare-select");
+  if (csel) { csel.addEventListener("change", showCompare); showCompare(); }
+  document.body.dataset.ready = "1";
+})();
