@@ -102,6 +102,13 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
                     b = random(rng, dt, bsize, 2.0)
                     add("binary_vector" if mode != "scalar" or dt is FP32 else "binary_pairs",
                         BinaryCall(5, 12, dt, mode, fn, swap), a=random(rng, dt, 60, 2.0), b=b)
+    # The AMP on A rows of an odd K (repacked to whole 64-bit words first), every type pair.
+    for variant, dt, part in (("amp_repack_fp32", FP32, FP32), ("amp_repack_fp16_fp16", FP16, FP16),
+                              ("amp_repack_fp16_fp32", FP16, FP32), ("amp_repack_fp8_fp16", FP8, FP16)):
+        m, k, n = 5, 37, 24
+        add(variant, MatMulCall(m, n, k, dt, part), "matmul", a=random(rng, dt, m * k, 2.0 if dt is FP8 else 0.5),
+            b=random(rng, dt, k * n, 1 / np.sqrt(k)))
+
     # The on-tile 2-D transpose (raw elements): odd shapes, every type.
     for dt in (FP8, FP16, FP32):
         add("transpose_2d", TransposeCall(7, 5, dt), **{"in": random(rng, dt, 35)})

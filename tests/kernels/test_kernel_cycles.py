@@ -27,6 +27,10 @@ BASE = {
     "amp_fp16_fp32": (MatMulCall(32, 64, 64, FP16, FP32), ("m", "n", "k")),
     "amp_fp8_fp16": (MatMulCall(32, 64, 64, FP8, FP16, weights_region="standard"), ("m", "n", "k")),
     "vmac": (MatMulCall(3, 5, 7, FP16, FP16), ("m", "n", "k")),
+    "amp_repack_fp32": (MatMulCall(32, 64, 63, FP32, FP32), ("m", "n")),
+    "amp_repack_fp16_fp16": (MatMulCall(32, 64, 63, FP16, FP16), ("m", "n")),
+    "amp_repack_fp16_fp32": (MatMulCall(32, 64, 63, FP16, FP32), ("m", "n")),
+    "amp_repack_fp8_fp16": (MatMulCall(32, 64, 63, FP8, FP16), ("m", "n")),
     "reduce_fp16": (ReduceCall(100, 3, FP16, FP16), ("n", "parts")),
     "reduce_fp32": (ReduceCall(100, 3, FP32, FP32), ("n", "parts")),
     "reduce_bias_fp16": (ReduceCall(100, 3, FP16, FP16, bias_cols=20), ("n", "parts")),
@@ -235,3 +239,14 @@ def test_unary_cycles_follow_the_poplibs_inner_loops():
     assert v.cycles(UnaryCall(24 * 10, FP16, "exp"), IPU21) == 330 + 6 * 10 * 4
     assert v.cycles(UnaryCall(24 * 10, FP16, "sqrt"), IPU21) == 330 + 6 * 10 * 23
     assert v.cycles(UnaryCall(6 * 10, FP32, "erf"), IPU21) == 330 + 6 * 10 * 18
+
+
+def test_an_odd_k_runs_on_the_amp_after_a_repack_not_on_the_vector_unit():
+    """P V with 729 keys: A rows of 365 halves are off 64-bit words; repacking them (one cycle per
+    element) and running the AMP beats the vector-unit loop by far."""
+    call = MatMulCall(16, 72, 365, FP16, FP16)
+    assert dispatch(call, IPU21).name == "amp_repack_fp16_fp16"
+    padded = MatMulCall(16, 72, 368, FP16, FP16)
+    assert REG["amp_repack_fp16_fp16"].cycles(call, IPU21) == (REG["amp_fp16_fp16"].cycles(padded, IPU21)
+                                                              + IPU21.kernel_launch_cycles + 16 * 365)
+    assert REG["amp_repack_fp16_fp16"].cycles(call, IPU21) < REG["vmac"].cycles(call, IPU21) / 3

@@ -33,7 +33,9 @@ def test_dispatch_picks_the_fastest_accepted_variant():
 def test_dispatch_uses_the_amp_when_it_fits_and_the_vector_unit_otherwise():
     assert dispatch(MatMulCall(64, 64, 64, FP8, FP16, b_format="panels", grain=32), IPU21).name == "amp_fp8_fp16"
     assert dispatch(MatMulCall(64, 64, 64, FP16, FP32), BOW).name == "amp_fp16_fp32"
-    assert dispatch(MatMulCall(64, 64, 63, FP16, FP16), IPU21).name == "vmac"      # k not 64-bit aligned
+    # k not 64-bit aligned: the AMP after a repack of A, except where the vector loop is cheaper (tiny).
+    assert dispatch(MatMulCall(64, 64, 63, FP16, FP16), IPU21).name == "amp_repack_fp16_fp16"
+    assert dispatch(MatMulCall(1, 1, 3, FP16, FP16), IPU21).name == "vmac"
 
 
 def _constant(name: str, cycles: int, priority: int, accept: bool = True) -> Variant:
@@ -87,7 +89,9 @@ def test_dispatch_with_no_accepting_variant_lists_every_variant_with_reasons():
     lines = str(info.value).splitlines()
     assert "no matmul kernel" in lines[0] and "ipu2" in lines[0]
     listed = {line.split(":")[0].strip(): line for line in lines[1:]}
-    assert set(listed) == {"amp_fp32", "amp_fp16_fp16", "amp_fp16_fp32", "amp_fp8_fp16", "vmac"}
+    assert set(listed) == {"amp_fp32", "amp_fp16_fp16", "amp_fp16_fp32", "amp_fp8_fp16", "vmac", "amp_repack_fp32",
+                           "amp_repack_fp16_fp16", "amp_repack_fp16_fp32", "amp_repack_fp8_fp16"}
+    assert "k % 8 != 0 (A rows off 64-bit boundaries: repacked first)" in listed["amp_repack_fp8_fp16"]
     assert "target has fp8->fp16 AMP (amp_fp8 > 0)" in listed["amp_fp8_fp16"]
     # Every predicate is evaluated: the FP32 kernel lists both of its type mismatches.
     assert "in_dtype is fp32; partials is fp32" in listed["amp_fp32"]

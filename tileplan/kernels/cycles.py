@@ -28,6 +28,8 @@ for 16).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..errors import TileplanError
 from ..graph.dtypes import DType
 from ..target import Target
@@ -125,6 +127,17 @@ def matmul_cycles(call: MatMulCall, target: Target) -> int:
     if call.b_format == "rows":
         cycles += pack_elements_cycles(call.k * call.n, target)
     return cycles
+
+
+def amp_repack_cycles(call: MatMulCall, target: Target) -> int:
+    """DERIVED: an A block whose rows end off a 64-bit word (``k % lanes != 0``) is first copied
+    into rows padded with zeros to whole words, priced as the AMP-left pack (ipu-stack: about one
+    cycle per element, ``pack_elements_cycles`` of the ``m x k`` block), then multiplied by the
+    published AMP formula on the padded ``k`` (the padding adds no K group unless it crosses one).
+    No public measurement of this path; the same in-kernel repack as a row-major B."""
+    lanes = 8 // call.in_dtype.itemsize
+    padded = replace(call, k=ceil_div(call.k, lanes) * lanes)
+    return matmul_cycles(padded, target) + pack_elements_cycles(call.m * call.k, target)
 
 
 # Vector-unit fallback (no AMP): DERIVED. One 64-bit vector multiply-accumulate

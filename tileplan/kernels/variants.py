@@ -63,6 +63,21 @@ def amp_matmul(name: str, dtype: DType, partials: DType) -> Variant:
                    cl.matmul_codelet, doc=f"AMP {dtype} x {dtype} -> {partials}")
 
 
+def k_off_64bit_loads(dtype: DType) -> Predicate:
+    lanes = 8 // dtype.itemsize
+    return Predicate(f"k % {lanes} != 0 (A rows off 64-bit boundaries: repacked first)",
+                     lambda c, t: c.k % lanes != 0)
+
+
+def amp_repack_matmul(name: str, dtype: DType, partials: DType) -> Variant:
+    """The AMP on an A block whose rows are not whole 64-bit words (an odd K: 729 keys in ``P V``):
+    the vertex first copies A into rows padded to whole words (``cycles.amp_repack_cycles``)."""
+    preds = [is_("in_dtype", dtype), is_("partials", partials), target_has_amp(dtype, partials),
+             k_off_64bit_loads(dtype), PANELS_MATCH_GRAIN, PANEL_ROWS_ALIGNED]
+    return Variant(name, "matmul", BOTH, SPECIAL, tuple(preds), cy.amp_repack_cycles, ref.matmul,
+                   cl.matmul_codelet, doc=f"AMP {dtype} x {dtype} -> {partials}, A repacked to 64-bit rows")
+
+
 VMAC_PAIRS = ((FP32, FP32), (FP16, FP16), (FP16, FP32), (FP8, FP16))
 VMAC_TYPES = Predicate("(in_dtype, partials) is fp32->fp32, fp16->fp16, fp16->fp32 or fp8->fp16",
                        lambda c, t: (c.in_dtype, c.partials) in VMAC_PAIRS)
@@ -96,6 +111,11 @@ def _table() -> list[Variant]:
         amp_matmul("amp_fp16_fp16", FP16, FP16),
         amp_matmul("amp_fp16_fp32", FP16, FP32),
         amp_matmul("amp_fp8_fp16", FP8, FP16),
+        # The same with A rows of an odd K, repacked to whole 64-bit words first.
+        amp_repack_matmul("amp_repack_fp32", FP32, FP32),
+        amp_repack_matmul("amp_repack_fp16_fp16", FP16, FP16),
+        amp_repack_matmul("amp_repack_fp16_fp32", FP16, FP32),
+        amp_repack_matmul("amp_repack_fp8_fp16", FP8, FP16),
         # Vector-unit fallback: any k, any panel width, far slower; keeps odd local shapes plannable.
         Variant("vmac", "matmul", BOTH, FALLBACK, (VMAC_TYPES, FP8_NEEDS_TARGET),
                 cy.vmac_cycles, ref.matmul, cl.matmul_codelet, doc="vector-unit multiply-accumulate"),
