@@ -3,8 +3,9 @@
 Each row names the variant, its primitive, families, priority, predicates (a
 reason string per test), cycle formula (``cycles.py``), numpy semantics
 (``reference.py``) and codelet emitter (``codelets.py``); primitives in their own module
-(``pointwise``, ``layernorm``, ``softmax``, ``rowreduce``) contribute their rows through ``variants()``. Priorities: a
-specialised kernel 10, a general fallback 0 (ties on cycles only).
+(``pointwise``, ``rearrange``, ``layernorm``, ``softmax``, ``rowreduce``) contribute their rows
+through ``variants()``. Priorities: a specialised kernel 10, a general fallback 0 (ties on cycles
+only).
 """
 
 from __future__ import annotations
