@@ -84,6 +84,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("gemm_4096_fp16", "ipu2", False, (150, 3600)),
     Benchmark("siglip_mlp_fp8_b1", "ipu21", False, (120, 3600), quick_stages=("plan", "quality")),
     Benchmark("decode_proj_fp16", "ipu21-64", True, (30, 600)),      # stationary weights (decode-shaped GEMM)
+    # Whole encoder layers (issue 12): LayerNorm, attention with softmax, residuals, the MLP.
+    Benchmark("encoder_layer_small", "ipu21-64", True, (60, 600)),
+    Benchmark("siglip_layer_fp8_b1", "ipu21", False, (150, 3600), quick_stages=("plan", "quality")),
+    Benchmark("siglip_layer_fp16_b1", "ipu21", False, (150, 3600), quick_stages=("plan",)),
+    Benchmark("siglip_layer_fp8_b4", "ipu21", False, (300, 3600), quick_stages=("plan",)),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 
@@ -93,7 +98,7 @@ FIGURES = (
     "elapsed_seconds", "jobs",
     "plan_repeats", "plan_seconds", "plan_seconds_first", "plan_seconds_all",
     "baseline_rss_bytes", "planner_rss_self_bytes", "planner_rss_children_max_bytes", "planner_peak_rss_bytes",
-    "roofline_cycles", "estimate", "estimate_roofline_ratio",
+    "roofline_cycles", "estimate", "estimate_roofline_ratio", "cycles_by_family", "model_floor_by_family",
     "spearman_per_gemm", "spearman_min", "search", "amp_floor", "amp_floor_cycles", "amp_floor_roofline_ratio",
     "model_floor", "model_floor_cycles", "model_floor_roofline_ratio", "estimate_to_model_floor",
     "lower_package_seconds", "compile_seconds",
@@ -124,7 +129,8 @@ def _rss() -> tuple[int, int]:
 def _stages(bench: dict, work_dir: str, send) -> None:
     from .graph.loaders import check_against_target, load_model, load_params
     from .planner.plan import Context, build_problem, plan
-    from .planner.quality import amp_floor, coarse_ranking, model_floor, search_gap
+    from .planner.quality import (amp_floor, coarse_ranking, cycles_by_family, family_label, model_floor,
+                                  search_gap)
     from .target import load_target
 
     path = FIXTURES / f"{bench['name']}.toml"
@@ -150,7 +156,8 @@ def _stages(bench: dict, work_dir: str, send) -> None:
                 "roofline_cycles": p.roofline,
                 "estimate": {"compute": est.compute, "exchange": est.exchange, "sync": est.sync,
                              "cycles": est.cycles, "total_memory": est.total_memory},
-                "estimate_roofline_ratio": p.ratio})
+                "estimate_roofline_ratio": p.ratio if p.roofline else None,
+                "cycles_by_family": cycles_by_family(p)})
         send("figures", {"plan_seconds_all": list(times), "plan_seconds": statistics.median(times)})
     send("done", "plan")
 
@@ -164,7 +171,13 @@ def _stages(bench: dict, work_dir: str, send) -> None:
         send("figures", {"amp_floor": floor, "amp_floor_cycles": total,
                          "amp_floor_roofline_ratio": total / p.roofline if p.roofline else None})
         mf = model_floor(graph, target)
+        by_family: dict[str, int] = {}
+        for op in p.graph.ops:
+            if op.name in mf["ops"]:
+                label = family_label(p.graph, op)
+                by_family[label] = by_family.get(label, 0) + mf["ops"][op.name]["cycles"]
         send("figures", {"model_floor": mf["ops"], "model_floor_cycles": mf["cycles"],
+                         "model_floor_by_family": by_family,
                          "model_floor_roofline_ratio": mf["cycles"] / p.roofline if p.roofline else None,
                          "estimate_to_model_floor": p.estimate.cycles / mf["cycles"] if mf["cycles"] else None})
         if bench["small"]:
@@ -402,6 +415,12 @@ def target_figures(results: dict) -> list[dict]:
         f"worst gap ({worst})" if worst else "search gap", "")
     add("SigLIP b4 FP8 MLP: planner peak memory", _get(results, "siglip_mlp_fp8_b4", "planner_peak_rss_bytes"),
         4 * 2**30, "B", "siglip_mlp_fp8_b4 planner_peak_rss_bytes (issue 6)", "")
+    ratio, how = _cycles_ratio(results, "siglip_layer_fp8_b1")
+    add("SigLIP So400m encoder layer, FP8 b1: cycles / roofline bound", ratio, 3.0, "x",
+        f"siglip_layer_fp8_b1 {how or 'cycles'}", "hardware (ipu-stack): 715,350 cycles for one such layer",
+        _get(results, "siglip_layer_fp8_b1", "model_floor_roofline_ratio"))
+    add("SigLIP So400m encoder layer, FP8 b1: plan + compile", _get(results, "siglip_layer_fp8_b1", "compile_seconds"),
+        15.0, "s", "siglip_layer_fp8_b1 compile_seconds", "")
     return out
 
 
@@ -504,6 +523,10 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
             lambda r: f"{r['model_floor_cycles']:,} ({r['model_floor_roofline_ratio']:.2f}x)"
             if r.get("model_floor_cycles") is not None and r.get("model_floor_roofline_ratio") is not None else "—"),
         row("estimate / model floor", ratio("estimate_to_model_floor")),
+        row("estimate by family (cycles; conversions apart)", lambda r: ", ".join(
+            f"{k} {v:,}" for k, v in r["cycles_by_family"].items()) if r.get("cycles_by_family") else "—"),
+        row("model floor by family", lambda r: ", ".join(
+            f"{k} {v:,}" for k, v in r["model_floor_by_family"].items()) if r.get("model_floor_by_family") else "—"),
         row("coarse vs detailed Spearman (per GEMM)", _spearman),
         row("bounded search (16 paths) gap to optimum", _search),
         row("validate time (IPU model)", lambda r: _fmt_seconds(r["validate_seconds"])),

@@ -278,3 +278,30 @@ def model_floor(graph, target) -> dict:
     fused_adds = {found[0].name for op in graph.ops if (found := ew.fusable_bias(graph, op)) is not None}
     ops = {op.name: FLOORS[family_of(op).name](graph, op, target, storage, fused_adds) for op in graph.ops}
     return {"ops": ops, "cycles": sum(v["cycles"] for v in ops.values())}
+
+
+# ---- cycles by family -----------------------------------------------------------------------
+
+def family_label(graph, op) -> str:
+    """The bench's grouping of an op: projection GEMMs (a parameter operand), attention GEMMs (two
+    activations), softmax, norms, reductions, pointwise, rearrangements (views and transposes)."""
+    from ..graph.core import LayerNorm, Role, Softmax
+    from .families import family_of
+    fam = family_of(op).name
+    if fam == "Gemm":
+        params = any(t.role is Role.PARAMETER for t in graph.inputs_of(op))
+        return "projection GEMMs" if params else "attention GEMMs"
+    if fam == "Rowwise":
+        return "softmax" if isinstance(op, Softmax) else "norms" if isinstance(op, LayerNorm) else "reductions"
+    return {"Pointwise": "pointwise", "View": "rearrangements", "Transpose": "rearrangements"}[fam]
+
+
+def cycles_by_family(plan) -> dict[str, int]:
+    """Per family label, the cycles of the ops' chosen candidates (detailed estimates) and, as
+    ``conversions``, of the conversions selection inserted. Their sum can exceed the whole-graph
+    estimate by the syncs that grouping independent exchanges saves."""
+    out: dict[str, int] = {}
+    for node in plan.mid.nodes:
+        label = "conversions" if node.kind == "conversion" else family_label(plan.graph, plan.graph.op(node.op))
+        out[label] = out.get(label, 0) + int(node.estimate.cycles)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
