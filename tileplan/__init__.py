@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["__version__", "load_model", "plan", "compile", "validate", "report"]
 
@@ -110,11 +110,6 @@ def report(package, html=None, *, compare=()) -> Path:
     ``compare``: other packages to show side by side with this one (per op and per step,
     cycles and memory, with deltas); the page switches between them.
     """
-    from .report.html import load_report_data, write_html
-    data = load_report_data(package)
-    others = [load_report_data(c) for c in ([compare] if isinstance(compare, (str, Path)) else compare)]
-    return write_html(data, Path(html) if html is not None else Path(package) / "report.html", compare=others)
-
-
-_report = report     # importing the subpackage tileplan.report rebinds the name; it stays callable
+    from .report import render
+    return render(package, html, compare=compare)
 

@@ -74,7 +74,7 @@ class Output:
 
 def _version(value: bool) -> None:
     if value:
-        from . import __version__
+        from ._version import __version__
         typer.echo(f"tileplan {__version__}")
         raise typer.Exit()
 
@@ -231,6 +231,31 @@ def show(
     console.document(doc)
 
 
+PinOption = Annotated[Optional[list[str]], typer.Option(
+    "--pin", metavar="OP=grid:GMxGNxGK[,order:..][,reduction:..][,partials:..][,serial:N][,storage:..]",
+    help="Pin a GEMM's grid (repeatable; over the model file's [pin] table).")]
+PinsFileOption = Annotated[Optional[Path], typer.Option("--pins", metavar="FILE",
+                                                        help="A TOML file with a [pin] table (what --emit-pins writes).")]
+
+
+def _pins(pin: list[str] | None, pins_file: Path | None) -> list:
+    """The command line's pins: a --pins file's, then each --pin (a later pin of an op replaces an earlier one,
+    and both replace the model file's)."""
+    from .graph.pins import parse_pin, read_pins_file
+    found = {}
+    for p in (read_pins_file(pins_file) if pins_file is not None else []):
+        found[p.op] = p
+    for text in pin or []:
+        p = parse_pin(text)
+        found[p.op] = p
+    return list(found.values())
+
+
+def write_text_file(path: Path, text: str) -> None:
+    from .planner.planjson import write_text_atomic
+    write_text_atomic(path, text)
+
+
 @app.command("plan")
 def plan_command(
     model: Annotated[Path, typer.Argument(help="Model file (.toml, .onnx).", metavar="MODEL")],
@@ -242,6 +267,10 @@ def plan_command(
     as_json: JsonOption = False,
     quiet: QuietOption = False,
     verbose: VerboseOption = False,
+    pin: PinOption = None,
+    pins_file: PinsFileOption = None,
+    emit_pins: Annotated[Optional[Path], typer.Option("--emit-pins", metavar="FILE",
+                                                      help="Write the pins that reproduce this plan (TOML).")] = None,
 ) -> None:
     """Plan a model: choose every op's implementation and print the cost report.
     With --json (or -o -) the plan, as plan.json holds it, goes to stdout."""
@@ -254,11 +283,16 @@ def plan_command(
     out = Output(as_json, quiet, verbose)
     graph, tgt = _model_and_target(model, target, solver)
     with _catalogue_progress(quiet) as on_progress:
-        result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress)
+        result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
+                      pins=_pins(pin, pins_file))
     print_report(result, out.console, verbose=verbose)
     if output is not None:
         write_plan_json(result, output)
         out.print(f"wrote {output}")
+    if emit_pins is not None:
+        from .planner.pins import emit_pins as pins_text
+        write_text_file(emit_pins, pins_text(result))
+        out.print(f"wrote {emit_pins}")
     out.document(plan_to_json(result))
 
 
@@ -272,6 +306,8 @@ def compile_command(
     solver: Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")] = "dp",
     quiet: QuietOption = False,
     verbose: VerboseOption = False,
+    pin: PinOption = None,
+    pins_file: PinsFileOption = None,
 ) -> None:
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
     import time
@@ -284,7 +320,7 @@ def compile_command(
     t0 = time.perf_counter()
     with _catalogue_progress(quiet) as on_progress:
         p, state, path = compile_model(graph, tgt, output, params=params, jobs=jobs or os.cpu_count() or 1,
-                                       solver=solver, progress=on_progress)
+                                       solver=solver, progress=on_progress, pins=_pins(pin, pins_file))
     elapsed = time.perf_counter() - t0
     out = Output(quiet=quiet, verbose=verbose)
     est = p.estimate

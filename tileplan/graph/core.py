@@ -508,10 +508,11 @@ class Graph:
     target: str | None = None              # the model file's default target
     producers: dict[str, Op] = field(default_factory=dict)
     consumers: dict[str, list[Op]] = field(default_factory=dict)
+    pins: tuple = ()                       # the model file's GEMM pins (planner.pins.Pin), a planning input
 
     @classmethod
     def build(cls, name: str, tensors: list[Tensor], ops: list[Op], *,
-              outputs: list[str] | None = None, target: str | None = None) -> "Graph":
+              outputs: list[str] | None = None, target: str | None = None, pins: tuple = ()) -> "Graph":
         """Check and complete a graph: declared tensors plus ops whose outputs may be undeclared.
 
         Op outputs that are not declared get their inferred shape and dtype
@@ -599,7 +600,7 @@ class Graph:
             raise TileplanError(f"tensor(s) {', '.join(repr(u) for u in unused)} are declared but no op uses them")
         if not ordered:
             raise TileplanError("the graph has no ops")
-        return cls(name, table, ordered, target, producers, consumers)
+        return cls(name, table, ordered, target, producers, consumers, tuple(pins))
 
     # ---- queries -------------------------------------------------------------
 

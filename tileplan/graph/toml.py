@@ -293,8 +293,8 @@ def parse_model(doc: dict, *, name: str = "model", base_dir: Path | None = None)
     file stem); ``base_dir`` resolves a relative target file path.
     """
     for key in doc:
-        if key not in ("model", "tensors", "ops"):
-            raise TileplanError(f"unknown top-level key {key!r}{_did_you_mean(key, ('model', 'tensors', 'ops'))}")
+        if key not in ("model", "tensors", "ops", "pin"):
+            raise TileplanError(f"unknown top-level key {key!r}{_did_you_mean(key, ('model', 'tensors', 'ops', 'pin'))}")
     for key, how in (("model", "[model]"), ("tensors", "[tensors]"), ("ops", "[[ops]]")):
         if key not in doc:
             raise TileplanError(f"missing the {how} table")
@@ -336,7 +336,9 @@ def parse_model(doc: dict, *, name: str = "model", base_dir: Path | None = None)
 
     inline = _inline_outputs(entries, table)
     outputs = _outputs(model, entries, table)
-    graph = Graph.build(name, declared + inline, [e.op for e in entries], outputs=outputs, target=target)
+    from .pins import pins_from_table         # the [pin] table: GEMM grids (planner.pins applies them)
+    pins = pins_from_table(doc.get("pin", {}), "[pin]")
+    graph = Graph.build(name, declared + inline, [e.op for e in entries], outputs=outputs, target=target, pins=pins)
     for t in graph.tensors.values():
         if t.layout is not None:
             t.layout.check(t)

@@ -428,7 +428,7 @@ def apply_codelet(call: LayerNormApplyCall, variant: Variant, schedule: str) -> 
 # ---- variant rows -----------------------------------------------------------------------
 
 def variants() -> list[Variant]:
-    from .variants import BOTH, SPECIAL       # the table's constants (imported late: no import cycle)
+    from .registry import BOTH, SPECIAL
 
     no_res = Predicate("no fused residual (residual is False)", lambda c, t: not c.residual)
     res = Predicate("a fused residual Add (residual is True)", lambda c, t: c.residual)

@@ -38,12 +38,10 @@ from ..graph.numerics import erf, sigmoid
 from ..target import Target
 from .calls import _dtype, _one_of, _positive, describe
 from .codelets import CodeletSource, _param, _vec, codelet_key, render
-from .registry import Predicate, Variant
+from .registry import BOTH, FALLBACK, SPECIAL, Predicate, Variant
 from .reference import _f32, _result, operand, round_to
 
 FP16, FP32 = DType.FP16, DType.FP32
-BOTH = ("ipu2", "ipu21")
-SPECIAL, FALLBACK = 10, 0
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -23,10 +23,8 @@ from ..target import Target
 from .calls import _dtype, _positive, describe
 from .codelets import CodeletSource, _param, _vec, codelet_key, render
 from .reference import _result, operand
-from .registry import Variant
+from .registry import BOTH, SPECIAL, Variant
 
-BOTH = ("ipu2", "ipu21")
-SPECIAL = 10
 
 
 @dataclass(frozen=True)

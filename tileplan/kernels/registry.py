@@ -145,3 +145,17 @@ class Registry:
         if not accepted:
             raise NoVariantError(call, target, found)
         return min(accepted, key=lambda v: (v.cycles(call, target), -v.priority, v.name))
+
+
+# ---- the table's vocabulary (every kernel module's variant rows use it) -------------------------
+
+BOTH = ("ipu2", "ipu21")          # the target families every kernel here runs on
+SPECIAL, FALLBACK = 10, 0         # priorities: a specialised kernel, a general fallback (ties on cycles only)
+
+
+def is_(field: str, value) -> Predicate:
+    return Predicate(f"{field} is {value}", lambda c, t: getattr(c, field) == value)
+
+
+def in_(field: str, values: tuple) -> Predicate:
+    return Predicate(f"{field} is {' or '.join(map(str, values))}", lambda c, t: getattr(c, field) in values)

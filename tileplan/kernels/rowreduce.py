@@ -236,7 +236,7 @@ def combine_codelet(call: RowReduceCombineCall, variant: Variant) -> CodeletSour
 # ---- variant rows -----------------------------------------------------------------------
 
 def variants() -> list[Variant]:
-    from .variants import BOTH, SPECIAL, is_   # the table's predicate builders (imported late: no cycle)
+    from .registry import BOTH, SPECIAL, is_
 
     rows = []
     for d in rw.ROW_DTYPES:

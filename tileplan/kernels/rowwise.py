@@ -78,7 +78,7 @@ def schedule_variants(name: str, primitive: str, dtype: DType, predicates: tuple
     the same semantics priced (``cycles(call, target, schedule)``) and emitted (``codelet(call,
     variant, schedule)``) for each worker schedule. Dispatch takes the cheaper for the call's shape."""
     from .registry import Predicate, Variant
-    from .variants import BOTH, SPECIAL       # the table's constants (imported late: no import cycle)
+    from .registry import BOTH, SPECIAL
 
     dt = Predicate(f"dtype is {dtype}", lambda c, t: c.dtype is dtype)
     what = {"rows": "each worker whole rows", "split": "rows // 6 rounds of whole rows, the rest cut over "

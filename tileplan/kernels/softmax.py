@@ -309,7 +309,7 @@ def apply_codelet(call: SoftmaxApplyCall, variant: Variant, schedule: str) -> Co
 # ---- variant rows -----------------------------------------------------------------------
 
 def variants() -> list[Variant]:
-    from .variants import BOTH, SPECIAL       # the table's constants (imported late: no import cycle)
+    from .registry import BOTH, SPECIAL
 
     rows = []
     for d in rw.ROW_DTYPES:

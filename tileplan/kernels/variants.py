@@ -15,22 +15,12 @@ from . import codelets as cl
 from . import cycles as cy
 from . import layernorm, pointwise, rearrange, rowreduce, softmax
 from . import reference as ref
-from .registry import Predicate, Registry, Variant
+from .registry import BOTH, FALLBACK, SPECIAL, Predicate, Registry, Variant, in_, is_
 
-BOTH = ("ipu2", "ipu21")
-SPECIAL, FALLBACK = 10, 0
 FP8, FP16, FP32 = DType.FP8, DType.FP16, DType.FP32
 
 
 # ---- predicate builders (each returns a Predicate with its human reason) -------
-
-def is_(field: str, value) -> Predicate:
-    return Predicate(f"{field} is {value}", lambda c, t: getattr(c, field) == value)
-
-
-def in_(field: str, values: tuple) -> Predicate:
-    return Predicate(f"{field} is {' or '.join(map(str, values))}", lambda c, t: getattr(c, field) in values)
-
 
 def target_has_amp(dtype: DType, partials: DType) -> Predicate:
     name = f"amp_{dtype}" + (f"_{partials}" if (dtype, partials) == (FP16, FP32) else "")

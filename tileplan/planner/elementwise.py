@@ -27,7 +27,7 @@ from ..graph.core import Add, Binary, Cast, GeLU, Graph, MatMul, Op, Role, Tenso
 from ..graph.dtypes import DType
 from ..kernels.calls import BiasGeLUCall, CastCall, GeLUCall
 from ..kernels.pointwise import BinaryCall, UnaryCall
-from ..layout import Intervals, WholeRows
+from ..layout import Imported, Intervals, WholeRows
 from ..layout.gemm_grid import Grid
 from ..estimate.program import Buffer, ComputeStep, Operand, Program
 from ..estimate.cost import Estimate
@@ -41,6 +41,11 @@ def activation_layouts(t: Tensor, tiles: int) -> list:
     if t.layout is not None:
         return [t.layout]
     return [WholeRows(tiles), intervals(tiles, t.dtype)]
+
+
+def input_layout(t: Tensor, tiles: int):
+    """Host inputs arrive linear (row-major Intervals) unless the model file pins a layout."""
+    return t.layout if t.layout is not None else Imported(intervals(tiles, t.dtype))
 
 
 def intervals(tiles: int, dtype: DType) -> Intervals:

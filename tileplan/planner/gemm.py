@@ -47,7 +47,7 @@ from ..layout.panels import panel_count, panels_fit
 from ..estimate.coarse import CoarseParts, amp_cycles, coarse_parts, cut_cycles, k_unit, reduction_bias_cycles
 from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
-ORDERS = ("bijl", "bilj", "bjli")
+from ..graph.pins import ORDERS  # noqa: E402  ("bijl", "bilj", "bjli")
 
 
 @dataclass(frozen=True)
@@ -347,7 +347,7 @@ def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
     renumber = np.full(len(t.grid), -1, dtype=np.int64)
     renumber[sel] = np.arange(sel.size)
     parent = np.where(t.parent[sel] >= 0, renumber[np.maximum(t.parent[sel], 0)], -1)
-    cycles = t.cycles[sel] + reduction_bias_cycles(g, target, t.grid[sel], t.reduction[sel])
+    cycles = t.cycles[sel] + reduction_bias_cycles(g, target, t.grid[sel], t.reduction[sel], t.partials[sel])
     return CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel], t.sk[sel],
                        parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel], t.k[sel], bias=True)
 

@@ -17,6 +17,7 @@ from typing import Any
 from ..estimate.detailed import cost_program
 from ..estimate.program import Program
 from ..graph.core import Role
+from . import elementwise as ew
 from .candidates import activation_inputs
 
 
@@ -41,12 +42,11 @@ class MidGraph:
 
     @classmethod
     def build(cls, ctx, cands, picks: dict[str, int]) -> "MidGraph":
-        from .plan import input_layout
         g = ctx.graph
         where: dict[str, list] = {}
         for name, t in g.tensors.items():
             if t.role is Role.INPUT:
-                where[name] = [input_layout(t, ctx.target.tiles)]
+                where[name] = [ew.input_layout(t, ctx.target.tiles)]
             elif name in ctx.storage and not ctx.storage[name].private:
                 where[name] = [ctx.storage[name].layout]
         nodes: list[MidNode] = []

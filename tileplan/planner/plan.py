@@ -66,11 +66,6 @@ def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
     return out
 
 
-def input_layout(t, tiles: int):
-    """Host inputs arrive linear (row-major Intervals) unless the model file pins a layout."""
-    return t.layout if t.layout is not None else Imported(ew.intervals(tiles, t.dtype))
-
-
 def buffer_name(tensor: str, layout) -> str:
     return f"{tensor}@{layout}"
 
@@ -159,6 +154,7 @@ class Plan:
     selection: Any = None         # the solver's select.Solution (its objective: candidate + conversion cycles)
     storage: dict = field(default_factory=dict)   # parameter storage as planned (``parameter_storage``
                                                   # plus stationary weights)
+    pinned: dict | None = None    # pins that changed the plan: the pins, the planner's own choice and cycles
 
     @property
     def ratio(self) -> float:
@@ -166,10 +162,15 @@ class Plan:
 
 
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
-         dp_paths: int | None = 16, progress=None, stationary: bool = True) -> Plan:
+         dp_paths: int | None = 16, progress=None, stationary: bool = True, pins=()) -> Plan:
+    """Plan ``graph`` on ``target``: the catalogue of every op, whole-graph selection, the MidGraph
+    and its detailed estimate. ``pins`` (``planner.pins.Pin``) restrict GEMMs to a grid; a pinned
+    plan that differs from the planner's own choice records it (``Plan.pinned``)."""
+    from .pins import check_pins, pinned_candidates
     t0 = time.perf_counter()
     graph = canonical(graph)
     ctx = Context(graph, target, jobs, frontier_bound, progress)
+    pinned = check_pins(graph, [*graph.pins, *pins])
     for name, t in graph.tensors.items():
         if t.layout is not None:
             t.layout.verify(t.shape, t.dtype, target)
@@ -188,6 +189,28 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         pending.cancel()
         raise
     gemms = pending.result()
+    own = _solve(ctx, gemms, ew_cands, solver, dp_paths, stationary, {})
+    result, record = own, None
+    if pinned:
+        with_pins = {name: pinned_candidates(ctx, graph.op(name), pinned[name], cs, ctx.runner_ups.get(name, []))
+                     if name in pinned else cs for name, cs in gemms.items()}
+        run = _solve(ctx, with_pins, ew_cands, solver, dp_paths, stationary, pinned)
+        chosen = lambda r: {op.name: str(r[1][op.name][r[2][op.name]]) for op in graph.ops}  # noqa: E731
+        if chosen(run) != chosen(own) or run[4].estimate.cycles != own[4].estimate.cycles:
+            record = {"pins": {n: str(p) for n, p in sorted(pinned.items())},
+                      "own_cycles": int(own[4].estimate.cycles),
+                      "own_choice": {n: chosen(own)[n] for n in sorted(pinned)}}
+            result = run
+    ctx, cands, picks, mid, detailed, sol = result
+    return Plan(graph, target, mid, cands, picks, detailed.estimate, detailed, graph.roofline_cycles(target),
+                time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage, pinned=record)
+
+
+def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, stationary: bool, pinned: dict):
+    """Selection over the ops' candidates, the MidGraph, its detailed cost and the stationary
+    weights step: ``(context, candidates, picks, MidGraph, detailed cost, solution)``."""
+    graph, target = ctx.graph, ctx.target
+    ew_cands = dict(ew_cands)
     # A bias Add some GEMM candidates do in their reduction: absorbed candidates, one per layout
     # they write the Add's output in.
     for name, cs in gemms.items():
@@ -211,19 +234,23 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         raise no_fit_error(problem)
     mid = MidGraph.build(ctx, cands, sol.picks)
     detailed = cost_program(scheduled(mid.program, target.tiles), target)
+    picks = sol.picks
     if stationary:
-        ctx, cands, picks, mid, detailed = stationary_weights(ctx, cands, sol.picks, mid, detailed)
-    else:
-        picks = sol.picks
-    return Plan(graph, target, mid, cands, picks, detailed.estimate, detailed, graph.roofline_cycles(target),
-                time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage)
+        skip = {n for n, p in pinned.items() if p.storage == "panels"}
+        ctx, cands, picks, mid, detailed = stationary_weights(ctx, cands, picks, mid, detailed, skip)
+    for name, pin in pinned.items():
+        if pin.storage == "grid" and cands[name][picks[name]].weights is None:
+            raise TileplanError(f"pin of {name!r} ({pin}): its weights cannot stay in this grid (it reads each "
+                                "weight block on more than one tile, or the whole program is then slower or "
+                                "does not fit): drop storage:grid")
+    return ctx, cands, picks, mid, detailed, sol
 
 
 STATIONARY_TRIES = 6      # per GEMM: detailed candidates re-costed with their weights stored in their grid
 
 
 def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: dict[str, int], mid: MidGraph,
-                       detailed) -> tuple:
+                       detailed, skip: set = frozenset()) -> tuple:
     """Step 5 of ``plan``: per GEMM in op order whose B is a resident-panels parameter read by this
     op only (no pinned layout), store B in a grid that multiplies each of its blocks on one tile
     (``gemm.stationary_b``) when the whole program is then faster and fits the target (total and
@@ -239,7 +266,7 @@ def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: d
     picks = dict(picks)
     for op in g.ops:
         cand = cands[op.name][picks[op.name]]
-        if cand.choice is None:          # not a GEMM candidate (its grid choice)
+        if cand.choice is None or op.name in skip:       # not a GEMM candidate, or pinned to panels
             continue
         b = op.inputs[1]
         st = ctx.storage.get(b)
@@ -290,7 +317,7 @@ def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
     fixed = {}
     for name, t in g.tensors.items():
         if t.role is Role.INPUT:
-            fixed[name] = input_layout(t, target.tiles)
+            fixed[name] = ew.input_layout(t, target.tiles)
         elif name in ctx.storage and not ctx.storage[name].private:
             fixed[name] = ctx.storage[name].layout
     resident = np.zeros(target.tiles, dtype=np.int64)

@@ -163,7 +163,7 @@ def plan_to_json(plan) -> dict:
     floor = model_floor(plan.graph, plan.target)
     for entry in ops:
         entry["floor"] = floor["ops"].get(entry["name"], {}).get("cycles")
-    return {
+    doc = {
         "format": FORMAT,
         "model": plan.graph.name,
         "target": plan.target.name,
@@ -179,6 +179,10 @@ def plan_to_json(plan) -> dict:
                         "plan_ratio": _f(plan.estimate.cycles / floor["cycles"]) if floor["cycles"] else None},
         "runner_ups": {op: runner_ups(plan, op) for op in gemms},
     }
+    if plan.pinned is not None:               # pins that changed the plan, beside the planner's own choice
+        doc["pinned"] = {**plan.pinned, "cycles": int(plan.estimate.cycles)}
+    return doc
+
 
 
 def dumps(data: dict) -> str:
@@ -187,8 +191,12 @@ def dumps(data: dict) -> str:
 
 def write_plan_json(plan, path: str | Path) -> Path:
     """Write plan.json atomically: a temporary file beside ``path``, renamed into place."""
+    return write_text_atomic(path, dumps(plan_to_json(plan)))
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write a text file atomically: a temporary file beside ``path``, renamed into place."""
     path = Path(path)
-    text = dumps(plan_to_json(plan))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -164,7 +164,7 @@ def compare_context(data: ReportData, others: list[ReportData]) -> list[dict]:
 
 def context(data: ReportData, compare: list[ReportData] = ()) -> dict:
     """Everything the template shows, as plain values and SVG strings."""
-    from .. import __version__
+    from .._version import __version__
     from . import views
     from .legend import LEGEND
     from .terminal import package_label

@@ -166,6 +166,12 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
     if floor:
         lines.append(f"model floor: {floor['cycles']:,} cycles (no plan in the candidate space is faster); "
                      f"the plan is {floor['plan_ratio']:.2f}x the floor")
+    pinned = data.get("pinned")
+    if pinned:
+        delta = pinned["cycles"] - pinned["own_cycles"]
+        lines.append(f"pinned: {', '.join(f'{op}={spec}' for op, spec in pinned['pins'].items())}: "
+                     f"{pinned['cycles']:,} cycles against the planner's own choice's {pinned['own_cycles']:,} "
+                     f"({delta:+,}; own: {'; '.join(f'{op}: {c}' for op, c in pinned['own_choice'].items())})")
     if plan_seconds is not None:
         lines.append(f"plan time: {plan_seconds:.2f} s")
     return Text("\n".join(lines))
