@@ -19,6 +19,7 @@ import numpy as np
 from ..kernels import default_registry
 from ..kernels.calls import MatMulCall
 from ..kernels.cycles import REDUCE_SETUP, reduce_work
+from .exchange import pair_aligned
 from ..layout.panels import panel_count
 
 _BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> (n, k, partials) -> lines
@@ -88,14 +89,14 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarsePart
     a_split = gkk * sk > 1
     a_runs = np.where(a_split, m * (per_group if g.a_batched else 1), -(-m // rows_here))
     a_bytes = -(-a_blk // a_runs)
-    a_paired = np.where((order == 1) & (gn % 2 == 0) & (a_bytes % 8 == 0), 1.0, 0.0)
+    a_paired = np.where((order == 1) & (gn % 2 == 0) & pair_aligned(0, 0, a_bytes), 1.0, 0.0)
     ctrl = target.receive_control_cycles
     a_cycles = (a_runs * (a_paired * -(-a_bytes // pbw) + (1.0 - a_paired) * -(-a_bytes // bw) + ctrl)).astype(np.int64)
     cut_runs = np.where(a_split, a_runs, 0)         # see cut_cycles
     # B: one run per panel, or per row of a row-major block split over columns.
     b_runs = -(-n // g.grain) if g.panels else np.where(gn > 1, k * (per_group if g.b_batched else 1), 1)
     b_bytes = -(-b_blk // b_runs)
-    b_rate = np.where((order == 2) & (gm % 2 == 0) & (b_bytes % 8 == 0), pbw, bw)
+    b_rate = np.where((order == 2) & (gm % 2 == 0) & pair_aligned(0, 0, b_bytes), pbw, bw)
     b_cycles = b_runs * (-(-b_bytes // b_rate) + ctrl)
     local_runs = np.where(gkk > 1, rows_here, 1)
     a_local = local_runs * target.local_copy_call_cycles + \

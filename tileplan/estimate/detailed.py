@@ -22,7 +22,7 @@ import numpy as np
 from ..layout.convert import plan_copy
 from ..layout.panels import panel_coords
 from .cost import Estimate
-from .exchange import Transfers, fragments_to_transfers, tile_exchange_cycles, tile_sum
+from .exchange import Transfers, fragments_to_transfers, pair_aligned, tile_exchange_cycles, tile_sum
 from .memory import program_memory
 from .program import ComputeStep, ExchangeStep, Program
 
@@ -263,7 +263,7 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     src_paired = has_local & holds(blk, src ^ 1)
     n_p = n_paired[blk] - 2 * src_paired                           # paired destinations
     n_u = (n_held - n_paired)[blk] + src_paired - (has_local & ~src_paired)
-    aligned = (m.src_off % 8 == 0) & (m.dst_off % 8 == 0) & (n % 8 == 0)
+    aligned = pair_aligned(m.src_off, m.dst_off, n)
     paired = aligned & (n_p > 0)
     c8 = -(-n // target.paired_bytes_per_cycle)
     c4 = -(-n // target.exchange_bytes_per_cycle)
