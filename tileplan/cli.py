@@ -373,7 +373,8 @@ def validate_command(
     if est:
         out.print(f"planner estimate: {_n(est)} cycles; estimate / simulated = {est / max(prof.cycles, 1):.3f}")
     out.print(f"memory peak: {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "
-              f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g} rtol {v.rtol:g}; run {elapsed:.2f} s")
+              f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g}"
+              f"{' x max(1, max |want|)' if atol is None else ''} rtol {v.rtol:g}; run {elapsed:.2f} s")
     write_validation(pkg, v)
     if outputs is not None:
         try:

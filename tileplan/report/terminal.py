@@ -238,7 +238,7 @@ def error_table(title: str, outputs: dict, atol: float, rtol: float) -> Table:
         t.add_column(col, justify="left" if col == "output" else "right", no_wrap=True)
     for name, fig in sorted(outputs.items()):
         t.add_row(name, f"{fig['max_abs']:.3e}", f"{fig['max_rel']:.3e}", f"{fig['cosine']:.6f}",
-                  f"{atol:g}", f"{rtol:g}", "[green]yes[/green]" if fig["passed"] else "[red]NO[/red]")
+                  f"{fig.get('atol', atol):g}", f"{rtol:g}", "[green]yes[/green]" if fig["passed"] else "[red]NO[/red]")
     return t
 
 
