@@ -31,7 +31,7 @@ from tileplan.target import load_target
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SMALL_FIXTURES = ["mlp_smoke_fp8", "mlp_fp16_small", "odd_prime_dims", "odd_fp8_tails", "odd_fp8_panels",
-                  "odd_3d_activation", "residual_block"]
+                  "odd_3d_activation", "residual_block", "pointwise_mix", "encoder_layer_small"]
 MAX_ABS_ERROR = {"mlp_smoke_fp8": 0.01, "mlp_fp16_small": 0.001, "odd_fp8_panels": 0.01}
 
 

@@ -99,6 +99,7 @@ FIGURES = (
     "plan_repeats", "plan_seconds", "plan_seconds_first", "plan_seconds_all",
     "baseline_rss_bytes", "planner_rss_self_bytes", "planner_rss_children_max_bytes", "planner_peak_rss_bytes",
     "roofline_cycles", "estimate", "estimate_roofline_ratio", "cycles_by_family", "model_floor_by_family",
+    "estimate_compact_weights", "storage_in_grid",
     "spearman_per_gemm", "spearman_min", "search", "amp_floor", "amp_floor_cycles", "amp_floor_roofline_ratio",
     "model_floor", "model_floor_cycles", "model_floor_roofline_ratio", "estimate_to_model_floor",
     "lower_package_seconds", "compile_seconds",
@@ -158,6 +159,13 @@ def _stages(bench: dict, work_dir: str, send) -> None:
                              "cycles": est.cycles, "total_memory": est.total_memory},
                 "estimate_roofline_ratio": p.ratio if p.roofline else None,
                 "cycles_by_family": cycles_by_family(p)})
+            # The same graph with every weight in its compact resident storage (no stationary weights):
+            # the plan beside the planner's own storage choice.
+            compact = plan(graph, target, jobs=jobs, stationary=False)
+            send("figures", {"estimate_compact_weights": {"cycles": compact.estimate.cycles,
+                                                          "total_memory": compact.estimate.total_memory},
+                             "storage_in_grid": sorted(n for n, st in p.storage.items()
+                                                       if st.layout != compact.storage[n].layout)})
         send("figures", {"plan_seconds_all": list(times), "plan_seconds": statistics.median(times)})
     send("done", "plan")
 
@@ -511,6 +519,11 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
         row("simulated / roofline", ratio("simulated_roofline_ratio")),
         row("estimate / roofline", ratio("estimate_roofline_ratio")),
         row("estimate / simulated", ratio("estimate_to_simulated")),
+        row("estimate with compact weights (every weight in resident panels)",
+            lambda r: f"{r['estimate_compact_weights']['cycles']:,} cycles, peak {r['estimate_compact_weights']['total_memory']:,} B"
+            if r.get("estimate_compact_weights") else "—"),
+        row("weights the planner keeps in their grid", lambda r: ", ".join(r["storage_in_grid"]) or "none"
+            if r.get("storage_in_grid") is not None else "—"),
         row("memory peak, worst tile (simulated)",
             lambda r: f"{r['memory_peak_bytes']:,} B of {r['sram_bytes']:,} (tile {r['memory_peak_tile']})"
             if r["memory_peak_bytes"] is not None else "—"),
