@@ -192,3 +192,17 @@ def test_a_gemm_whose_blocks_do_not_fit_at_once_runs_serial_k_and_validates(tmp_
     v = validate_package(load_package(path))
     assert v.passed and v.outputs["y"]["max_abs"] <= 0.01
     assert v.profile.cycles == p.estimate.cycles
+
+
+@pytest.mark.slow
+def test_the_full_size_siglip_fp8_encoder_layer_compiles_and_validates(tmp_path):
+    """Issue 12: the So400m/14 encoder layer (729 tokens, 16 heads of 72, FP8 projections) on 1472 tiles:
+    within the FP8 tolerance of float64, and the planner's estimate is the simulated cycles."""
+    graph = load_model(FIXTURES / "siglip_layer_fp8_b1.toml")
+    target = load_target(graph.target)
+    _, _, path = compile_model(graph, target, tmp_path / "pkg", jobs=2)
+    pkg = load_package(path)
+    v = validate_package(pkg)
+    figures = v.outputs["l.y"]
+    assert figures["passed"] and figures["cosine"] > 0.999, figures
+    assert json.loads((pkg.path / "report.json").read_text())["estimate"]["cycles"] == v.profile.cycles

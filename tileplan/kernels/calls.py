@@ -43,15 +43,17 @@ B_FORMATS = ("rows", "panels")
 GELU_FORMS = ("tanh", "erf")
 
 
+# The checks format their message only on failure: calls are made by the hundred thousand.
 def _positive(call: object, **dims: int) -> None:
     for name, value in dims.items():
-        check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-              f"{type(call).__name__}: {name} must be a positive integer, got {value!r}")
+        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            check(False, f"{type(call).__name__}: {name} must be a positive integer, got {value!r}")
 
 
 def _dtype(call: object, **types: object) -> None:
     for name, value in types.items():
-        check(isinstance(value, DType), f"{type(call).__name__}: {name} must be a DType, got {value!r}")
+        if not isinstance(value, DType):
+            check(False, f"{type(call).__name__}: {name} must be a DType, got {value!r}")
 
 
 def _one_of(call: object, name: str, value: str, allowed: tuple[str, ...]) -> None:
