@@ -111,11 +111,16 @@ def test_gemm_folds_alpha_and_beta_into_initializers():
     np.testing.assert_array_equal(imported.params["b"], b * 2.0)
 
 
-def test_gemm_alpha_on_two_activations_is_refused_naming_the_node():
-    m = make_model([helper.make_node("Gemm", ["x", "w"], ["y"], name="scaled", alpha=0.25)],
-                   [("x", F32, [3, 4]), ("w", F32, [4, 6])], [("y", F32, [3, 6])])
-    with pytest.raises(TileplanError, match=r"node 'scaled' \(Gemm\): alpha=0.25 .*no scalar multiply"):
-        from_onnx(m)
+def test_gemm_alpha_and_beta_on_activations_become_muls_by_one_element_parameters():
+    m = make_model([helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="scaled", alpha=0.25, beta=3.0)],
+                   [("x", F32, [3, 4]), ("w", F32, [4, 6]), ("c", F32, [6])], [("y", F32, [3, 6])])
+    model = import_onnx(m)
+    g = model.graph
+    assert [op.describe() for op in g.ops] == [
+        "matmul scaled(x, w) -> y.matmul", "mul scaled.alpha(y.matmul, scaled.alpha) -> y.alpha",
+        "mul scaled.beta(c, scaled.beta) -> y.beta", "add scaled.bias(y.alpha, y.beta) -> y"]
+    assert model.params == {"scaled.alpha": np.array([0.25], np.float32), "scaled.beta": np.array([3.0], np.float32)}
+    assert g.tensors["scaled.alpha"].shape == (1,) and g.tensors["scaled.alpha"].role is Role.PARAMETER
 
 
 def test_transposes_fold_into_matmul_flags_or_into_initializer_values():
@@ -254,30 +259,32 @@ def test_tanh_gelu_subgraph_in_fp16_matches_with_rounded_constants():
 def test_gelu_subgraph_with_a_shared_intermediate_is_not_fused():
     nodes = erf_gelu_nodes("div/x_first") + [helper.make_node("Add", ["e", "x"], ["z"], name="leak")]
     m = make_model(nodes, [("x", F32, [3, 8])], [("y", F32, [3, 8]), ("z", F32, [3, 8])], opset=17)
-    with pytest.raises(TileplanError, match=r"node 'div' \(Div\): unsupported op"):
-        from_onnx(m)
+    g = from_onnx(m)
+    assert "gelu" not in kinds(g) and {"erf", "div", "mul", "add"} <= set(kinds(g))
 
 
-def test_gelu_subgraph_with_a_wrong_constant_is_not_fused():
+def test_gelu_subgraph_with_a_wrong_constant_is_not_fused_but_kept_as_its_pointwise_ops():
     nodes = erf_gelu_nodes("div/x_first")
     nodes[0] = const("c_sqrt2", 1.5)
     m = make_model(nodes, [("x", F32, [3, 8])], [("y", F32, [3, 8])], opset=17)
-    with pytest.raises(TileplanError, match="unsupported op"):
-        from_onnx(m)
+    g = from_onnx(m)
+    assert "gelu" not in kinds(g) and "erf" in kinds(g)
 
 
 # ---- errors ------------------------------------------------------------------------
 
-def test_unsupported_op_names_the_node_and_op_type():
-    nodes = [helper.make_node("Gelu", ["x"], ["g"], name="act"),
-             helper.make_node("Add", ["g", "x"], ["s"], name="res"),
-             helper.make_node("Identity", ["s"], ["s2"]),
+def test_every_unsupported_node_is_reported_in_one_error_with_counts_and_names():
+    nodes = [helper.make_node("LayerNormalization", ["x", "g1"], ["l1"], name="ln1"),
+             helper.make_node("Gelu", ["l1"], ["g"], name="act"),
+             helper.make_node("LayerNormalization", ["g", "g1"], ["l2"], name="ln2"),
+             helper.make_node("Identity", ["l2"], ["s2"]),
              helper.make_node("Softmax", ["s2"], ["y"])]
-    m = make_model(nodes, [("x", F32, [2, 4])], [("y", F32, [2, 4])])
+    m = make_model(nodes, [("x", F32, [2, 4])], [("y", F32, [2, 4])], inits={"g1": np.ones(4, np.float32)})
     with pytest.raises(TileplanError) as err:
         from_onnx(m)
-    assert "node 'Softmax_3' (Softmax): unsupported op; tileplan imports MatMul, Gemm, Add, Gelu, Cast" \
-        in str(err.value)
+    msg = str(err.value)
+    assert msg.startswith("ONNX model 'g': 3 unsupported nodes: LayerNormalization (2: ln1, ln2), "
+                          "Softmax (1: Softmax_4); tileplan imports Add, Cast, CastLike, Constant, Div, Dropout,")
 
 
 def test_unsupported_dtype_names_the_tensor():
@@ -307,7 +314,7 @@ def test_errors_from_a_file_carry_its_path(tmp_path):
     m = make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [("x", F32, [2])], [("y", F32, [2])])
     path = tmp_path / "relu.onnx"
     onnx.save(m, str(path))
-    with pytest.raises(TileplanError, match=rf"^{path}: node 'relu' \(Relu\): unsupported op"):
+    with pytest.raises(TileplanError, match=rf"^{path}: 1 unsupported node: Relu \(1: relu\); tileplan imports"):
         from_onnx(path)
 
 

@@ -65,23 +65,24 @@ ONNX graph's name.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import TileplanError
-from .core import Add, Cast, GeLU, Graph, MatMul, Op, Role, Tensor
+from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, MatMul, Mul, Neg, Op, Reciprocal, Role, Sigmoid, Sqrt,
+                   Sub, Tanh, Tensor)
 from .dtypes import DType, dequantise, quantise
+from .patterns import fuse
 
-SUPPORTED = "tileplan imports MatMul, Gemm, Add, Gelu, Cast and the GeLU subgraphs"
 SCALE_KEY = "tileplan.scale."
 TARGET_KEY = "tileplan.target"
-CONSTANT_RTOL = 2e-3        # relative tolerance when matching GeLU subgraph constants
 OPSET = 20                  # Gelu appears in opset 20
+CAST_BF16 = ("fp16",)       # what --cast-bf16 converts bf16 models to
 
 
 @dataclass(frozen=True)
@@ -92,23 +93,39 @@ class OnnxModel:
     params: dict[str, np.ndarray]
 
 
-def import_onnx(path_or_model: Any, *, name: str | None = None) -> OnnxModel:
-    """Read an ONNX file or ``onnx.ModelProto`` into a graph and its parameter values."""
+def import_onnx(path_or_model: Any, *, name: str | None = None, cast_bf16: str | None = None) -> OnnxModel:
+    """Read an ONNX file or ``onnx.ModelProto`` into a graph and its parameter values.
+
+    ``cast_bf16="fp16"`` converts a BFLOAT16 model to FLOAT16 (else bf16 is refused).
+    """
     model, source, default_name = _read(path_or_model)
     try:
-        return _Importer(model, name or default_name).run()
+        check_cast_bf16(cast_bf16)
+        return _Importer(model, name or default_name, cast_bf16=cast_bf16).run()
     except TileplanError as exc:
         raise exc.with_source(source) from None
 
 
-def from_onnx(path_or_model: Any, *, name: str | None = None) -> Graph:
+def from_onnx(path_or_model: Any, *, name: str | None = None, cast_bf16: str | None = None) -> Graph:
     """The ``Graph`` of an ONNX file or ``onnx.ModelProto`` (see ``import_onnx``)."""
-    return import_onnx(path_or_model, name=name).graph
+    return import_onnx(path_or_model, name=name, cast_bf16=cast_bf16).graph
 
 
-def load_onnx_params(path_or_model: Any) -> dict[str, np.ndarray]:
+def load_onnx_params(path_or_model: Any, *, cast_bf16: str | None = None) -> dict[str, np.ndarray]:
     """Parameter values of an ONNX model, by tensor name, in each tensor's dtype."""
-    return import_onnx(path_or_model).params
+    return import_onnx(path_or_model, cast_bf16=cast_bf16).params
+
+
+def check_cast_bf16(cast_bf16: str | None) -> None:
+    if cast_bf16 is not None and cast_bf16 not in CAST_BF16:
+        raise TileplanError(f"--cast-bf16 {cast_bf16!r}: bf16 models convert to {', '.join(CAST_BF16)}")
+
+
+def unsupported_error(what: str, found: dict[str, list[str]], supported: str) -> TileplanError:
+    """One error for every unsupported node: ``3 unsupported nodes: A (2: a1, a2), B (1: b)``."""
+    count = sum(len(v) for v in found.values())
+    kinds = ", ".join(f"{k} ({len(v)}: {', '.join(v)})" for k, v in found.items())
+    return TileplanError(f"{count} unsupported {what}{'s' if count != 1 else ''}: {kinds}; {supported}")
 
 
 # ---- reading -----------------------------------------------------------------
@@ -176,6 +193,7 @@ class _Node:
 class _Importer:
     model: Any
     name: str
+    cast_bf16: str | None = None
     nodes: list[_Node] = field(default_factory=list)
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     types: dict[str, tuple[int, list]] = field(default_factory=dict)   # name -> (elem type, dims)
@@ -183,14 +201,18 @@ class _Importer:
     outputs: list[str] = field(default_factory=list)
     transposed: dict[str, tuple[str, _Node]] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+    converted: int = 0                  # bf16 tensors converted under cast_bf16
 
     def run(self) -> OnnxModel:
         self._unpack()
+        self._rewrite()
         self._drop_identities()
+        self._fold_constants()
         self._fold_transposes()
-        self._fuse_gelus()
         ops, declared = self._lower()
-        return self._build(ops, declared)
+        ops = fuse(ops, self.scalar, self.outputs)
+        produced = {op.output for op in ops}
+        return self._build(ops, {k: t for k, t in declared.items() if k in produced})
 
     # -- unpacking --------------------------------------------------------------
 
@@ -203,9 +225,9 @@ class _Importer:
             if vi.type.HasField("tensor_type"):
                 dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                         for d in tt.shape.dim] if tt.HasField("shape") else None
-                self.types[vi.name] = (tt.elem_type, dims)
+                self.types[vi.name] = (self._elem(tt.elem_type, vi.name), dims)
         for init in g.initializer:
-            self.constants[init.name] = _to_array(init, f"initializer {init.name!r}")
+            self.constants[init.name] = self._value(_to_array(init, f"initializer {init.name!r}"), init.name)
         # Before IR 4 initializers were also listed as graph inputs: they stay parameters.
         self.inputs = [vi.name for vi in g.input if vi.name not in self.constants]
         self.outputs = [vi.name for vi in g.output]
@@ -218,9 +240,61 @@ class _Importer:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
             node = _Node(name, n.op_type, n.domain, list(n.input), list(n.output), attrs)
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                self.constants[node.outputs[0]] = _constant_value(node)
-            else:
-                self.nodes.append(node)
+                self.constants[node.outputs[0]] = self._value(_constant_value(node), node.outputs[0])
+                continue
+            if node.op_type == "Cast" and "to" in attrs:
+                attrs["to"] = self._elem(attrs["to"], node.outputs[0])
+            self.nodes.append(node)
+
+    def _elem(self, elem_type: int, tensor: str) -> int:
+        """An ONNX element type, BFLOAT16 read as FLOAT16 under ``cast_bf16``."""
+        if elem_type == _BF16 and self.cast_bf16 == "fp16":
+            self.converted += 1
+            return _FP16
+        if elem_type == _BF16:
+            raise TileplanError(f"tensor {tensor!r} is BFLOAT16; {BF16_HELP}")
+        return elem_type
+
+    def _value(self, v: np.ndarray, tensor: str) -> np.ndarray:
+        """A constant's values, bf16 converted to fp16 under ``cast_bf16``."""
+        if v.dtype == ml_dtypes.bfloat16:
+            self._elem(_BF16, tensor)
+            return v.astype(np.float16)
+        return v
+
+    def _rewrite(self) -> None:
+        """``_REWRITE`` rows: nodes that are other nodes in disguise (CastLike, Sum, Dropout)."""
+        out: list[_Node] = []
+        for n in self.nodes:
+            rule = _REWRITE.get(n.op_type) if n.domain in ("", "ai.onnx") else None
+            out.extend(rule(self, n) if rule else [n])
+        self.nodes = out
+
+    def _fold_constants(self) -> None:
+        """Nodes whose inputs are all constants become constants (the ops' own ``reference()``).
+
+        The exporters' ``CastLike(Constant, x)`` and ``Sqrt(Constant 2)`` end here, so the
+        patterns see plain scalars. Integer constants (shapes, axes) are left alone.
+        """
+        kept = []
+        for n in self.nodes:
+            row = _LOWER.get(n.op_type) if n.domain in ("", "ai.onnx") else None
+            ins = [t for t in n.inputs if t]
+            if row is None or not row.fold or not ins or any(t not in self.constants for t in ins):
+                kept.append(n)
+                continue
+            if any(self._tensor_dtype(t) is None for t in ins):
+                kept.append(n)
+                continue
+            env = {t: dequantise(self.constants[t], self._tensor_dtype(t), self._scale(t)) for t in ins}
+            dts = {t: self._tensor_dtype(t) for t in ins}
+            for op in row.lower(self, n):
+                info = self.types.get(op.output)
+                dt = (_DTYPES.get(info[0]) if info else None) or dts[op.inputs[0]]
+                stored = quantise(op.reference(*(env[i] for i in op.inputs)), dt, self._scale(op.output))
+                env[op.output], dts[op.output] = dequantise(stored, dt, self._scale(op.output)), dt
+                self.constants[op.output] = stored
+        self.nodes = kept
 
     def _drop_identities(self) -> None:
         alias: dict[str, str] = {}
@@ -280,44 +354,38 @@ class _Importer:
                             "or Gemm operand")
         self.nodes = kept
 
-    # -- GeLU subgraph fusion ---------------------------------------------------
-
-    def _fuse_gelus(self) -> None:
-        ctx = _Patterns(self)
-        fused: dict[int, _Node] = {}          # id(root node) -> replacement
-        removed: set[int] = set()
-        for n in self.nodes:
-            if id(n) in removed or n.domain not in ("", "ai.onnx"):
-                continue
-            match = ctx.match_erf(n) if n.op_type == "Erf" else ctx.match_tanh(n) if n.op_type == "Tanh" else None
-            if match is None:
-                continue
-            x, root, members, approximate = match
-            if any(id(m) in removed for m in members):
-                continue
-            removed |= {id(m) for m in members}
-            fused[id(root)] = _Node(root.name, "Gelu", "", [x], [root.outputs[0]],
-                                    {"approximate": approximate})
-        self.nodes = [fused.get(id(n), n) for n in self.nodes
-                      if id(n) in fused or id(n) not in removed]
-
     # -- lowering ---------------------------------------------------------------
 
     def _lower(self) -> tuple[list[Op], dict[str, Tensor]]:
-        """tileplan ops for every node, plus the op outputs whose dtype must be declared."""
+        """tileplan ops for every node, plus the op outputs whose dtype must be declared.
+
+        Every node without a ``_LOWER`` row is reported in one error.
+        """
+        missing: dict[str, list[str]] = {}
         for n in self.nodes:
             if n.domain not in ("", "ai.onnx") or n.op_type not in _LOWER:
-                raise n.err(f"unsupported op; {SUPPORTED}")
+                op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+                missing.setdefault(op, []).append(n.name)
+        if missing:
+            raise unsupported_error("node", missing, supported())
         ops: list[Op] = []
         declared: dict[str, Tensor] = {}
         for n in self.nodes:
-            new_ops = _LOWER[n.op_type](self, n)
+            new_ops = _LOWER[n.op_type].lower(self, n)
             ops.extend(new_ops)
             for op in new_ops:
                 t = self._declared_output(op, n)
                 if t is not None:
                     declared[t.name] = t
         return ops, declared
+
+    def constant(self, name: str, value: float, like: str) -> str:
+        """A new one-element parameter holding ``value`` in the dtype of tensor ``like``."""
+        dt = self._tensor_dtype(like)
+        if dt is None or dt is DType.FP8:
+            dt = DType.FP16 if dt is DType.FP8 else DType.FP32
+        self.constants[name] = quantise(np.array([value]), dt)
+        return name
 
     def _declared_output(self, op: Op, node: _Node) -> Tensor | None:
         """The op's output as ONNX types it, when Graph.build must be told the dtype.
@@ -327,7 +395,7 @@ class _Importer:
         an FP8 MatMul output typed FP8 is ONNX inference echoing the operands, and
         is left to Graph.build's default (FP16).
         """
-        if isinstance(op, Cast):
+        if isinstance(op, Cast) and op.output == node.outputs[0]:
             dims = self._static(op.output, what="Cast output")
             return Tensor(op.output, dims, _dtype(node.attrs["to"], op.output), scale=self._scale(op.output))
         info = self.types.get(op.output)
@@ -354,19 +422,19 @@ class _Importer:
             return None
         return float(f[0]) if np.all(f == f[0]) else None
 
-    def fold_scalar(self, node: _Node, t: str, factor: float, attr: str) -> None:
-        """Multiply an initializer's values by ``factor`` (Gemm alpha/beta), in its own dtype."""
+    def fold_scalar(self, t: str, factor: float) -> bool:
+        """Multiply an initializer read by one node only by ``factor`` (Gemm alpha/beta), in its
+        own dtype; False when ``t`` is not such an initializer (the caller then multiplies)."""
         readers = [n for n in self.nodes if t in n.inputs]
         if t not in self.constants or len(readers) != 1:
-            why = "is not an initializer" if t not in self.constants else "is shared with other nodes"
-            raise node.err(f"{attr}={factor:g} needs an initializer operand read by this node alone to "
-                           f"fold into, and {t!r} {why}; tileplan has no scalar multiply")
+            return False
         v = self.constants[t]
         dt = _DTYPES.get(_np_elem_type(v))
         if dt is None:
             raise TileplanError(f"tensor {t!r} has element type {v.dtype}; {_DTYPE_HELP}")
         scale = self._scale(t)
         self.constants[t] = quantise(dequantise(v, dt, scale) * factor, dt, scale)
+        return True
 
     # -- building ---------------------------------------------------------------
 
@@ -420,7 +488,7 @@ class _Importer:
             raise TileplanError(f"{what} {t!r} has a dynamic dimension (shape [{shown}]); tileplan plans "
                                 "static shapes: export with fixed sizes or pin the dimension "
                                 "(onnx.tools.update_model_dims)")
-        return tuple(int(d) for d in dims)
+        return tuple(int(d) for d in dims) or (1,)       # a 0-d tensor is [1]: it broadcasts the same
 
     def _tensor_dtype(self, t: str) -> DType | None:
         if t in self.constants:
@@ -443,7 +511,7 @@ class _Importer:
         return scale
 
 
-# ---- per-op lowering -----------------------------------------------------------
+# ---- per-op lowering: the node table --------------------------------------------
 
 def _lower_matmul(imp: _Importer, n: _Node) -> list[Op]:
     (a, ta), (b, tb) = imp.operand(n.inputs[0]), imp.operand(n.inputs[1])
@@ -451,24 +519,47 @@ def _lower_matmul(imp: _Importer, n: _Node) -> list[Op]:
 
 
 def _lower_gemm(imp: _Importer, n: _Node) -> list[Op]:
+    """``Y = alpha * A' @ B' + beta * C``: alpha and beta fold into an initializer operand read
+    by this node alone, else they are Muls by a one-element parameter ``<node>.alpha``/``.beta``."""
     alpha, beta = float(n.attrs.get("alpha", 1.0)), float(n.attrs.get("beta", 1.0))
     (a, ta), (b, tb) = imp.operand(n.inputs[0]), imp.operand(n.inputs[1])
     ta ^= bool(n.attrs.get("transA", 0))
     tb ^= bool(n.attrs.get("transB", 0))
     c = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
-    if alpha != 1.0:
-        imp.fold_scalar(n, b if b in imp.constants else a, alpha, "alpha")
-    if c is not None and beta != 1.0:
-        imp.fold_scalar(n, c, beta, "beta")
     y = n.outputs[0]
-    if c is None:
-        return [MatMul(n.name, (a, b), y, transpose_a=ta, transpose_b=tb)]
-    return [MatMul(n.name, (a, b), f"{y}.matmul", transpose_a=ta, transpose_b=tb),
-            Add(f"{n.name}.bias", (f"{y}.matmul", c), y)]
+    scale_out = alpha != 1.0 and not imp.fold_scalar(b if b in imp.constants else a, alpha)
+    scale_c = c is not None and beta != 1.0 and not imp.fold_scalar(c, beta)
+    out = y if c is None and not scale_out else f"{y}.matmul"
+    ops: list[Op] = [MatMul(n.name, (a, b), out, transpose_a=ta, transpose_b=tb)]
+    if scale_out:
+        scaled = y if c is None else f"{y}.alpha"
+        ops.append(Mul(f"{n.name}.alpha", (out, imp.constant(f"{n.name}.alpha", alpha, y)), scaled))
+        out = scaled
+    if c is not None:
+        if scale_c:
+            ops.append(Mul(f"{n.name}.beta", (c, imp.constant(f"{n.name}.beta", beta, c)), f"{y}.beta"))
+            c = f"{y}.beta"
+        ops.append(Add(f"{n.name}.bias", (out, c), y))
+    return ops
 
 
-def _lower_add(imp: _Importer, n: _Node) -> list[Op]:
-    return [Add(n.name, tuple(n.inputs[:2]), n.outputs[0])]
+def _pointwise(cls: type[Op]) -> Callable[[_Importer, _Node], list[Op]]:
+    """The row of a pointwise ONNX node that is one tileplan op of the same arity."""
+    def lower(imp: _Importer, n: _Node) -> list[Op]:
+        return [cls(n.name, tuple(n.inputs[:cls.arity]), n.outputs[0])]
+    return lower
+
+
+def _lower_pow(imp: _Importer, n: _Node) -> list[Op]:
+    """``Pow(x, 2)`` and ``Pow(x, 3)`` (a constant exponent) are Muls; any other Pow is refused."""
+    x, y = n.inputs[0], n.outputs[0]
+    e = imp.scalar(n.inputs[1])
+    if e not in (2.0, 3.0):
+        what = f"exponent {e:g}" if e is not None else f"exponent {n.inputs[1]!r}, which is not a constant"
+        raise n.err(f"{what}; tileplan imports Pow with a constant exponent 2 or 3 (as Muls)")
+    if e == 2.0:
+        return [Mul(n.name, (x, x), y)]
+    return [Mul(f"{n.name}.square", (x, x), f"{y}.square"), Mul(n.name, (f"{y}.square", x), y)]
 
 
 def _lower_gelu(imp: _Importer, n: _Node) -> list[Op]:
@@ -481,146 +572,107 @@ def _lower_gelu(imp: _Importer, n: _Node) -> list[Op]:
 
 def _lower_cast(imp: _Importer, n: _Node) -> list[Op]:
     _dtype(n.attrs["to"], n.outputs[0])
+    if n.attrs.get("saturate", 1) == 0 and n.attrs["to"] == _FP8:
+        raise n.err("saturate=0 (out-of-range values become NaN); tileplan's FP8 casts saturate to +-240")
     return [Cast(n.name, (n.inputs[0],), n.outputs[0])]
 
 
-_LOWER = {"MatMul": _lower_matmul, "Gemm": _lower_gemm, "Add": _lower_add, "Gelu": _lower_gelu,
-          "Cast": _lower_cast}
+@dataclass(frozen=True)
+class _Row:
+    lower: Callable[[_Importer, _Node], list[Op]]
+    fold: bool = True          # constant inputs fold into a constant (False: the lowering has effects)
 
 
-# ---- GeLU subgraph patterns ----------------------------------------------------
-
-@dataclass
-class _Patterns:
-    """Matchers for the erf and tanh GeLU subgraphs, over the importer's nodes."""
-
-    imp: _Importer
-    producer: dict[str, _Node] = field(default_factory=dict)
-    consumers: dict[str, list[_Node]] = field(default_factory=dict)
-
-    def __post_init__(self):
-        for n in self.imp.nodes:
-            for t in n.outputs:
-                self.producer[t] = n
-            for t in n.inputs:
-                self.consumers.setdefault(t, []).append(n)
-
-    def private(self, t: str) -> bool:
-        """Whether ``t`` has exactly one reader and is not a graph output."""
-        return len(self.consumers.get(t, [])) == 1 and t not in self.imp.outputs
-
-    def product(self, t: str, root: bool = True) -> tuple[float, Counter, list[_Node]]:
-        """Flatten the Mul/Div/Pow tree computing ``t``: (constant factor, other factors, nodes).
-
-        Only private intermediates are flattened, so a value read elsewhere (the
-        GeLU input itself) stays a leaf.
-        """
-        c = self.imp.scalar(t)
-        if c is not None:
-            return c, Counter(), []
-        n = self.producer.get(t)
-        if n is None or n.domain not in ("", "ai.onnx") or not (root or self.private(t)):
-            return 1.0, Counter({t: 1}), []
-        if n.op_type == "Mul":
-            c1, f1, n1 = self.product(n.inputs[0], False)
-            c2, f2, n2 = self.product(n.inputs[1], False)
-            return c1 * c2, f1 + f2, [n] + n1 + n2
-        d = self.imp.scalar(n.inputs[1]) if len(n.inputs) > 1 else None
-        if n.op_type == "Div" and d:
-            c1, f1, n1 = self.product(n.inputs[0], False)
-            return c1 / d, f1, [n] + n1
-        if n.op_type == "Pow" and d is not None and d == int(d) and 2 <= d <= 4:
-            return 1.0, Counter({n.inputs[0]: int(d)}), [n]
-        return 1.0, Counter({t: 1}), []
-
-    def one_plus(self, t: str) -> tuple[str, _Node] | None:
-        """``t``'s only reader, when it is ``Add(t, 1)``: (its output, the node)."""
-        if not self.private(t):
-            return None
-        (n,) = self.consumers[t]
-        if n.op_type != "Add" or n.domain not in ("", "ai.onnx"):
-            return None
-        other = n.inputs[1] if n.inputs[0] == t else n.inputs[0]
-        return (n.outputs[0], n) if _close(self.imp.scalar(other), 1.0) else None
-
-    def outer(self, x: str, a: str) -> tuple[_Node, list[_Node]] | None:
-        """The Muls computing ``0.5 * x * a`` downstream of ``a``: (last node, all nodes)."""
-        t = a
-        for _ in range(3):
-            if not self.private(t):
-                return None
-            (n,) = self.consumers[t]
-            if n.op_type not in ("Mul", "Div") or n.domain not in ("", "ai.onnx"):
-                return None
-            coef, factors, nodes = self.product(n.outputs[0])
-            if factors == Counter({x: 1, a: 1}) and _close(coef, 0.5):
-                return n, nodes
-            t = n.outputs[0]
-        return None
-
-    def match_erf(self, erf: _Node):
-        s = erf.inputs[0]
-        if not self.private(s):
-            return None
-        coef, factors, inner = self.product(s)
-        if len(factors) != 1 or sum(factors.values()) != 1 or not _close(coef, 1 / math.sqrt(2)):
-            return None
-        (x,) = factors
-        return self._finish(x, erf, inner, [], "none")
-
-    def match_tanh(self, tanh: _Node):
-        s = tanh.inputs[0]
-        if not self.private(s):
-            return None
-        coef, factors, inner = self.product(s)
-        if len(factors) != 1 or sum(factors.values()) != 1 or not _close(coef, math.sqrt(2 / math.pi)):
-            return None
-        (v,) = factors
-        add = self.producer.get(v)
-        if add is None or add.op_type != "Add" or not self.private(v):
-            return None
-        for x, w in (add.inputs, add.inputs[::-1]):
-            if not self.private(w):
-                continue
-            cw, fw, cube = self.product(w)
-            if fw == Counter({x: 3}) and _close(cw, 0.044715):
-                return self._finish(x, tanh, inner, [add] + cube, "tanh")
-        return None
-
-    def _finish(self, x: str, fn: _Node, inner: list[_Node], more: list[_Node], approximate: str):
-        plus = self.one_plus(fn.outputs[0])
-        if plus is None:
-            return None
-        a, add_one = plus
-        outer = self.outer(x, a)
-        if outer is None:
-            return None
-        root, outer_nodes = outer
-        members = inner + more + [fn, add_one] + outer_nodes
-        ids = {id(m) for m in members}
-        for m in members:                      # every intermediate stays inside the pattern
-            for t in m.outputs:
-                if m is root:
-                    continue
-                if t in self.imp.outputs or any(id(c) not in ids for c in self.consumers.get(t, [])):
-                    return None
-        return x, root, members, approximate
+# One row per ONNX node type tileplan imports. A new pointwise op is one more row here.
+_LOWER: dict[str, _Row] = {
+    "MatMul": _Row(_lower_matmul),
+    "Gemm": _Row(_lower_gemm, fold=False),
+    "Add": _Row(_pointwise(Add)),
+    "Sub": _Row(_pointwise(Sub)),
+    "Mul": _Row(_pointwise(Mul)),
+    "Div": _Row(_pointwise(Div)),
+    "Pow": _Row(_lower_pow),
+    "Neg": _Row(_pointwise(Neg)),
+    "Sqrt": _Row(_pointwise(Sqrt)),
+    "Reciprocal": _Row(_pointwise(Reciprocal)),
+    "Exp": _Row(_pointwise(Exp)),
+    "Tanh": _Row(_pointwise(Tanh)),
+    "Erf": _Row(_pointwise(Erf)),
+    "Sigmoid": _Row(_pointwise(Sigmoid)),
+    "Gelu": _Row(_lower_gelu),
+    "Cast": _Row(_lower_cast),
+}
 
 
-def _close(value: float | None, target: float) -> bool:
-    return value is not None and math.isclose(value, target, rel_tol=CONSTANT_RTOL)
+def supported() -> str:
+    rest = ", ".join(sorted(set(_LOWER) | set(_REWRITE) | {"Constant", "Identity", "Transpose"}))
+    return f"tileplan imports {rest} and the GeLU subgraphs"
+
+
+# ---- rewrites: nodes that are other nodes ------------------------------------------
+
+def _rewrite_castlike(imp: _Importer, n: _Node) -> list[_Node]:
+    """``CastLike(x, like)`` is ``Cast(x, to=<like's type>)``."""
+    like = n.inputs[1]
+    elem = _np_elem_type(imp.constants[like]) if like in imp.constants else imp.types.get(like, (0, None))[0]
+    attrs = {"to": elem, **({"saturate": n.attrs["saturate"]} if "saturate" in n.attrs else {})}
+    return [_Node(n.name, "Cast", "", [n.inputs[0]], n.outputs, attrs)]
+
+
+def _rewrite_sum(imp: _Importer, n: _Node) -> list[_Node]:
+    """``Sum(a, b, c, ...)`` is a chain of Adds (numpy broadcasting, like Sum's)."""
+    ins, y = [t for t in n.inputs if t], n.outputs[0]
+    if len(ins) == 1:
+        return [_Node(n.name, "Identity", "", ins, [y], {})]
+    out, acc = [], ins[0]
+    for k, t in enumerate(ins[1:], 1):
+        last = k == len(ins) - 1
+        name, dst = (n.name, y) if last else (f"{n.name}.{k}", f"{y}.{k}")
+        out.append(_Node(name, "Add", "", [acc, t], [dst], {}))
+        acc = dst
+    return out
+
+
+def _rewrite_dropout(imp: _Importer, n: _Node) -> list[_Node]:
+    """Inference Dropout is the identity of its data input; training mode is refused."""
+    training = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
+    if training is not None:
+        if training not in imp.constants:
+            raise n.err(f"training_mode is the graph input {training!r}; tileplan compiles inference "
+                        "(export in eval mode, or make training_mode a constant false)")
+        if bool(np.asarray(imp.constants[training]).ravel()[0]):
+            raise n.err("training_mode=1; tileplan compiles inference Dropout only (export in eval mode)")
+    if n.attrs.get("is_test", 1) == 0 and "is_test" in n.attrs:
+        raise n.err("is_test=0 (training); tileplan compiles inference Dropout only")
+    mask = n.outputs[1] if len(n.outputs) > 1 and n.outputs[1] else None
+    if mask is not None and (mask in imp.outputs or any(mask in m.inputs for m in imp.nodes)):
+        raise n.err(f"its mask output {mask!r} is read; in inference the mask is all true and "
+                    "tileplan has no bool tensors")
+    return [_Node(n.name, "Identity", "", [n.inputs[0]], [n.outputs[0]], {})]
+
+
+_REWRITE: dict[str, Callable[[_Importer, _Node], list[_Node]]] = {
+    "CastLike": _rewrite_castlike,
+    "Sum": _rewrite_sum,
+    "Dropout": _rewrite_dropout,
+}
 
 
 # ---- dtypes and values ---------------------------------------------------------
 
-_FP8 = 18   # TensorProto.FLOAT8E4M3FNUZ (checked against onnx below)
-_DTYPES: dict[int, DType] = {1: DType.FP32, 10: DType.FP16, _FP8: DType.FP8}  # FLOAT, FLOAT16, FP8
-_DTYPE_HELP = "tileplan takes FLOAT (fp32), FLOAT16 (fp16) and FLOAT8E4M3FNUZ (fp8)"
+_FP16, _BF16, _FP8 = 10, 16, 18   # TensorProto.FLOAT16, BFLOAT16, FLOAT8E4M3FNUZ (tested against onnx)
+_DTYPES: dict[int, DType] = {1: DType.FP32, _FP16: DType.FP16, _FP8: DType.FP8}  # FLOAT, FLOAT16, FP8
+_DTYPE_HELP = ("tileplan takes FLOAT (fp32), FLOAT16 (fp16) and FLOAT8E4M3FNUZ (fp8); integer and bool "
+               "tensors are out of scope")
+BF16_HELP = ("the IPU has no bf16 arithmetic: convert the model to FP16 with --cast-bf16 fp16 "
+             "(load_model(..., cast_bf16='fp16'))")
 
 
 def _dtype(elem_type: int, tensor: str) -> DType:
     if elem_type in _DTYPES:
         return _DTYPES[elem_type]
+    if elem_type == _BF16:
+        raise TileplanError(f"tensor {tensor!r} is BFLOAT16; {BF16_HELP}")
     onnx = _onnx()
     label = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "unknown"
     raise TileplanError(f"tensor {tensor!r} has ONNX element type {label}; {_DTYPE_HELP}")
@@ -661,6 +713,13 @@ def _constant_value(node: _Node) -> np.ndarray:
 
 # ---- export: a tileplan Graph as ONNX ------------------------------------------
 
+# The pointwise ops that are one ONNX node of the same name (the _pointwise rows of _LOWER).
+_ONNX_TYPE = {cls.kind: name for name, cls in (("Add", Add), ("Sub", Sub), ("Mul", Mul), ("Div", Div),
+                                               ("Neg", Neg), ("Sqrt", Sqrt), ("Reciprocal", Reciprocal),
+                                               ("Exp", Exp), ("Tanh", Tanh), ("Erf", Erf),
+                                               ("Sigmoid", Sigmoid))}
+
+
 def to_onnx(graph: Graph, params: dict[str, np.ndarray], *, opset: int = OPSET):
     """An ``onnx.ModelProto`` computing ``graph``, with ``params`` as initializers.
 
@@ -691,8 +750,8 @@ def to_onnx(graph: Graph, params: dict[str, np.ndarray], *, opset: int = OPSET):
                                              perm=list(range(r - 2)) + [r - 1, r - 2]))
                     ins[k] = out
             nodes.append(h.make_node("MatMul", ins, [op.output], name=op.name))
-        elif isinstance(op, Add):
-            nodes.append(h.make_node("Add", list(op.inputs), [op.output], name=op.name))
+        elif op.kind in _ONNX_TYPE:
+            nodes.append(h.make_node(_ONNX_TYPE[op.kind], list(op.inputs), [op.output], name=op.name))
         elif isinstance(op, GeLU):
             nodes.append(h.make_node("Gelu", list(op.inputs), [op.output], name=op.name,
                                      approximate="none" if op.approximate == "erf" else "tanh"))

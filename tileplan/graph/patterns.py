@@ -1,0 +1,211 @@
+"""Exporter decompositions folded back into fused ops: the pattern table both importers share.
+
+Exporters (ONNX below opset 20, ``torch.export`` of hand-written activations such as
+Hugging Face's ``NewGELUActivation``) spell some activations as chains of pointwise
+ops. The importers first lower every node to tileplan ops (``Pow`` with exponent 2
+or 3 becomes Muls, ``Sum`` becomes Adds, ``CastLike``/``Cast``/``Sqrt`` of constants
+are folded into constants), then ``fuse(ops, ...)`` rewrites the chains below into
+one op. Working on tileplan ops, not on ONNX nodes or FX nodes, makes the table
+one mechanism for both importers.
+
+``PATTERNS``, one row a decomposition (the op the anchor is, the matcher, what it
+becomes):
+
+- ``gelu-erf``: ``0.5 * x * (1 + Erf(x / sqrt(2)))`` (or ``x * 0.70710677``), the
+  Muls in any association and operand order -> ``GeLU(approximate="erf")``.
+- ``gelu-tanh``: ``0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`` with
+  ``x**3`` as ``Pow(x, 3)`` or ``x * x * x`` (HF ``gelu_new``; ``gelu_pytorch_tanh``
+  arrives as ``aten.gelu(approximate="tanh")`` already) -> ``GeLU(approximate="tanh")``.
+
+Both become the fitted GeLU kernel: one pass instead of six to eight pointwise
+passes and their intermediates. Constants match within a relative
+``CONSTANT_RTOL`` (FP16 constants pass). Every intermediate must have no reader
+outside the pattern and not be a graph output, otherwise the ops stay as they are
+(they compute the same function, only slower). The fused op is named after the
+pattern's last op and writes its output.
+
+Kept as pointwise ops on purpose (no row): quick_gelu ``x * sigmoid(1.702 * x)``
+and SiLU ``x * sigmoid(x)`` are a Mul, a Sigmoid and a Mul, which are already
+their exact semantics; tileplan has no fused kernel that would be cheaper.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .core import Add, Div, Erf, GeLU, Mul, Op, Tanh
+
+CONSTANT_RTOL = 2e-3        # relative tolerance when matching pattern constants
+
+
+@dataclass(frozen=True)
+class Match:
+    """A matched decomposition: the ops it replaces and the op that replaces them."""
+
+    members: tuple[Op, ...]
+    root: Op                   # the last op; the fused op writes its output
+    fused: Op
+
+
+@dataclass(frozen=True)
+class Pattern:
+    name: str
+    anchor: type[Op]                                  # the op class the matcher starts from
+    match: Callable[["_View", Op], Match | None]
+    becomes: str                                      # what the row folds into, for the docs
+
+
+def fuse(ops: list[Op], scalar: Callable[[str], float | None], outputs: list[str]) -> list[Op]:
+    """``ops`` with every ``PATTERNS`` match replaced by its fused op (in the root's position).
+
+    ``scalar(t)`` is the value of a constant tensor whose elements are all equal (None
+    for anything else); ``outputs`` are the graph outputs (never folded away).
+    """
+    view = _View(ops, scalar, set(outputs))
+    anchors = {p.anchor: p for p in PATTERNS}
+    removed: set[int] = set()
+    replaced: dict[int, Op] = {}
+    for op in ops:
+        pattern = anchors.get(type(op))
+        if pattern is None or id(op) in removed:
+            continue
+        m = pattern.match(view, op)
+        if m is None or any(id(x) in removed for x in m.members):
+            continue
+        removed |= {id(x) for x in m.members}
+        replaced[id(m.root)] = m.fused
+    return [replaced.get(id(op), op) for op in ops if id(op) in replaced or id(op) not in removed]
+
+
+@dataclass
+class _View:
+    """Producers and readers of every tensor of an op list, for the matchers."""
+
+    ops: list[Op]
+    scalar: Callable[[str], float | None]
+    outputs: set[str]
+    producer: dict[str, Op] = field(default_factory=dict)
+    consumers: dict[str, list[Op]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for op in self.ops:
+            self.producer[op.output] = op
+            for t in op.inputs:
+                self.consumers.setdefault(t, []).append(op)
+
+    def private(self, t: str) -> bool:
+        """Whether ``t`` has exactly one reader and is not a graph output."""
+        return len(self.consumers.get(t, [])) == 1 and t not in self.outputs
+
+    def product(self, t: str, root: bool = True) -> tuple[float, Counter, list[Op]]:
+        """Flatten the Mul / Div-by-constant tree computing ``t``: (constant factor, factors, ops).
+
+        Only private intermediates are flattened, so a value read elsewhere (the
+        activation's input itself) stays a leaf; ``x * x * x`` gives ``{x: 3}``.
+        """
+        c = self.scalar(t)
+        if c is not None:
+            return c, Counter(), []
+        op = self.producer.get(t)
+        if op is None or not (root or self.private(t)):
+            return 1.0, Counter({t: 1}), []
+        if isinstance(op, Mul):
+            c1, f1, n1 = self.product(op.inputs[0], False)
+            c2, f2, n2 = self.product(op.inputs[1], False)
+            return c1 * c2, f1 + f2, [op] + n1 + n2
+        d = self.scalar(op.inputs[1]) if isinstance(op, Div) else None
+        if d:
+            c1, f1, n1 = self.product(op.inputs[0], False)
+            return c1 / d, f1, [op] + n1
+        return 1.0, Counter({t: 1}), []
+
+    def single(self, t: str) -> tuple[float, str, list[Op]] | None:
+        """``t`` as ``c * v`` for one tensor ``v``: (c, v, the ops), or None."""
+        coef, factors, ops = self.product(t)
+        if len(factors) != 1 or sum(factors.values()) != 1:
+            return None
+        (v,) = factors
+        return coef, v, ops
+
+    def one_plus(self, t: str) -> Op | None:
+        """``t``'s only reader, when it is ``Add(t, 1)`` in either operand order."""
+        if not self.private(t):
+            return None
+        (op,) = self.consumers[t]
+        if not isinstance(op, Add):
+            return None
+        other = op.inputs[1] if op.inputs[0] == t else op.inputs[0]
+        return op if close(self.scalar(other), 1.0) else None
+
+    def outer(self, x: str, a: str) -> tuple[Op, list[Op]] | None:
+        """The Muls computing ``0.5 * x * a`` downstream of ``a``: (last op, all of them)."""
+        t = a
+        for _ in range(3):
+            if not self.private(t):
+                return None
+            (op,) = self.consumers[t]
+            if not isinstance(op, (Mul, Div)):
+                return None
+            coef, factors, ops = self.product(op.output)
+            if factors == Counter({x: 1, a: 1}) and close(coef, 0.5):
+                return op, ops
+            t = op.output
+        return None
+
+    def finish(self, x: str, fn: Op, inner: list[Op], approximate: str) -> Match | None:
+        """Complete ``0.5 * x * (1 + fn(...))`` around ``fn``; check nothing leaks out."""
+        add_one = self.one_plus(fn.output)
+        if add_one is None:
+            return None
+        outer = self.outer(x, add_one.output)
+        if outer is None:
+            return None
+        root, outer_ops = outer
+        members = tuple(dict.fromkeys(inner + [fn, add_one] + outer_ops))
+        ids = {id(m) for m in members}
+        for m in members:                      # every intermediate stays inside the pattern
+            if m is root:
+                continue
+            if m.output in self.outputs or any(id(c) not in ids for c in self.consumers.get(m.output, [])):
+                return None
+        return Match(members, root, GeLU(root.name, (x,), root.output, approximate=approximate))
+
+
+def _gelu_erf(view: _View, erf: Op) -> Match | None:
+    s = erf.inputs[0]
+    found = view.single(s) if view.private(s) else None
+    if found is None or not close(found[0], 1 / math.sqrt(2)):
+        return None
+    _, x, inner = found
+    return view.finish(x, erf, inner, "erf")
+
+
+def _gelu_tanh(view: _View, tanh: Op) -> Match | None:
+    s = tanh.inputs[0]
+    found = view.single(s) if view.private(s) else None
+    if found is None or not close(found[0], math.sqrt(2 / math.pi)):
+        return None
+    _, v, inner = found
+    add = view.producer.get(v)
+    if not isinstance(add, Add) or not view.private(v):
+        return None
+    for x, w in (add.inputs, add.inputs[::-1]):
+        if not view.private(w):
+            continue
+        cw, fw, cube = view.product(w)
+        if fw == Counter({x: 3}) and close(cw, 0.044715):
+            return view.finish(x, tanh, inner + [add] + cube, "tanh")
+    return None
+
+
+PATTERNS: tuple[Pattern, ...] = (
+    Pattern("gelu-erf", Erf, _gelu_erf, "GeLU(approximate='erf')"),
+    Pattern("gelu-tanh", Tanh, _gelu_tanh, "GeLU(approximate='tanh')"),
+)
+
+
+def close(value: float | None, target: float) -> bool:
+    return value is not None and math.isclose(value, target, rel_tol=CONSTANT_RTOL)
