@@ -509,6 +509,7 @@ class Graph:
     producers: dict[str, Op] = field(default_factory=dict)
     consumers: dict[str, list[Op]] = field(default_factory=dict)
     pins: tuple = ()                       # the model file's GEMM pins (planner.pins.Pin), a planning input
+    imported: dict[str, Any] = field(default_factory=dict)   # conversions an importer made (cast_bf16)
 
     @classmethod
     def build(cls, name: str, tensors: list[Tensor], ops: list[Op], *,

@@ -60,12 +60,12 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import TileplanError
-from .core import Add, Cast, GeLU, Graph, MatMul, Op, Role, Tensor
-from .dtypes import DType
+from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, MatMul, Mul, Neg, Op, Reciprocal, Role, Sigmoid, Sqrt,
+                   Sub, Tanh, Tensor)
+from .dtypes import DType, quantise
+from .patterns import fuse
 
 INSTALL_HINT = "install the torch extra: pip install torch==2.13.0"
-SUPPORTED = ("tileplan imports aten linear, addmm, mm, bmm, matmul, gelu, add.Tensor, dtype casts "
-             "and reshapes that keep the last dimension")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ def _torch():
     return torch
 
 
-def import_module(module: Any, example_inputs: Any, *, name: str | None = None) -> TorchModel:
+def import_module(module: Any, example_inputs: Any, *, name: str | None = None,
+                  cast_bf16: str | None = None) -> TorchModel:
     """Export ``module`` on ``example_inputs`` (eval mode) and import the program."""
     torch = _torch()
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
@@ -100,21 +101,24 @@ def import_module(module: Any, example_inputs: Any, *, name: str | None = None) 
                             f"{type(exc).__name__}: {first}") from None
     finally:
         module.train(was_training)
-    return import_exported(program, name=name or type(module).__name__)
+    return import_exported(program, name=name or type(module).__name__, cast_bf16=cast_bf16)
 
 
-def from_module(module: Any, example_inputs: Any, *, name: str | None = None) -> Graph:
+def from_module(module: Any, example_inputs: Any, *, name: str | None = None,
+                cast_bf16: str | None = None) -> Graph:
     """The ``Graph`` of a torch module (see ``import_module``)."""
-    return import_module(module, example_inputs, name=name).graph
+    return import_module(module, example_inputs, name=name, cast_bf16=cast_bf16).graph
 
 
-def import_exported(program: Any, *, name: str = "exported") -> TorchModel:
-    """Import a ``torch.export.ExportedProgram``."""
+def import_exported(program: Any, *, name: str = "exported", cast_bf16: str | None = None) -> TorchModel:
+    """Import a ``torch.export.ExportedProgram`` (``cast_bf16="fp16"``: bfloat16 becomes float16)."""
     _torch()
-    return _Importer(program, name).run()
+    from .onnx import check_cast_bf16
+    check_cast_bf16(cast_bf16)
+    return _Importer(program, name, cast_bf16=cast_bf16).run()
 
 
-def load_python_factory(spec: str | Path, *, name: str | None = None) -> TorchModel:
+def load_python_factory(spec: str | Path, *, name: str | None = None, cast_bf16: str | None = None) -> TorchModel:
     """Import ``path/to/model.py:factory``: ``factory()`` returns ``(module, example_inputs)``.
 
     The graph is named after the file stem unless ``name`` is given. Errors name
@@ -150,7 +154,7 @@ def load_python_factory(spec: str | Path, *, name: str | None = None) -> TorchMo
                             source=source)
     module, example_inputs = made
     try:
-        return import_module(module, example_inputs, name=name or path.stem)
+        return import_module(module, example_inputs, name=name or path.stem, cast_bf16=cast_bf16)
     except TileplanError as exc:
         raise exc.with_source(source) from None
 
@@ -161,34 +165,68 @@ def load_python_factory(spec: str | Path, *, name: str | None = None) -> TorchMo
 class _Importer:
     program: Any
     name: str
+    cast_bf16: str | None = None
     value: dict[str, str] = field(default_factory=dict)             # fx node name -> tensor name
     known: dict[str, Tensor] = field(default_factory=dict)          # every tensor so far, tileplan shapes
     declared: dict[str, Tensor] = field(default_factory=dict)       # inputs, parameters, Cast outputs
     transposed: dict[str, tuple[str, Any]] = field(default_factory=dict)  # fx node -> (tensor, the node)
     params: dict[str, np.ndarray] = field(default_factory=dict)
     ops: list[Op] = field(default_factory=list)
+    converted: int = 0                       # bf16 tensors converted under cast_bf16
 
     def run(self) -> TorchModel:
         sig = self.program.graph_signature
         specs = {spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")}
+        missing: dict[str, list[str]] = {}
+        for node in self.program.graph.nodes:
+            target = _target_name(node.target) if node.op == "call_function" else None
+            if node.op == "call_function" and target not in _HANDLERS and target not in _SKIPPED:
+                missing.setdefault(target, []).append(node.name)
+            elif node.op not in ("placeholder", "call_function", "output"):
+                missing.setdefault(f"FX {node.op}", []).append(node.name)
+        if missing:
+            from .onnx import unsupported_error
+            raise unsupported_error("node", missing, supported())
         for node in self.program.graph.nodes:
             if node.op == "placeholder":
                 self._placeholder(node, specs.get(node.name))
             elif node.op == "call_function":
                 self._call(node)
             elif node.op != "output":
-                raise TileplanError(f"node {node.name!r} ({node.op}): unsupported FX node kind; {SUPPORTED}")
+                raise TileplanError(f"node {node.name!r} ({node.op}): unsupported FX node kind; {supported()}")
         outputs = []
         for spec in sig.output_specs:
             if spec.kind.name != "USER_OUTPUT":
                 raise TileplanError(f"output {spec.arg.name!r} is a {spec.kind.name.lower()}; tileplan "
                                     "imports modules that do not mutate their buffers or inputs")
             outputs.append(self.read(spec.arg.name, "the graph output"))
-        read = {t for op in self.ops for t in op.inputs}
-        tensors = [t for t in self.declared.values() if t.role is Role.INTERMEDIATE or t.name in read]
+        ops = fuse(self.ops, self.scalar, outputs)
+        read, produced = {t for op in ops for t in op.inputs}, {op.output for op in ops}
+        tensors = [t for t in self.declared.values()
+                   if (t.role is Role.INTERMEDIATE and t.name in produced) or t.name in read]
         params = {k: v for k, v in self.params.items() if k in read}
-        graph = Graph.build(self.name, tensors, self.ops, outputs=list(dict.fromkeys(outputs)))
+        graph = Graph.build(self.name, tensors, ops, outputs=list(dict.fromkeys(outputs)))
+        if self.cast_bf16:
+            graph.imported = {"cast_bf16": self.cast_bf16, "converted_bf16_tensors": self.converted}
         return TorchModel(graph, params)
+
+    def scalar(self, t: str) -> float | None:
+        """The value of a parameter whose elements are all equal (for the pattern table)."""
+        v = self.params.get(t)
+        if v is None or v.size == 0:
+            return None
+        f = np.asarray(v, dtype=np.float64).ravel()
+        return float(f[0]) if np.all(f == f[0]) else None
+
+    def dtype(self, torch_dtype: Any, tname: str) -> DType:
+        """tileplan's dtype for a torch dtype; bfloat16 is refused unless ``cast_bf16``."""
+        if str(torch_dtype) == "torch.bfloat16":
+            if self.cast_bf16 != "fp16":
+                from .onnx import BF16_HELP
+                raise TileplanError(f"tensor {tname!r} is bfloat16; {BF16_HELP}")
+            self.converted += 1
+            return DType.FP16
+        return _dtype(torch_dtype, tname)
 
     # -- values -------------------------------------------------------------------
 
@@ -207,11 +245,13 @@ class _Importer:
             if not shape:
                 raise TileplanError(f"input {tname!r} is a 0-d tensor; tileplan tensors have at least one "
                                     "dimension")
+            dt = self.dtype(val.dtype, tname)
         else:
             tname, role = spec.target, Role.PARAMETER
             shape = _static_shape(val, tname) or (1,)     # a 0-d constant broadcasts as [1]
-            self.params[tname] = _numpy(self._parameter_value(tname, kind), tname).reshape(shape)
-        t = Tensor(tname, shape, _dtype(val.dtype, tname), role)
+            dt = self.dtype(val.dtype, tname)
+            self.params[tname] = _numpy(self._parameter_value(tname, kind), tname, dt).reshape(shape)
+        t = Tensor(tname, shape, dt, role)
         self.known[tname] = self.declared[tname] = t
         self.value[node.name] = tname
 
@@ -262,6 +302,28 @@ class _Importer:
         self.ops.append(op)
         self.value[node.name] = op.output
 
+    def constant(self, name: str, value: float, like: str) -> str:
+        """A one-element parameter ``name`` holding a Python number, in the dtype of tensor ``like``."""
+        dt = self.known[like].dtype
+        self.params[name] = quantise(np.array([float(value)]), dt)
+        self.known[name] = self.declared[name] = Tensor(name, (1,), dt, Role.PARAMETER)
+        return name
+
+    def operands(self, node, args) -> tuple[str, ...]:
+        """Tensors for a pointwise op's arguments; Python numbers become ``<node>.scalar`` parameters
+        (``<node>.scalar1`` for the second) in the dtype of the tensor operand."""
+        tensors = [a for a in args if not isinstance(a, (int, float, bool))]
+        if not tensors:
+            raise _node_err(node, "has no tensor operand")
+        like = self.read(tensors[0], _describe(node))
+        out = []
+        for k, a in enumerate(args):
+            if isinstance(a, bool) or not isinstance(a, (int, float)):
+                out.append(self.read(a, _describe(node)))
+            else:
+                out.append(self.constant(f"{node.name}.scalar{k or ''}", a, like))
+        return tuple(out)
+
     def alias(self, node, src: Any) -> None:
         self.value[node.name] = self.read(src, _describe(node))
 
@@ -273,7 +335,7 @@ class _Importer:
             return
         handler = _HANDLERS.get(target)
         if handler is None:
-            raise _node_err(node, f"unsupported op; {SUPPORTED}")
+            raise _node_err(node, f"unsupported op; {supported()}")
         handler(self, node)
 
     def matmul(self, node, a, b, *, bias=None, transpose_b=False) -> None:
@@ -352,12 +414,61 @@ def _gelu(imp: _Importer, node) -> None:
     imp.emit(node, GeLU(node.name, (x,), node.name, approximate="erf" if approximate == "none" else "tanh"))
 
 
-def _add(imp: _Importer, node) -> None:
-    alpha = node.kwargs.get("alpha", 1)
-    if alpha != 1:
-        raise _node_err(node, f"alpha={alpha}; tileplan has no scalar multiply (use 1)")
-    a, b = (imp.read(arg, _describe(node)) for arg in node.args[:2])
-    imp.emit(node, Add(node.name, (a, b), node.name))
+def _binary(cls: type[Op]):
+    """``aten.<op>.Tensor`` / ``.Scalar``: a Binary op; a number operand is a [1] parameter.
+
+    ``add``/``sub`` with ``alpha != 1`` scale the second operand first (folded into a number
+    operand, else a Mul named ``<node>.alpha``). ``div`` with a rounding mode is refused.
+    """
+    def handle(imp: _Importer, node) -> None:
+        a, b = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs["other"]
+        alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 and cls in (Add, Sub) else 1)
+        if node.kwargs.get("rounding_mode") is not None:
+            raise _node_err(node, f"rounding_mode={node.kwargs['rounding_mode']!r}; tileplan divides in "
+                                  "floating point only")
+        if alpha != 1 and isinstance(b, (int, float)):
+            b, alpha = b * alpha, 1
+        ta, tb = imp.operands(node, (a, b))
+        if alpha != 1:
+            scaled = f"{node.name}.alpha"
+            imp.ops.append(Mul(scaled, (tb, imp.constant(f"{node.name}.alpha", alpha, tb)), f"{scaled}.out"))
+            imp.known[f"{scaled}.out"] = Tensor(f"{scaled}.out", imp.known[tb].shape, imp.known[tb].dtype)
+            tb = f"{scaled}.out"
+        imp.emit(node, cls(node.name, (ta, tb), node.name))
+    return handle
+
+
+def _unary(*classes: type[Op]):
+    """A unary aten op as a chain of unary ops (``rsqrt`` is Sqrt then Reciprocal); the last is
+    named after the node, the others ``<node>.<kind>``."""
+    def handle(imp: _Importer, node) -> None:
+        x = imp.read(node.args[0], _describe(node))
+        for k, cls in enumerate(classes):
+            last = k == len(classes) - 1
+            out = node.name if last else f"{node.name}.{cls.kind}"
+            imp.emit(node, cls(out, (x,), out))
+            x = out
+    return handle
+
+
+def _silu(imp: _Importer, node) -> None:
+    """``silu(x) = x * sigmoid(x)``: a Sigmoid ``<node>.sigmoid`` and a Mul (no fused kernel is cheaper)."""
+    x = imp.read(node.args[0], _describe(node))
+    imp.emit(node, Sigmoid(f"{node.name}.sigmoid", (x,), f"{node.name}.sigmoid"))
+    imp.emit(node, Mul(node.name, (x, f"{node.name}.sigmoid"), node.name))
+
+
+def _pow(imp: _Importer, node) -> None:
+    """``pow(x, 2)`` and ``pow(x, 3)`` are Muls (``x**3`` of gelu_new); any other exponent is refused."""
+    e = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
+    if isinstance(e, bool) or not isinstance(e, (int, float)) or float(e) not in (2.0, 3.0):
+        raise _node_err(node, f"exponent {e!r}; tileplan imports pow with a constant exponent 2 or 3 (as Muls)")
+    x = imp.read(node.args[0], _describe(node))
+    if float(e) == 2.0:
+        imp.emit(node, Mul(node.name, (x, x), node.name))
+        return
+    imp.emit(node, Mul(f"{node.name}.square", (x, x), f"{node.name}.square"))
+    imp.emit(node, Mul(node.name, (f"{node.name}.square", x), node.name))
 
 
 def _cast(imp: _Importer, node) -> None:
@@ -365,12 +476,12 @@ def _cast(imp: _Importer, node) -> None:
     dtype = node.kwargs.get("dtype")
     if dtype is None and _target_name(node.target) == "aten.to.dtype":
         dtype = node.args[1]
-    src_val, out_val = src.meta.get("val"), node.meta.get("val")
-    if dtype is None or out_val.dtype == src_val.dtype:
-        imp.alias(node, src)
-        return
     x = imp.read(src, _describe(node))
-    out = Tensor(node.name, imp.known[x].shape, _dtype(out_val.dtype, node.name))
+    out_val = node.meta.get("val")
+    if dtype is None or imp.dtype(out_val.dtype, node.name) is imp.known[x].dtype:
+        imp.alias(node, src)          # no change of tileplan dtype (bf16 -> fp16 under cast_bf16 too)
+        return
+    out = Tensor(node.name, imp.known[x].shape, imp.dtype(out_val.dtype, node.name))
     imp.emit(node, Cast(node.name, (x,), node.name), out)
 
 
@@ -399,7 +510,25 @@ _HANDLERS = {
     "aten.permute.default": _transpose_view,
     "aten.transpose.int": _transpose_view,
     "aten.gelu.default": _gelu,
-    "aten.add.Tensor": _add,
+    "aten.add.Tensor": _binary(Add),
+    "aten.add.Scalar": _binary(Add),
+    "aten.sub.Tensor": _binary(Sub),
+    "aten.sub.Scalar": _binary(Sub),
+    "aten.mul.Tensor": _binary(Mul),
+    "aten.mul.Scalar": _binary(Mul),
+    "aten.div.Tensor": _binary(Div),
+    "aten.div.Scalar": _binary(Div),
+    "aten.div.Tensor_mode": _binary(Div),
+    "aten.neg.default": _unary(Neg),
+    "aten.sqrt.default": _unary(Sqrt),
+    "aten.rsqrt.default": _unary(Sqrt, Reciprocal),
+    "aten.reciprocal.default": _unary(Reciprocal),
+    "aten.exp.default": _unary(Exp),
+    "aten.tanh.default": _unary(Tanh),
+    "aten.erf.default": _unary(Erf),
+    "aten.sigmoid.default": _unary(Sigmoid),
+    "aten.silu.default": _silu,
+    "aten.pow.Tensor_Scalar": _pow,
     "aten.to.dtype": _cast,
     "aten.to.dtype_layout": _cast,
     "aten._to_copy.default": _cast,
@@ -413,6 +542,11 @@ _HANDLERS = {
     "aten.detach.default": _identity,
     "aten.dropout.default": _identity,        # export in eval mode: dropout is the identity
 }
+def supported() -> str:
+    names = sorted(t.removeprefix("aten.") for t in _HANDLERS)
+    return f"tileplan imports aten {', '.join(names)}"
+
+
 _SKIPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
             "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg"}
 
@@ -453,9 +587,11 @@ def _dtype(torch_dtype: Any, tname: str) -> DType:
     return table[text]
 
 
-def _numpy(value: Any, tname: str) -> np.ndarray:
+def _numpy(value: Any, tname: str, dt: DType | None = None) -> np.ndarray:
     torch = _torch()
     t = value.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16 and dt is DType.FP16:      # --cast-bf16 fp16
+        t = t.to(torch.float16)
     if t.dtype == torch.float8_e4m3fnuz:
         return t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fnuz).copy()
     _dtype(t.dtype, tname)
