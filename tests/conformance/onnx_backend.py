@@ -41,7 +41,8 @@ COVERED = {
     "MatMul": "matmul", "Gemm": "gemm", "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div",
     "Neg": "neg", "Sqrt": "sqrt", "Reciprocal": "reciprocal", "Exp": "exp", "Tanh": "tanh", "Erf": "erf",
     "Sigmoid": "sigmoid", "Gelu": "gelu", "Cast": "cast", "CastLike": "castlike", "Identity": "identity",
-    "Dropout": "dropout",
+    "Dropout": "dropout", "Reshape": "reshape", "Flatten": "flatten", "Squeeze": "squeeze",
+    "Unsqueeze": "unsqueeze", "Transpose": "transpose",
 }
 # ONNX op type -> input positions that are static arguments (become initializers).
 STATIC_ARGUMENTS = {"Reshape": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "Dropout": (1,)}

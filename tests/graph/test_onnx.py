@@ -106,7 +106,8 @@ def test_gemm_folds_alpha_and_beta_into_initializers():
     m = make_model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc", alpha=0.5, beta=2.0, transA=1)],
                    [("x", F32, [4, 3])], [("y", F32, [3, 6])], {"w": w, "b": b})
     imported = import_onnx(m)
-    assert imported.graph.op("fc").transpose_a
+    assert kinds(imported.graph) == ["transpose", "matmul", "add"]     # transA on an activation: a Transpose op
+    assert imported.graph.op("fc").inputs == ("fc.aT", "w") and not imported.graph.op("fc").transpose_a
     np.testing.assert_array_equal(imported.params["w"], w * 0.5)
     np.testing.assert_array_equal(imported.params["b"], b * 2.0)
 

@@ -74,8 +74,8 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import TileplanError
-from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, MatMul, Mul, Neg, Op, Reciprocal, Role, Sigmoid, Sqrt,
-                   Sub, Tanh, Tensor)
+from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, MatMul, Mul, Neg, Op, Reciprocal, Reshape, Role,
+                   Sigmoid, Sqrt, Sub, Tanh, Tensor, Transpose)
 from .dtypes import DType, dequantise, quantise
 from .patterns import fuse
 
@@ -313,6 +313,9 @@ class _Importer:
             src, dst = resolve(n.inputs[0]), n.outputs[0]
             if dst in self.outputs and src in produced and src not in self.outputs:
                 alias[src] = dst        # the graph output keeps its name
+            elif dst in self.outputs:
+                n.inputs = [src]        # a graph output copying an input, a constant or another output:
+                kept.append(n)          # a real op (a Reshape to the same shape)
             else:
                 alias[dst] = src
         for n in kept:
@@ -345,13 +348,9 @@ class _Importer:
                 self.transposed[out] = (src, n)
             elif src in self.constants:
                 self.constants[out] = np.transpose(self.constants[src], perm)
-            elif not swap:
-                raise n.err(f"transposes {src!r} with perm {perm}; tileplan folds only a swap of the "
-                            "last two axes into the MatMul or Gemm that reads it")
             else:
-                who = others[0].describe() if others else "the graph output"
-                raise n.err(f"{who} reads its output; tileplan folds a Transpose only into a MatMul "
-                            "or Gemm operand")
+                n.attrs["perm"] = perm
+                kept.append(n)          # a Transpose op, planned as a rearrangement
         self.nodes = kept
 
     # -- lowering ---------------------------------------------------------------
@@ -515,7 +514,22 @@ class _Importer:
 
 def _lower_matmul(imp: _Importer, n: _Node) -> list[Op]:
     (a, ta), (b, tb) = imp.operand(n.inputs[0]), imp.operand(n.inputs[1])
-    return [MatMul(n.name, (a, b), n.outputs[0], transpose_a=ta, transpose_b=tb)]
+    pre, (a, ta), (b, tb) = _activation_transposes(imp, n, (a, ta), (b, tb))
+    return pre + [MatMul(n.name, (a, b), n.outputs[0], transpose_a=ta, transpose_b=tb)]
+
+
+def _activation_transposes(imp: _Importer, n: _Node, *operands: tuple[str, bool]):
+    """A transposed activation operand becomes a Transpose op ``<node>.transpose_a``/``_b`` writing
+    ``<node>.aT``/``.bT`` (the GEMM family transposes parameters only, in their stored layout)."""
+    pre, out = [], []
+    for tag, (t, flag) in zip("ab", operands):
+        if flag and t not in imp.constants:
+            r = len(imp._dims(t) or [])
+            pre.append(Transpose(f"{n.name}.transpose_{tag}", (t,), f"{n.name}.{tag}T",
+                                 perm=tuple(range(r - 2)) + (r - 1, r - 2)))
+            t, flag = f"{n.name}.{tag}T", False
+        out.append((t, flag))
+    return (pre, *out)
 
 
 def _lower_gemm(imp: _Importer, n: _Node) -> list[Op]:
@@ -525,12 +539,13 @@ def _lower_gemm(imp: _Importer, n: _Node) -> list[Op]:
     (a, ta), (b, tb) = imp.operand(n.inputs[0]), imp.operand(n.inputs[1])
     ta ^= bool(n.attrs.get("transA", 0))
     tb ^= bool(n.attrs.get("transB", 0))
+    pre, (a, ta), (b, tb) = _activation_transposes(imp, n, (a, ta), (b, tb))
     c = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
     y = n.outputs[0]
     scale_out = alpha != 1.0 and not imp.fold_scalar(b if b in imp.constants else a, alpha)
     scale_c = c is not None and beta != 1.0 and not imp.fold_scalar(c, beta)
     out = y if c is None and not scale_out else f"{y}.matmul"
-    ops: list[Op] = [MatMul(n.name, (a, b), out, transpose_a=ta, transpose_b=tb)]
+    ops: list[Op] = pre + [MatMul(n.name, (a, b), out, transpose_a=ta, transpose_b=tb)]
     if scale_out:
         scaled = y if c is None else f"{y}.alpha"
         ops.append(Mul(f"{n.name}.alpha", (out, imp.constant(f"{n.name}.alpha", alpha, y)), scaled))
@@ -577,6 +592,46 @@ def _lower_cast(imp: _Importer, n: _Node) -> list[Op]:
     return [Cast(n.name, (n.inputs[0],), n.outputs[0])]
 
 
+def _lower_view(imp: _Importer, n: _Node) -> list[Op]:
+    """Reshape, Flatten, Squeeze, Unsqueeze (and an Identity that must copy): a Reshape to the
+    output shape ONNX shape inference gives (no -1 or 0 entries left)."""
+    shape = imp._static(n.outputs[0], what=f"{n.op_type} output")
+    return [Reshape(n.name, (n.inputs[0],), n.outputs[0], shape=shape)]
+
+
+def _lower_transpose(imp: _Importer, n: _Node) -> list[Op]:
+    """A Transpose not folded into a MatMul/Gemm operand or into initializer values."""
+    return transpose_ops(n.name, n.inputs[0], n.outputs[0], tuple(n.attrs["perm"]))
+
+
+def transpose_ops(name: str, x: str, y: str, perm: tuple[int, ...]) -> list[Op]:
+    """``transpose(x, perm)`` as the rearrangements tileplan plans: a permutation of the leading axes
+    keeping the last, a swap of the last two axes, and a permutation of the leading axes again.
+
+    A perm that keeps the last axis, or swaps the last two, is one op. Any other perm moves the
+    axis that must end last next to the last (``<y>.lead``), swaps the two (``<y>.swap``), then
+    orders the leading axes; steps that would be the identity are left out.
+    """
+    n = len(perm)
+    last = n - 1
+    if perm[-1] == last or n < 2:
+        return [Transpose(name, (x,), y, perm=perm)]
+    a = perm[-1]
+    lead = [d for d in range(n) if d not in (a, last)] + [a, last]
+    swap = list(range(n - 2)) + [last, n - 2]
+    order = lead[:n - 2] + [last, a]                    # original axes after lead + swap
+    final = [order.index(p) for p in perm[:-1]] + [last]
+    steps = [(p, tag) for p, tag in ((lead, "lead"), (swap, "swap"), (final, "final"))
+             if p != list(range(n))]
+    ops, src = [], x
+    for k, (p, tag) in enumerate(steps):
+        last_step = k == len(steps) - 1
+        out = y if last_step else f"{y}.{tag}"
+        ops.append(Transpose(name if last_step else f"{name}.{tag}", (src,), out, perm=tuple(p)))
+        src = out
+    return ops
+
+
 @dataclass(frozen=True)
 class _Row:
     lower: Callable[[_Importer, _Node], list[Op]]
@@ -601,11 +656,17 @@ _LOWER: dict[str, _Row] = {
     "Sigmoid": _Row(_pointwise(Sigmoid)),
     "Gelu": _Row(_lower_gelu),
     "Cast": _Row(_lower_cast),
+    "Reshape": _Row(_lower_view),
+    "Flatten": _Row(_lower_view),
+    "Squeeze": _Row(_lower_view),
+    "Unsqueeze": _Row(_lower_view),
+    "Identity": _Row(_lower_view),
+    "Transpose": _Row(_lower_transpose),
 }
 
 
 def supported() -> str:
-    rest = ", ".join(sorted(set(_LOWER) | set(_REWRITE) | {"Constant", "Identity", "Transpose"}))
+    rest = ", ".join(sorted(set(_LOWER) | set(_REWRITE) | {"Constant"}))
     return f"tileplan imports {rest} and the GeLU subgraphs"
 
 
