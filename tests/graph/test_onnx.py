@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tileplan.errors import TileplanError
-from tileplan.graph.core import Add, Cast, GeLU, Graph, MatMul, Role, Tensor
+from tileplan.graph.core import Add, Cast, GeLU, Graph, MatMul, Role, Tensor, Transpose
 from tileplan.graph.dtypes import DType
 from tileplan.graph.onnx import from_onnx, import_onnx, load_onnx_params, to_onnx
 
@@ -137,19 +137,32 @@ def test_transposes_fold_into_matmul_flags_or_into_initializer_values():
                    {"w": w, "bias": bias})
     imported = import_onnx(m)
     g = imported.graph
-    assert g.op("mm") == MatMul("mm", ("a", "b"), "c", transpose_b=True)
+    assert g.op("mm.transpose_b") == Transpose("mm.transpose_b", ("b",), "mm.bT", perm=(0, 2, 1))
+    assert g.op("mm") == MatMul("mm", ("a", "mm.bT"), "c")            # an activation: a Transpose op
     assert g.op("mm2") == MatMul("mm2", ("c", "w"), "d", transpose_b=True)
     np.testing.assert_array_equal(imported.params["w"], w)
     assert g.op("add").inputs == ("d", "biasT") and g.tensors["biasT"].role is Role.PARAMETER
     np.testing.assert_array_equal(imported.params["biasT"], bias.T)
 
 
-def test_transpose_of_an_activation_read_by_add_is_refused():
+def test_transpose_of_an_activation_read_by_add_is_a_transpose_op():
     m = make_model([helper.make_node("Transpose", ["x"], ["xT"], name="t", perm=[1, 0]),
                     helper.make_node("Add", ["xT", "y0"], ["y"], name="add")],
                    [("x", F32, [3, 3]), ("y0", F32, [3, 3])], [("y", F32, [3, 3])])
-    with pytest.raises(TileplanError, match=r"node 't' \(Transpose\): node 'add' \(Add\) reads its output"):
-        from_onnx(m)
+    g = from_onnx(m)
+    assert g.ops[0] == Transpose("t", ("x",), "xT", perm=(1, 0)) and kinds(g) == ["transpose", "add"]
+
+
+def test_transpose_of_any_permutation_is_split_into_rearrangements_tileplan_plans():
+    m = make_model([helper.make_node("Transpose", ["x"], ["y"], name="t", perm=[2, 0, 1])],
+                   [("x", F32, [2, 3, 4])], [("y", F32, [4, 2, 3])])
+    g = from_onnx(m)
+    assert [(op.name, op.perm) for op in g.ops] == [("t.swap", (0, 2, 1)), ("t", (1, 0, 2))]
+    x = np.random.default_rng(0).standard_normal((2, 3, 4))
+    v = x
+    for op in g.ops:
+        v = op.reference(v)
+    np.testing.assert_array_equal(v, np.transpose(x, (2, 0, 1)))
 
 
 # ---- elementwise, casts, identities -------------------------------------------------
@@ -338,10 +351,10 @@ def test_onnx_twin_of_mlp_smoke_fp8_matches_the_toml_original():
 
 
 def test_to_onnx_round_trips_transposes_partials_and_scales():
-    tensors = [Tensor("a", (2, 6, 5), DType.FP16, Role.INPUT), Tensor("w", (7, 6), DType.FP16, Role.PARAMETER),
+    tensors = [Tensor("a", (2, 5, 6), DType.FP16, Role.INPUT), Tensor("w", (7, 6), DType.FP16, Role.PARAMETER),
                Tensor("b", (7,), DType.FP32, Role.PARAMETER), Tensor("p", (2, 5, 7), DType.FP32),
                Tensor("q", (2, 5, 7), DType.FP8, scale=-3)]
-    ops = [MatMul("mm", ("a", "w"), "p", transpose_a=True, transpose_b=True), Add("bias", ("p", "b"), "pb"),
+    ops = [MatMul("mm", ("a", "w"), "p", transpose_b=True), Add("bias", ("p", "b"), "pb"),
            GeLU("act", ("pb",), "g", approximate="erf"), Cast("to8", ("g",), "q")]
     graph = Graph.build("rt", tensors, ops, target="ipu21")
     params = {"w": np.ones((7, 6), np.float16), "b": np.zeros(7, np.float32)}
@@ -350,6 +363,20 @@ def test_to_onnx_round_trips_transposes_partials_and_scales():
     back = import_onnx(model)
     assert signature(back.graph) == signature(graph)
     assert back.graph.name == "rt"
+
+
+def test_to_onnx_round_trips_every_pointwise_op_reshape_and_transpose():
+    from tileplan.graph.core import OP_KINDS, Reshape
+    x = Tensor("x", (2, 3, 4), DType.FP32, Role.INPUT)
+    ops, last = [], "x"
+    for kind in ("add", "sub", "mul", "div", "neg", "sqrt", "reciprocal", "exp", "tanh", "erf", "sigmoid"):
+        cls = OP_KINDS[kind]
+        ops.append(cls(kind, (last, last)[:cls.arity], f"{kind}.out"))
+        last = f"{kind}.out"
+    ops += [Reshape("r", (last,), "r.out", shape=(6, 4)), Transpose("t", ("r.out",), "y", perm=(1, 0))]
+    graph = Graph.build("pw", [x], ops)
+    back = import_onnx(to_onnx(graph, {}))
+    assert signature(back.graph) == signature(graph)
 
 
 def test_fp8_element_type_constant_matches_onnx():

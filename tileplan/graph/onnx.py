@@ -661,7 +661,7 @@ _LOWER: dict[str, _Row] = {
     "Squeeze": _Row(_lower_view),
     "Unsqueeze": _Row(_lower_view),
     "Identity": _Row(_lower_view),
-    "Transpose": _Row(_lower_transpose),
+    "Transpose": _Row(_lower_transpose, fold=False),   # _fold_transposes folds constants, keeping names
 }
 
 
@@ -813,6 +813,12 @@ def to_onnx(graph: Graph, params: dict[str, np.ndarray], *, opset: int = OPSET):
             nodes.append(h.make_node("MatMul", ins, [op.output], name=op.name))
         elif op.kind in _ONNX_TYPE:
             nodes.append(h.make_node(_ONNX_TYPE[op.kind], list(op.inputs), [op.output], name=op.name))
+        elif isinstance(op, Reshape):
+            shape = onnx.numpy_helper.from_array(np.array(op.shape, np.int64), f"{op.name}.shape")
+            nodes.append(h.make_node("Constant", [], [shape.name], name=shape.name, value=shape))
+            nodes.append(h.make_node("Reshape", [op.inputs[0], shape.name], [op.output], name=op.name))
+        elif isinstance(op, Transpose):
+            nodes.append(h.make_node("Transpose", list(op.inputs), [op.output], name=op.name, perm=list(op.perm)))
         elif isinstance(op, GeLU):
             nodes.append(h.make_node("Gelu", list(op.inputs), [op.output], name=op.name,
                                      approximate="none" if op.approximate == "erf" else "tanh"))
