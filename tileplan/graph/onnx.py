@@ -514,22 +514,7 @@ class _Importer:
 
 def _lower_matmul(imp: _Importer, n: _Node) -> list[Op]:
     (a, ta), (b, tb) = imp.operand(n.inputs[0]), imp.operand(n.inputs[1])
-    pre, (a, ta), (b, tb) = _activation_transposes(imp, n, (a, ta), (b, tb))
-    return pre + [MatMul(n.name, (a, b), n.outputs[0], transpose_a=ta, transpose_b=tb)]
-
-
-def _activation_transposes(imp: _Importer, n: _Node, *operands: tuple[str, bool]):
-    """A transposed activation operand becomes a Transpose op ``<node>.transpose_a``/``_b`` writing
-    ``<node>.aT``/``.bT`` (the GEMM family transposes parameters only, in their stored layout)."""
-    pre, out = [], []
-    for tag, (t, flag) in zip("ab", operands):
-        if flag and t not in imp.constants:
-            r = len(imp._dims(t) or [])
-            pre.append(Transpose(f"{n.name}.transpose_{tag}", (t,), f"{n.name}.{tag}T",
-                                 perm=tuple(range(r - 2)) + (r - 1, r - 2)))
-            t, flag = f"{n.name}.{tag}T", False
-        out.append((t, flag))
-    return (pre, *out)
+    return [MatMul(n.name, (a, b), n.outputs[0], transpose_a=ta, transpose_b=tb)]
 
 
 def _lower_gemm(imp: _Importer, n: _Node) -> list[Op]:
@@ -539,13 +524,12 @@ def _lower_gemm(imp: _Importer, n: _Node) -> list[Op]:
     (a, ta), (b, tb) = imp.operand(n.inputs[0]), imp.operand(n.inputs[1])
     ta ^= bool(n.attrs.get("transA", 0))
     tb ^= bool(n.attrs.get("transB", 0))
-    pre, (a, ta), (b, tb) = _activation_transposes(imp, n, (a, ta), (b, tb))
     c = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
     y = n.outputs[0]
     scale_out = alpha != 1.0 and not imp.fold_scalar(b if b in imp.constants else a, alpha)
     scale_c = c is not None and beta != 1.0 and not imp.fold_scalar(c, beta)
     out = y if c is None and not scale_out else f"{y}.matmul"
-    ops: list[Op] = pre + [MatMul(n.name, (a, b), out, transpose_a=ta, transpose_b=tb)]
+    ops: list[Op] = [MatMul(n.name, (a, b), out, transpose_a=ta, transpose_b=tb)]
     if scale_out:
         scaled = y if c is None else f"{y}.alpha"
         ops.append(Mul(f"{n.name}.alpha", (out, imp.constant(f"{n.name}.alpha", alpha, y)), scaled))
