@@ -13,8 +13,8 @@ Rules, applied by the harness and listed, never silent:
   arguments of the op (a Reshape's shape, Squeeze/Unsqueeze axes, Dropout's
   ratio) become initializers holding the case's values. tileplan plans static
   graphs, as an exporter writes them.
-- Excluded by dtype: a case whose data inputs or outputs are integer or bool
-  tensors (out of scope), or another float format than FLOAT, FLOAT16 and
+- Excluded by type: a case whose data inputs or outputs are integer or bool
+  tensors (out of scope), sequences or optionals (not tensors), or another float format than FLOAT, FLOAT16 and
   FLOAT8E4M3FNUZ (DOUBLE, BFLOAT16, the other FP8 and FP4 formats: tileplan's
   IPU has none of them). ``excluded()`` lists them with the rule.
 - 0-d inputs and outputs are fed and compared as ``[1]`` (tileplan's form of a
@@ -67,7 +67,7 @@ class Case:
             if vi.name in static:
                 continue
             if not vi.type.HasField("tensor_type"):
-                return f"{vi.name!r} is not a tensor"
+                return f"not a tensor: {vi.name!r} is a sequence or optional"
             label = onnx.TensorProto.DataType.Name(vi.type.tensor_type.elem_type)
             if label in FLOAT_TYPES:
                 continue
