@@ -26,8 +26,9 @@ from ._version import __version__
 __all__ = ["__version__", "load_model", "plan", "compile", "validate", "report"]
 
 
-def load_model(path, target=None):
+def load_model(path, target=None, *, cast_bf16=None):
     """Load and check a model: a ``.toml`` or ``.onnx`` file or ``"model.py:factory"``.
+    ``cast_bf16="fp16"`` converts a bf16 model to FP16 (else bf16 is refused).
 
     Returns a ``tileplan.graph.core.Graph``. With ``target`` (a preset name, a target
     TOML path or a ``Target``) it also checks the model against that machine (an AMP
@@ -36,7 +37,7 @@ def load_model(path, target=None):
     """
     from .graph.loaders import load_model as _load
     from .target import load_target
-    return _load(path, load_target(target) if target is not None else None)
+    return _load(path, load_target(target) if target is not None else None, cast_bf16=cast_bf16)
 
 
 def _graph_and_target(model, target):
@@ -75,10 +76,10 @@ def compile(model, out_dir, target=None, *, jobs: int = 1, solver: str = "dp", p
     byte-identical packages.
     """
     from .graph.core import Graph
-    from .graph.loaders import load_params
+    from .graph.loaders import load_model_and_params
     from .lowering.compile import compile_model
-    graph, tgt = _graph_and_target(model, target)
-    params = None if isinstance(model, Graph) else load_params(model)
+    graph, params = (model, None) if isinstance(model, Graph) else load_model_and_params(model)  # one import
+    graph, tgt = _graph_and_target(graph, target)
     _, _, path = compile_model(graph, tgt, out_dir, params=params, jobs=jobs, solver=solver, progress=progress)
     return Path(path)
 

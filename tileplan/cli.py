@@ -34,6 +34,9 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+CastBf16Option = Annotated[Optional[str], typer.Option(
+    "--cast-bf16", help="Convert a bf16 ONNX/torch model to this type (fp16); recorded in plan.json.",
+    metavar="fp16")]
 TargetOption = Annotated[Optional[str], typer.Option(
     "--target", "-t", help="Preset name (see `tileplan machines`) or a target TOML file.")]
 
@@ -153,9 +156,10 @@ def show(
     target: TargetOption = None,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
+    cast_bf16: CastBf16Option = None,
 ) -> None:
     """Summarise a model graph: ops, tensors, FLOPs, bytes and the roofline bound."""
-    graph, tgt, chosen_by = _load_checked(model, target)
+    graph, tgt, chosen_by, _ = _load_checked(model, target, cast_bf16)
     roofline = graph.roofline_cycles(tgt)
 
     console = Output(as_json, quiet)
@@ -271,6 +275,7 @@ def plan_command(
     pins_file: PinsFileOption = None,
     emit_pins: Annotated[Optional[Path], typer.Option("--emit-pins", metavar="FILE",
                                                       help="Write the pins that reproduce this plan (TOML).")] = None,
+    cast_bf16: CastBf16Option = None,
 ) -> None:
     """Plan a model: choose every op's implementation and print the cost report.
     With --json (or -o -) the plan, as plan.json holds it, goes to stdout."""
@@ -281,7 +286,7 @@ def plan_command(
     if output == Path("-"):
         as_json, output = True, None
     out = Output(as_json, quiet, verbose)
-    graph, tgt = _model_and_target(model, target, solver)
+    graph, tgt, _ = _model_and_target(model, target, solver, cast_bf16)
     with _catalogue_progress(quiet) as on_progress:
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
                       pins=_pins(pin, pins_file))
@@ -308,15 +313,14 @@ def compile_command(
     verbose: VerboseOption = False,
     pin: PinOption = None,
     pins_file: PinsFileOption = None,
+    cast_bf16: CastBf16Option = None,
 ) -> None:
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
     import time
 
-    from .graph.loaders import load_params
     from .lowering.compile import compile_model
 
-    graph, tgt = _model_and_target(model, target, solver)
-    params = load_params(model)
+    graph, tgt, params = _model_and_target(model, target, solver, cast_bf16)   # one import: a factory runs once
     t0 = time.perf_counter()
     with _catalogue_progress(quiet) as on_progress:
         p, state, path = compile_model(graph, tgt, output, params=params, jobs=jobs or os.cpu_count() or 1,
@@ -458,24 +462,24 @@ def bench_command(
     console.document(doc)
 
 
-def _load_checked(model: Path, target: str | None):
-    """A model, its target and where the target came from, checked against each other."""
-    from .graph.loaders import check_against_target, load_model
-    graph = load_model(model)
+def _load_checked(model: Path, target: str | None, cast_bf16: str | None = None):
+    """A model, its target, where the target came from, and its parameter values (one import)."""
+    from .graph.loaders import check_against_target, load_model_and_params
+    graph, params = load_model_and_params(model, cast_bf16=cast_bf16)
     tgt, chosen_by = resolve_target(target, graph)
     try:
         check_against_target(graph, tgt)
     except TileplanError as exc:
         raise exc.with_source(str(model)) from None
-    return graph, tgt, chosen_by
+    return graph, tgt, chosen_by, params
 
 
-def _model_and_target(model: Path, target: str | None, solver: str):
-    """Load a model and its target for plan/compile, with the solver name checked."""
+def _model_and_target(model: Path, target: str | None, solver: str, cast_bf16: str | None = None):
+    """Load a model, its target and its parameter values for plan/compile, with the solver name checked."""
     if solver not in ("dp", "cpsat"):
         raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
-    graph, tgt, _ = _load_checked(model, target)
-    return graph, tgt
+    graph, tgt, _, params = _load_checked(model, target, cast_bf16)
+    return graph, tgt, params
 
 
 class _catalogue_progress:

@@ -246,3 +246,22 @@ def test_load_python_factory_imports_the_module_the_file_makes(tmp_path):
         load_python_factory(f"{path}:missing")
     with pytest.raises(TileplanError, match="path/to/model.py:factory"):
         load_python_factory(str(path))
+
+
+def test_a_torch_factory_runs_once_per_command(tmp_path, cli):
+    calls = tmp_path / "calls.txt"
+    path = tmp_path / "counted.py"
+    path.write_text(
+        "import torch\n"
+        "def factory():\n"
+        f"    open({str(calls)!r}, 'a').write('called\\n')\n"
+        "    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.SiLU(), torch.nn.Linear(16, 8))\n"
+        "    return m, (torch.randn(4, 8),)\n")
+    code, out, err = cli("compile", f"{path}:factory", "-t", "ipu21-64", "-o", tmp_path / "pkg", "-j", "1")
+    assert code == 0, err
+    assert calls.read_text().count("called") == 1
+    code, out, err = cli("validate", tmp_path / "pkg")
+    assert code == 0, out + err
+    cli("show", f"{path}:factory", "-t", "ipu21-64")
+    assert calls.read_text().count("called") == 2

@@ -1,4 +1,5 @@
-"""Model loading: one entry point, ``load_model(path, target=None) -> Graph``.
+"""Model loading: ``load_model(path, target=None, cast_bf16=None) -> Graph`` and
+``load_model_and_params`` (the graph and the parameter values from one import).
 
 Dispatches on the file extension: ``.toml`` (``tileplan.graph.toml``) and ``.onnx``
 (``tileplan.graph.onnx``); ``path/to/model.py:factory`` imports a torch module through
@@ -17,8 +18,22 @@ from ..errors import TileplanError
 from .core import Graph, MatMul
 
 
-def load_model(path: str | Path, target=None) -> Graph:
-    """Load and check a model file; ``target`` (a ``Target``) adds the target checks."""
+def load_model(path: str | Path, target=None, *, cast_bf16: str | None = None) -> Graph:
+    """Load and check a model file; ``target`` (a ``Target``) adds the target checks.
+
+    ``cast_bf16="fp16"`` converts a bf16 ONNX or torch model to FP16 (recorded in
+    ``Graph.imported``, which plan.json carries); without it bf16 is refused.
+    """
+    return load_model_and_params(path, target, cast_bf16=cast_bf16)[0]
+
+
+def load_model_and_params(path: str | Path, target=None, *,
+                          cast_bf16: str | None = None) -> tuple[Graph, dict | None]:
+    """The graph and the parameter values of a model file, from one import.
+
+    One import matters for ``model.py:factory``: the factory runs once per call (a command
+    calls this once), not once for the graph and again for the weights.
+    """
     path = Path(path)
     source = str(path)
     try:
@@ -26,12 +41,13 @@ def load_model(path: str | Path, target=None) -> Graph:
             raise TileplanError("no such model file")
         if path.suffix == ".toml":
             from .toml import load_toml
-            graph = load_toml(path)
+            graph, params = load_toml(path), None
         elif path.suffix == ".onnx":
-            graph = _load_onnx(path)
+            graph, params = _load_onnx(path, cast_bf16)
         elif path.suffix.startswith(".py:"):
             from .torch import load_python_factory
-            graph = load_python_factory(source).graph
+            model = load_python_factory(source, cast_bf16=cast_bf16)
+            graph, params = model.graph, model.params
         else:
             raise TileplanError(f"unknown model file type {path.suffix!r} "
                                 "(expected .toml, .onnx or model.py:factory)")
@@ -39,15 +55,16 @@ def load_model(path: str | Path, target=None) -> Graph:
             check_against_target(graph, target)
     except TileplanError as exc:
         raise exc.with_source(source) from None
-    return graph
+    return graph, params
 
 
-def _load_onnx(path: Path) -> Graph:
+def _load_onnx(path: Path, cast_bf16: str | None):
     try:
-        from .onnx import from_onnx
+        from .onnx import import_onnx
     except ImportError:
         raise TileplanError("ONNX models are not supported in this installation (use a TOML model file)") from None
-    return from_onnx(path)
+    model = import_onnx(path, cast_bf16=cast_bf16)
+    return model.graph, model.params
 
 
 def check_against_target(graph: Graph, target) -> None:
@@ -80,17 +97,9 @@ def _verify_with_layout_module(tensor, target) -> None:
         raise TileplanError(f"tensor {tensor.name!r}: {exc}") from None
 
 
-def load_params(path: str | Path) -> dict | None:
-    """Parameter values a model file carries (ONNX initializers, a torch module's weights); None for TOML."""
-    path = Path(path)
-    source = str(path)
-    try:
-        if path.suffix == ".onnx":
-            from .onnx import load_onnx_params
-            return load_onnx_params(path)
-        if path.suffix.startswith(".py:"):
-            from .torch import load_python_factory
-            return load_python_factory(source).params
-    except TileplanError as exc:
-        raise exc.with_source(source) from None
-    return None
+def load_params(path: str | Path, *, cast_bf16: str | None = None) -> dict | None:
+    """Parameter values a model file carries (ONNX initializers, a torch module's weights); None for TOML.
+
+    This imports the model again: a caller that needs the graph too calls ``load_model_and_params``.
+    """
+    return load_model_and_params(path, cast_bf16=cast_bf16)[1]

@@ -468,6 +468,8 @@ class _Importer:
                 raise TileplanError(f"graph output {t!r} is not written by any imported op")
         target = self.metadata.get(TARGET_KEY) or None
         graph = Graph.build(self.name, tensors, ops, outputs=self.outputs or None, target=target)
+        if self.cast_bf16:
+            graph.imported = {"cast_bf16": self.cast_bf16, "converted_bf16_tensors": self.converted}
         return OnnxModel(graph, params)
 
     # -- tensor facts -----------------------------------------------------------

@@ -21,6 +21,8 @@ Contents:
   ``model_floor`` (``quality.model_floor``: no plan in the candidate space is
   faster) with its ratio to the roofline and the plan's ratio to it; each op's
   ``floor`` is its share of it;
+- ``imported`` (only when an importer converted the model, e.g. ``--cast-bf16 fp16``):
+  ``Graph.imported``, ``{"cast_bf16": "fp16", "converted_bf16_tensors": N}``;
 - ``runner_ups`` per GEMM: the candidates that lost, best first, with coarse and
   (when they reached it) detailed cycles and memory, and why they lost: kept
   candidates the whole-graph selection did not pick, then the catalogue's
@@ -178,6 +180,7 @@ def plan_to_json(plan) -> dict:
                         "roofline_ratio": _f(floor["cycles"] / plan.roofline) if plan.roofline else None,
                         "plan_ratio": _f(plan.estimate.cycles / floor["cycles"]) if floor["cycles"] else None},
         "runner_ups": {op: runner_ups(plan, op) for op in gemms},
+        **({"imported": dict(plan.graph.imported)} if plan.graph.imported else {}),   # e.g. cast_bf16
     }
     if plan.pinned is not None:               # pins that changed the plan, beside the planner's own choice
         doc["pinned"] = {**plan.pinned, "cycles": int(plan.estimate.cycles)}
