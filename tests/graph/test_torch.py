@@ -265,3 +265,43 @@ def test_a_torch_factory_runs_once_per_command(tmp_path, cli):
     assert code == 0, out + err
     cli("show", f"{path}:factory", "-t", "ipu21-64")
     assert calls.read_text().count("called") == 2
+
+
+class HeadSplit(nn.Module):
+    """Attention's head split and merge: view, permute keeping the last axis, a full reverse, unsqueeze."""
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h = x.view(b, t, 4, c // 4).permute(0, 2, 1, 3)          # [B, H, T, D]
+        r = h.permute(3, 2, 1, 0)                                  # any permutation
+        return torch.sigmoid(r).unsqueeze(0)
+
+
+def test_views_and_permutes_import_as_reshape_and_transpose_ops_and_validate(tmp_path):
+    from tileplan.lowering.compile import compile_model
+    from tileplan.lowering.package import load_package
+    from tileplan.sim.validate import validate_package
+    from tileplan.target import load_target
+
+    torch.manual_seed(3)
+    x = torch.randn(2, 6, 16)
+    model = import_module(HeadSplit(), (x,))
+    g = model.graph
+    assert [op.kind for op in g.ops] == ["reshape", "transpose", "transpose", "transpose", "transpose",
+                                         "sigmoid", "reshape"]
+    (out,) = g.by_role(Role.OUTPUT)
+    assert out.shape == (1, 4, 6, 4, 2)
+    _, _, path = compile_model(g, load_target("ipu21-64"), tmp_path / "pkg", params=model.params, jobs=1)
+    np.savez(tmp_path / "in.npz", x=x.numpy())
+    np.savez(tmp_path / "want.npz", **{out.name: HeadSplit()(x).numpy()})
+    v = validate_package(load_package(path), inputs_path=tmp_path / "in.npz", expected_path=tmp_path / "want.npz")
+    assert v.passed, v.outputs
+
+
+def test_dropout_in_training_mode_is_refused_naming_the_node():
+    class Drop(nn.Module):
+        def forward(self, x):
+            return F.dropout(x, 0.5, training=True)
+
+    with pytest.raises(TileplanError, match=r"node 'dropout' \(aten\.dropout\.default\): train=True"):
+        from_module(Drop(), (torch.randn(2, 3),))

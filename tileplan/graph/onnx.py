@@ -77,12 +77,12 @@ from ..errors import TileplanError
 from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, MatMul, Mul, Neg, Op, Reciprocal, Reshape, Role,
                    Sigmoid, Sqrt, Sub, Tanh, Tensor, Transpose)
 from .dtypes import DType, dequantise, quantise
+from .importing import BF16_HELP, check_cast_bf16, transpose_ops, unsupported_error
 from .patterns import fuse
 
 SCALE_KEY = "tileplan.scale."
 TARGET_KEY = "tileplan.target"
 OPSET = 20                  # Gelu appears in opset 20
-CAST_BF16 = ("fp16",)       # what --cast-bf16 converts bf16 models to
 
 
 @dataclass(frozen=True)
@@ -114,18 +114,6 @@ def from_onnx(path_or_model: Any, *, name: str | None = None, cast_bf16: str | N
 def load_onnx_params(path_or_model: Any, *, cast_bf16: str | None = None) -> dict[str, np.ndarray]:
     """Parameter values of an ONNX model, by tensor name, in each tensor's dtype."""
     return import_onnx(path_or_model, cast_bf16=cast_bf16).params
-
-
-def check_cast_bf16(cast_bf16: str | None) -> None:
-    if cast_bf16 is not None and cast_bf16 not in CAST_BF16:
-        raise TileplanError(f"--cast-bf16 {cast_bf16!r}: bf16 models convert to {', '.join(CAST_BF16)}")
-
-
-def unsupported_error(what: str, found: dict[str, list[str]], supported: str) -> TileplanError:
-    """One error for every unsupported node: ``3 unsupported nodes: A (2: a1, a2), B (1: b)``."""
-    count = sum(len(v) for v in found.values())
-    kinds = ", ".join(f"{k} ({len(v)}: {', '.join(v)})" for k, v in found.items())
-    return TileplanError(f"{count} unsupported {what}{'s' if count != 1 else ''}: {kinds}; {supported}")
 
 
 # ---- reading -----------------------------------------------------------------
@@ -590,34 +578,6 @@ def _lower_transpose(imp: _Importer, n: _Node) -> list[Op]:
     return transpose_ops(n.name, n.inputs[0], n.outputs[0], tuple(n.attrs["perm"]))
 
 
-def transpose_ops(name: str, x: str, y: str, perm: tuple[int, ...]) -> list[Op]:
-    """``transpose(x, perm)`` as the rearrangements tileplan plans: a permutation of the leading axes
-    keeping the last, a swap of the last two axes, and a permutation of the leading axes again.
-
-    A perm that keeps the last axis, or swaps the last two, is one op. Any other perm moves the
-    axis that must end last next to the last (``<y>.lead``), swaps the two (``<y>.swap``), then
-    orders the leading axes; steps that would be the identity are left out.
-    """
-    n = len(perm)
-    last = n - 1
-    if perm[-1] == last or n < 2:
-        return [Transpose(name, (x,), y, perm=perm)]
-    a = perm[-1]
-    lead = [d for d in range(n) if d not in (a, last)] + [a, last]
-    swap = list(range(n - 2)) + [last, n - 2]
-    order = lead[:n - 2] + [last, a]                    # original axes after lead + swap
-    final = [order.index(p) for p in perm[:-1]] + [last]
-    steps = [(p, tag) for p, tag in ((lead, "lead"), (swap, "swap"), (final, "final"))
-             if p != list(range(n))]
-    ops, src = [], x
-    for k, (p, tag) in enumerate(steps):
-        last_step = k == len(steps) - 1
-        out = y if last_step else f"{y}.{tag}"
-        ops.append(Transpose(name if last_step else f"{name}.{tag}", (src,), out, perm=tuple(p)))
-        src = out
-    return ops
-
-
 @dataclass(frozen=True)
 class _Row:
     lower: Callable[[_Importer, _Node], list[Op]]
@@ -711,10 +671,6 @@ _FP16, _BF16, _FP8 = 10, 16, 18   # TensorProto.FLOAT16, BFLOAT16, FLOAT8E4M3FNU
 _DTYPES: dict[int, DType] = {1: DType.FP32, _FP16: DType.FP16, _FP8: DType.FP8}  # FLOAT, FLOAT16, FP8
 _DTYPE_HELP = ("tileplan takes FLOAT (fp32), FLOAT16 (fp16) and FLOAT8E4M3FNUZ (fp8); integer and bool "
                "tensors are out of scope")
-BF16_HELP = ("the IPU has no bf16 arithmetic: convert the model to FP16 with --cast-bf16 fp16 "
-             "(load_model(..., cast_bf16='fp16'))")
-
-
 def _dtype(elem_type: int, tensor: str) -> DType:
     if elem_type in _DTYPES:
         return _DTYPES[elem_type]

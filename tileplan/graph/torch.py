@@ -60,8 +60,9 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import TileplanError
-from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, MatMul, Mul, Neg, Op, Reciprocal, Role, Sigmoid, Sqrt,
-                   Sub, Tanh, Tensor)
+from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, MatMul, Mul, Neg, Op, Reciprocal, Reshape, Role,
+                   Sigmoid, Sqrt, Sub, Tanh, Tensor)
+from .importing import BF16_HELP, check_cast_bf16, transpose_ops, unsupported_error
 from .dtypes import DType, quantise
 from .patterns import fuse
 
@@ -113,7 +114,6 @@ def from_module(module: Any, example_inputs: Any, *, name: str | None = None,
 def import_exported(program: Any, *, name: str = "exported", cast_bf16: str | None = None) -> TorchModel:
     """Import a ``torch.export.ExportedProgram`` (``cast_bf16="fp16"``: bfloat16 becomes float16)."""
     _torch()
-    from .onnx import check_cast_bf16
     check_cast_bf16(cast_bf16)
     return _Importer(program, name, cast_bf16=cast_bf16).run()
 
@@ -185,7 +185,6 @@ class _Importer:
             elif node.op not in ("placeholder", "call_function", "output"):
                 missing.setdefault(f"FX {node.op}", []).append(node.name)
         if missing:
-            from .onnx import unsupported_error
             raise unsupported_error("node", missing, supported())
         for node in self.program.graph.nodes:
             if node.op == "placeholder":
@@ -195,10 +194,16 @@ class _Importer:
             elif node.op != "output":
                 raise TileplanError(f"node {node.name!r} ({node.op}): unsupported FX node kind; {supported()}")
         outputs = []
+        fx_nodes = {n.name: n for n in self.program.graph.nodes}
         for spec in sig.output_specs:
             if spec.kind.name != "USER_OUTPUT":
                 raise TileplanError(f"output {spec.arg.name!r} is a {spec.kind.name.lower()}; tileplan "
                                     "imports modules that do not mutate their buffers or inputs")
+            node = fx_nodes.get(spec.arg.name)
+            if node is not None and node.op == "call_function" and self.reshaped(node):
+                # a dropped view is the output: the graph output keeps torch's shape (a Reshape op)
+                x = self.value[node.name]
+                self.emit(node, Reshape(node.name, (x,), node.name, shape=_static_shape(node.meta["val"], node.name)))
             outputs.append(self.read(spec.arg.name, "the graph output"))
         ops = fuse(self.ops, self.scalar, outputs)
         read, produced = {t for op in ops for t in op.inputs}, {op.output for op in ops}
@@ -222,7 +227,6 @@ class _Importer:
         """tileplan's dtype for a torch dtype; bfloat16 is refused unless ``cast_bf16``."""
         if str(torch_dtype) == "torch.bfloat16":
             if self.cast_bf16 != "fp16":
-                from .onnx import BF16_HELP
                 raise TileplanError(f"tensor {tname!r} is bfloat16; {BF16_HELP}")
             self.converted += 1
             return DType.FP16
@@ -380,7 +384,8 @@ def _mm(imp: _Importer, node) -> None:
 
 
 def _transpose_view(imp: _Importer, node) -> None:
-    """``t``/``permute``/``transpose``: a swap of the last two axes, for a MatMul to fold."""
+    """``t``/``permute``/``transpose``: a swap of the last two axes read only by MatMuls folds into
+    their transpose flags; any other permutation is Transpose ops (``importing.transpose_ops``)."""
     src = node.args[0]
     rank = len(src.meta["val"].shape)
     target = _target_name(node.target)
@@ -395,15 +400,17 @@ def _transpose_view(imp: _Importer, node) -> None:
     if perm == list(range(rank)):
         imp.alias(node, src)
         return
-    if rank < 2 or perm != list(range(rank - 2)) + [rank - 1, rank - 2]:
-        raise _node_err(node, f"permutes axes {perm}; tileplan folds only a swap of the last two axes "
-                              "into the MatMul that reads it")
-    readers = [_target_name(u.target) for u in node.users]
-    if any(r not in _MATMULS for r in readers):
-        bad = next(u for u in node.users if _target_name(u.target) not in _MATMULS)
-        raise _node_err(node, f"{_describe(bad)} reads its output; tileplan folds a transpose only into "
-                              "a MatMul operand")
-    imp.transposed[node.name] = (imp.read(src, _describe(node)), node)
+    swap = rank >= 2 and perm == list(range(rank - 2)) + [rank - 1, rank - 2]
+    if swap and all(_target_name(u.target) in _MATMULS for u in node.users):
+        imp.transposed[node.name] = (imp.read(src, _describe(node)), node)    # a MatMul transpose flag
+        return
+    if imp.reshaped(src):
+        raise _node_err(node, f"permutes axes {perm} of {src.name!r}, a reshape tileplan dropped (it keeps the "
+                              f"shape {list(imp.known[imp.value[src.name]].shape)}); a Transpose needs the axes "
+                              "as written")
+    x = imp.read(src, _describe(node))
+    for op in transpose_ops(node.name, x, node.name, tuple(perm)):     # planned rearrangements
+        imp.emit(node, op)
 
 
 def _gelu(imp: _Importer, node) -> None:
@@ -486,12 +493,22 @@ def _cast(imp: _Importer, node) -> None:
 
 
 def _reshape(imp: _Importer, node) -> None:
+    """view/reshape/flatten/squeeze/unsqueeze: dropped when the last dimension stays (tileplan ops
+    work on rows), else a Reshape op to torch's output shape (free where the layout survives)."""
     src = node.args[0]
     before, after = tuple(src.meta["val"].shape), tuple(node.meta["val"].shape)
-    if not before or not after or before[-1] != after[-1]:
-        raise _node_err(node, f"reshapes {list(before)} to {list(after)}; tileplan drops reshapes that keep "
-                              "the last dimension and has no op for others")
-    imp.alias(node, src)
+    if before and after and before[-1] == after[-1]:
+        imp.alias(node, src)
+        return
+    x = imp.read(src, _describe(node))
+    imp.emit(node, Reshape(node.name, (x,), node.name, shape=_static_shape(node.meta["val"], node.name) or (1,)))
+
+
+def _dropout(imp: _Importer, node) -> None:
+    """Inference dropout is its input; ``train=True`` is refused."""
+    if _arg(node, 2, "train", False):
+        raise _node_err(node, "train=True; tileplan compiles inference dropout only (export in eval mode)")
+    imp.alias(node, node.args[0])
 
 
 def _identity(imp: _Importer, node) -> None:
@@ -536,11 +553,15 @@ _HANDLERS = {
     "aten.reshape.default": _reshape,
     "aten._unsafe_view.default": _reshape,
     "aten.flatten.using_ints": _reshape,
+    "aten.squeeze.dim": _reshape,
+    "aten.squeeze.dims": _reshape,
+    "aten.squeeze.default": _reshape,
+    "aten.unsqueeze.default": _reshape,
     "aten.clone.default": _identity,
     "aten.contiguous.default": _identity,
     "aten.alias.default": _identity,
     "aten.detach.default": _identity,
-    "aten.dropout.default": _identity,        # export in eval mode: dropout is the identity
+    "aten.dropout.default": _dropout,
 }
 def supported() -> str:
     names = sorted(t.removeprefix("aten.") for t in _HANDLERS)
