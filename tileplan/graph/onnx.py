@@ -8,44 +8,59 @@ values. ``params`` maps every parameter tensor's name to its stored values in
 the tensor's own dtype (``np.float32``, ``np.float16`` or
 ``ml_dtypes.float8_e4m3fnuz``; an FP8 value ``q`` stands for ``q * 2**scale``).
 
+The import runs in passes: unpack (dtypes, initializers, ``Constant`` nodes),
+``_REWRITE`` (nodes that are other nodes), Identity dropping, constant folding,
+Transpose folding, ``_LOWER`` (one row per node type -> tileplan ops; every node
+without a row is reported in one error: ``3 unsupported nodes: LayerNormalization
+(2: ln1, ln2), Softmax (1: sm)``), then the shared pattern table
+(``tileplan.graph.patterns``) folds exporter decompositions (the GeLU subgraphs).
+
 What maps to what:
 
-- graph inputs -> role ``input``; initializers and ``Constant`` nodes read by a
-  kept op -> role ``parameter`` (a 0-d constant becomes shape ``[1]``, which
-  broadcasts the same); graph outputs -> role ``output``.
+- graph inputs -> role ``input``; initializers and ``Constant`` nodes (``value``,
+  ``value_float(s)``, ``value_int(s)``) read by a kept op -> role ``parameter``;
+  graph outputs -> role ``output``. A 0-d tensor becomes shape ``[1]`` (it
+  broadcasts the same).
 - ``MatMul`` -> MatMul (numpy semantics, batched, broadcast batch dimensions;
   either operand an activation or a parameter).
 - ``Gemm`` -> MatMul with ``transA``/``transB`` as its transpose flags, named after
   the node, writing ``<Y>.matmul``; plus, with a bias ``C``, an Add named
-  ``<node>.bias`` writing ``Y``. ``alpha != 1`` is folded into the values of B
-  (or A) when that operand is an initializer read by this node only; ``beta != 1``
-  likewise into C. Otherwise the node is refused (tileplan has no scalar
-  multiply): the error names the node.
-- ``Add`` -> Add (numpy broadcasting).
-- ``Gelu`` (opset 20) -> GeLU: ``approximate="none"`` is the erf form,
-  ``"tanh"`` the tanh form.
-- The GeLU subgraphs exporters emit below opset 20 fuse back into one GeLU:
-  erf: ``0.5 * x * (1 + Erf(x / 1.4142135))`` (or ``x * 0.70710677``), in any
-  association and operand order of the Muls; tanh:
-  ``0.5 * x * (1 + Tanh(0.7978846 * (x + 0.044715 * x**3)))`` with ``Pow(x, 3)``
-  or ``x * x * x``. Constants match within a relative 2e-3 (FP16 constants
-  pass); every intermediate value must have no consumer outside the pattern
-  and not be a graph output, otherwise the nodes stay and are refused as
-  unsupported ops. The fused GeLU is named after the pattern's last node.
-- ``Cast`` to FLOAT, FLOAT16 or FLOAT8E4M3FNUZ -> Cast (FP8 casts saturate).
-- ``Identity`` is dropped (its consumers read its input; an Identity that
-  writes a graph output renames its input's producer's output instead).
+  ``<node>.bias`` writing ``Y``. ``alpha``/``beta`` fold into the values of an
+  initializer operand read by this node only (B or A; C), else they are Muls by
+  one-element parameters ``<node>.alpha`` / ``<node>.beta``.
+- ``Add``, ``Sub``, ``Mul``, ``Div`` -> the Binary ops (numpy broadcasting);
+  ``Sum`` -> a chain of Adds; ``Pow`` with a constant exponent 2 or 3 -> Muls
+  (other exponents are refused).
+- ``Neg``, ``Sqrt``, ``Reciprocal``, ``Exp``, ``Tanh``, ``Erf``, ``Sigmoid`` -> the
+  Unary ops; ``Gelu`` (opset 20) -> GeLU (``approximate="none"`` is the erf form,
+  ``"tanh"`` the tanh form).
+- ``Cast`` to FLOAT, FLOAT16 or FLOAT8E4M3FNUZ -> Cast (FP8 casts saturate;
+  ``saturate=0`` is refused); ``CastLike(x, like)`` -> Cast to ``like``'s type.
+- Nodes whose inputs are all float constants are evaluated at import with the
+  ops' own ``reference()`` (``CastLike(Constant 0.5, x)``, ``Sqrt(Constant 2)``).
+- ``Identity`` and inference ``Dropout`` (ratio ignored; ``training_mode`` true or
+  not a constant is refused, as is a read mask output) are dropped (readers read
+  the input); one that copies a graph input, a constant or another output into a
+  graph output is a Reshape to the same shape.
+- ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze`` -> Reshape to the output
+  shape ONNX shape inference gives.
 - ``Transpose`` that swaps the last two axes and is read only as MatMul or Gemm
   operands folds into their transpose flags (the parameter keeps its name and
-  values); any other Transpose of an initializer is folded into new values
-  (a parameter named after the Transpose's output); any other Transpose is
-  refused.
-- Anything else: one ``TileplanError`` naming the node (its name, or
-  ``<OpType>_<index>`` for an unnamed node) and its op type.
+  values); a Transpose of an initializer is folded into new values (a parameter
+  named after the Transpose's output); any other Transpose -> Transpose ops
+  (``importing.transpose_ops``: any permutation as at most three rearrangements
+  the planner plans).
+- The erf and tanh GeLU subgraphs below opset 20, in every form exporters write
+  (Div or Mul by the constant, ``Pow(x, 3)`` or ``x * x * x``, Sum or Add,
+  CastLike'd Constants), fold into one GeLU (``tileplan.graph.patterns``).
 
-Dtypes: FLOAT -> fp32, FLOAT16 -> fp16, FLOAT8E4M3FNUZ -> fp8; anything else is
-an error naming the tensor. Every input must have a static shape (tileplan plans
-static shapes): a symbolic or missing dimension is an error naming the tensor.
+Dtypes: FLOAT -> fp32, FLOAT16 -> fp16, FLOAT8E4M3FNUZ -> fp8; BFLOAT16 is refused
+naming ``--cast-bf16 fp16`` (``import_onnx(..., cast_bf16="fp16")`` reads every
+bf16 tensor, initializer and Cast target as FLOAT16 and records it in
+``Graph.imported``); anything else (integer, bool, DOUBLE, other FP8 formats)
+is an error naming the tensor and its type. Every input must have a static
+shape (tileplan plans static shapes): a symbolic or missing dimension is an
+error naming the tensor.
 
 tileplan conventions ONNX has no words for, carried in ``metadata_props``:
 

@@ -28,19 +28,40 @@ What maps to what:
   read only as MatMul operands: folded into the MatMul's transpose flags (this
   is how decomposed ``linear`` arrives: ``permute(W, [1, 0])`` then ``addmm``).
 - ``aten.gelu(x, approximate='none'|'tanh')``: GeLU (erf or tanh form).
-- ``aten.add.Tensor(a, b)`` (bias additions and residuals, broadcasting): Add.
-  A Python-number operand or ``alpha != 1`` is refused.
+- ``aten.add/sub/mul/div`` (``.Tensor`` and ``.Scalar``): the Binary ops with numpy
+  broadcasting. A Python-number operand is a one-element parameter
+  ``<node>.scalar`` / ``<node>.scalar1`` in the dtype of the tensor operand;
+  ``alpha != 1`` scales the second operand (folded into a number, else a Mul
+  ``<node>.alpha``); ``div`` with a rounding mode is refused.
+- ``neg, sqrt, reciprocal, exp, tanh, erf, sigmoid``: the Unary ops; ``rsqrt``:
+  Sqrt ``<node>.sqrt`` then Reciprocal; ``silu``: Sigmoid ``<node>.sigmoid`` and
+  a Mul; ``pow.Tensor_Scalar`` with exponent 2 or 3: Muls (others refused).
+- The GeLU subgraphs written out in Python (Hugging Face ``gelu_new``:
+  ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``) fold into one
+  GeLU (``tileplan.graph.patterns``); quick_gelu and SiLU stay Mul/Sigmoid ops.
 - ``aten.to.dtype``, ``aten._to_copy`` (``.half()``, ``.float()``, ``.to(dtype)``):
   Cast to float32/float16/float8_e4m3fnuz, dropped when the dtype does not change.
-- ``aten.view``/``reshape``/``_unsafe_view``/``flatten`` that keep the last dimension:
-  dropped. tileplan ops work on rows (every leading dimension folded), so such a
-  reshape changes nothing they compute; the value keeps the shape of the op that
-  wrote it (an ``[B, T, K]`` input stays ``[B, T, K]`` through ``view([B*T, K])``
-  and ``addmm``). A reshaped value may not feed a MatMul of two activations or
-  one with a batched parameter (the batch dimensions would change meaning).
-- ``clone``, ``contiguous``, ``alias``, ``detach``, ``dropout`` (eval) are dropped;
-  ``_assert_tensor_metadata`` and other assertions are skipped.
-- Anything else: one ``TileplanError`` naming the node and its target.
+- ``aten.view``/``reshape``/``_unsafe_view``/``flatten``/``squeeze``/``unsqueeze``
+  that keep the last dimension: dropped. tileplan ops work on rows (every
+  leading dimension folded), so such a reshape changes nothing they compute;
+  the value keeps the shape of the op that wrote it (an ``[B, T, K]`` input
+  stays ``[B, T, K]`` through ``view([B*T, K])`` and ``addmm``). A reshaped value
+  may not feed a MatMul of two activations or one with a batched parameter, nor
+  a transpose (the axes would change meaning); a dropped view that is a graph
+  output becomes a Reshape op (the output keeps torch's shape). Reshapes that
+  change the last dimension are Reshape ops.
+- ``t``/``permute``/``transpose`` not folded into a MatMul: Transpose ops (any
+  permutation, ``importing.transpose_ops``).
+- ``clone``, ``contiguous``, ``alias``, ``detach``, ``dropout`` (eval; ``train=True``
+  is refused) are dropped; ``_assert_tensor_metadata`` and other assertions are
+  skipped.
+- Anything else: one ``TileplanError`` listing every unsupported node by target
+  (``3 unsupported nodes: aten.relu.default (2: relu, relu_1), ...``).
+
+Dtypes: float32, float16, float8_e4m3fnuz; bfloat16 is refused naming
+``--cast-bf16 fp16`` (``import_module(..., cast_bf16="fp16")`` converts it to
+float16 and records it in ``Graph.imported``); integer and bool tensors are an
+error naming the tensor and its dtype.
 
 ``load_python_factory("path/to/model.py:factory")`` imports that file, calls
 ``factory()``, which returns ``(module, example_inputs)`` (a tensor or a tuple of
