@@ -117,8 +117,8 @@ def test_gemm_alpha_and_beta_on_activations_become_muls_by_one_element_parameter
     model = import_onnx(m)
     g = model.graph
     assert [op.describe() for op in g.ops] == [
-        "matmul scaled(x, w) -> y.matmul", "mul scaled.alpha(y.matmul, scaled.alpha) -> y.alpha",
-        "mul scaled.beta(c, scaled.beta) -> y.beta", "add scaled.bias(y.alpha, y.beta) -> y"]
+        "matmul scaled(x, w) -> y.matmul", "mul scaled.alpha(y.matmul, scaled.alpha) -> y.scaled",
+        "mul scaled.beta(c, scaled.beta) -> y.bias_scaled", "add scaled.bias(y.scaled, y.bias_scaled) -> y"]
     assert model.params == {"scaled.alpha": np.array([0.25], np.float32), "scaled.beta": np.array([3.0], np.float32)}
     assert g.tensors["scaled.alpha"].shape == (1,) and g.tensors["scaled.alpha"].role is Role.PARAMETER
 

@@ -305,3 +305,23 @@ def test_dropout_in_training_mode_is_refused_naming_the_node():
 
     with pytest.raises(TileplanError, match=r"node 'dropout' \(aten\.dropout\.default\): train=True"):
         from_module(Drop(), (torch.randn(2, 3),))
+
+
+def test_addmm_alpha_and_beta_are_muls_by_one_element_parameters():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = nn.Parameter(torch.randn(8, 6)), nn.Parameter(torch.randn(6))
+
+        def forward(self, x):
+            return torch.addmm(self.b, x, self.w, beta=0.5, alpha=2.0)
+
+    torch.manual_seed(4)
+    x = torch.randn(4, 8)
+    module = Scaled()
+    model = import_module(module, (x,))
+    assert [op.kind for op in model.graph.ops] == ["matmul", "mul", "mul", "add"]
+    assert model.params["addmm.alpha"].tolist() == [2.0] and model.params["addmm.beta"].tolist() == [0.5]
+    from tileplan.sim.reference import reference
+    got = reference(model.graph, {**model.params, "x": x.numpy()})["addmm"]
+    np.testing.assert_allclose(got, module(x).detach().numpy(), rtol=1e-5, atol=1e-5)

@@ -536,13 +536,13 @@ def _lower_gemm(imp: _Importer, n: _Node) -> list[Op]:
     out = y if c is None and not scale_out else f"{y}.matmul"
     ops: list[Op] = [MatMul(n.name, (a, b), out, transpose_a=ta, transpose_b=tb)]
     if scale_out:
-        scaled = y if c is None else f"{y}.alpha"
+        scaled = y if c is None else f"{y}.scaled"
         ops.append(Mul(f"{n.name}.alpha", (out, imp.constant(f"{n.name}.alpha", alpha, y)), scaled))
         out = scaled
     if c is not None:
         if scale_c:
-            ops.append(Mul(f"{n.name}.beta", (c, imp.constant(f"{n.name}.beta", beta, c)), f"{y}.beta"))
-            c = f"{y}.beta"
+            ops.append(Mul(f"{n.name}.beta", (c, imp.constant(f"{n.name}.beta", beta, c)), f"{y}.bias_scaled"))
+            c = f"{y}.bias_scaled"
         ops.append(Add(f"{n.name}.bias", (out, c), y))
     return ops
 

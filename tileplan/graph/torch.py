@@ -23,7 +23,8 @@ What maps to what:
   writing ``<node>.matmul``; then an Add named ``<node>.bias`` writing ``<node>``.
   Without a bias the MatMul writes ``<node>``.
 - ``aten.addmm(b, x, W)`` likewise (MatMul then bias Add); ``aten.mm``, ``aten.bmm``,
-  ``aten.matmul``: MatMul. ``alpha``/``beta`` other than 1 are refused.
+  ``aten.matmul``: MatMul. ``addmm``'s ``alpha``/``beta`` other than 1 are Muls by
+  one-element parameters ``<node>.alpha``/``<node>.beta``.
 - ``aten.t``, ``aten.permute``/``aten.transpose`` swapping the last two axes,
   read only as MatMul operands: folded into the MatMul's transpose flags (this
   is how decomposed ``linear`` arrives: ``permute(W, [1, 0])`` then ``addmm``).
@@ -363,7 +364,9 @@ class _Importer:
             raise _node_err(node, f"unsupported op; {supported()}")
         handler(self, node)
 
-    def matmul(self, node, a, b, *, bias=None, transpose_b=False) -> None:
+    def matmul(self, node, a, b, *, bias=None, transpose_b=False, alpha=1, beta=1) -> None:
+        """``alpha * (a @ b) + beta * bias``: a MatMul, then Muls by one-element parameters
+        ``<node>.alpha``/``<node>.beta`` where they are not 1, then the bias Add ``<node>.bias``."""
         (ta, fa), (tb, fb) = self.operand(a, node), self.operand(b, node)
         fb ^= transpose_b
         b_is_matrix_parameter = self.known[tb].role is Role.PARAMETER and len(self.known[tb].shape) == 2
@@ -373,10 +376,18 @@ class _Importer:
                                       f"shape {list(self.known[self.value[arg.name]].shape)}); a MatMul of two "
                                       "activations or with a batched parameter needs its batch dimensions "
                                       "as written")
-        out = node.name if bias is None else f"{node.name}.matmul"
+        out = node.name if bias is None and alpha == 1 else f"{node.name}.matmul"
         self.emit(node, MatMul(node.name, (ta, tb), out, transpose_a=fa, transpose_b=fb))
+        if alpha != 1:
+            scaled = node.name if bias is None else f"{node.name}.scaled"
+            self.emit(node, Mul(f"{node.name}.alpha", (out, self.constant(f"{node.name}.alpha", alpha, out)), scaled))
+            out = scaled
         if bias is not None:
             tbias = self.read(bias, _describe(node))
+            if beta != 1:
+                c = self.constant(f"{node.name}.beta", beta, tbias)
+                self.emit(node, Mul(f"{node.name}.beta", (tbias, c), f"{node.name}.bias_scaled"))
+                tbias = f"{node.name}.bias_scaled"
             self.emit(node, Add(f"{node.name}.bias", (out, tbias), node.name))
 
 
@@ -395,9 +406,7 @@ def _linear(imp: _Importer, node) -> None:
 
 def _addmm(imp: _Importer, node) -> None:
     beta, alpha = _arg(node, 3, "beta", 1), _arg(node, 4, "alpha", 1)
-    if beta != 1 or alpha != 1:
-        raise _node_err(node, f"beta={beta}, alpha={alpha}; tileplan has no scalar multiply (use 1)")
-    imp.matmul(node, node.args[1], node.args[2], bias=node.args[0])
+    imp.matmul(node, node.args[1], node.args[2], bias=node.args[0], alpha=alpha, beta=beta)
 
 
 def _mm(imp: _Importer, node) -> None:
@@ -458,10 +467,10 @@ def _binary(cls: type[Op]):
             b, alpha = b * alpha, 1
         ta, tb = imp.operands(node, (a, b))
         if alpha != 1:
-            scaled = f"{node.name}.alpha"
-            imp.ops.append(Mul(scaled, (tb, imp.constant(f"{node.name}.alpha", alpha, tb)), f"{scaled}.out"))
-            imp.known[f"{scaled}.out"] = Tensor(f"{scaled}.out", imp.known[tb].shape, imp.known[tb].dtype)
-            tb = f"{scaled}.out"
+            scaled = f"{node.name}.scaled"
+            imp.ops.append(Mul(f"{node.name}.alpha", (tb, imp.constant(f"{node.name}.alpha", alpha, tb)), scaled))
+            imp.known[scaled] = Tensor(scaled, imp.known[tb].shape, imp.known[tb].dtype)
+            tb = scaled
         imp.emit(node, cls(node.name, (ta, tb), node.name))
     return handle
 
