@@ -203,3 +203,20 @@ def test_cli_cast_bf16_to_another_type_is_refused(tmp_path, cli):
     bf16_mlp(tmp_path / "m.onnx")
     code, _, err = cli("show", tmp_path / "m.onnx", "--cast-bf16", "fp8")
     assert code == 2 and "--cast-bf16 'fp8': bf16 models convert to fp16" in err
+
+
+def test_dropout_whose_mask_is_read_is_refused_naming_the_mask():
+    nodes = [helper.make_node("Dropout", ["x"], ["d", "mask"], name="drop"),
+             helper.make_node("Neg", ["d"], ["y"], name="neg"),
+             helper.make_node("Identity", ["mask"], ["m"], name="keep")]
+    m = make_model(nodes, [("x", F32, [2, 4])], [("y", F32, [2, 4]), ("m", TensorProto.BOOL, [2, 4])])
+    with pytest.raises(TileplanError, match=r"node 'drop' \(Dropout\): its mask output 'mask' is read"):
+        from_onnx(m)
+
+
+def test_a_string_constant_is_refused_naming_the_node():
+    nodes = [helper.make_node("Constant", [], ["c"], name="c", value_string="hello"),
+             helper.make_node("Neg", ["x"], ["y"], name="neg")]
+    m = make_model(nodes, [("x", F32, [2, 4])], [("y", F32, [2, 4])])
+    with pytest.raises(TileplanError, match=r"node 'c' \(Constant\): constant kind \['value_string'\] is not supported"):
+        from_onnx(m)
