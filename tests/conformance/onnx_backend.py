@@ -10,8 +10,8 @@ outputs, at the tolerance of the output's dtype (``sim.validate.TOLERANCES``).
 Rules, applied by the harness and listed, never silent:
 
 - ``STATIC_ARGUMENTS``: inputs that ONNX passes as tensors but that are static
-  arguments of the op (a Reshape's shape, Squeeze/Unsqueeze axes, Dropout's
-  ratio) become initializers holding the case's values. tileplan plans static
+  arguments of the op (a Reshape's shape, Squeeze/Unsqueeze and reduction axes,
+  Dropout's ratio) become initializers holding the case's values. tileplan plans static
   graphs, as an exporter writes them.
 - Excluded by type: a case whose data inputs or outputs are integer or bool
   tensors (out of scope), sequences or optionals (not tensors), or another float format than FLOAT, FLOAT16 and
@@ -42,10 +42,12 @@ COVERED = {
     "Neg": "neg", "Sqrt": "sqrt", "Reciprocal": "reciprocal", "Exp": "exp", "Tanh": "tanh", "Erf": "erf",
     "Sigmoid": "sigmoid", "Gelu": "gelu", "Cast": "cast", "CastLike": "castlike", "Identity": "identity",
     "Dropout": "dropout", "Reshape": "reshape", "Flatten": "flatten", "Squeeze": "squeeze",
-    "Unsqueeze": "unsqueeze", "Transpose": "transpose",
+    "Unsqueeze": "unsqueeze", "Transpose": "transpose", "LayerNormalization": "layernormalization",
+    "Softmax": "softmax", "ReduceSum": "reducesum", "ReduceMean": "reducemean", "ReduceMax": "reducemax",
 }
 # ONNX op type -> input positions that are static arguments (become initializers).
-STATIC_ARGUMENTS = {"Reshape": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "Dropout": (1,)}
+STATIC_ARGUMENTS = {"Reshape": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "Dropout": (1,), "ReduceSum": (1,),
+                    "ReduceMean": (1,), "ReduceMax": (1,)}
 TARGET = "ipu21-64"
 FLOAT_TYPES = {"FLOAT", "FLOAT16", "FLOAT8E4M3FNUZ"}
 
@@ -108,10 +110,12 @@ def _main_op(model) -> str | None:
 
 
 def _static_inputs(model) -> set[str]:
+    """Graph inputs that some node reads as a static argument."""
+    graph_inputs = {vi.name for vi in model.graph.input}
     names = set()
     for n in model.graph.node:
         for k in STATIC_ARGUMENTS.get(n.op_type, ()):
-            if k < len(n.input) and n.input[k]:
+            if k < len(n.input) and n.input[k] in graph_inputs:
                 names.add(n.input[k])
     return names
 

@@ -1,10 +1,12 @@
-"""What the ONNX and torch importers share: bf16 handling, the one unsupported-nodes error, and
-Transposes of any permutation as the rearrangements tileplan plans."""
+"""What the ONNX and torch importers share: bf16 handling, the one unsupported-nodes error,
+Transposes of any permutation and reductions over any axes as the ops tileplan plans."""
 
 from __future__ import annotations
 
+import math
+
 from ..errors import TileplanError
-from .core import Op, Transpose
+from .core import Op, Reshape, Transpose
 
 CAST_BF16 = ("fp16",)       # what --cast-bf16 converts bf16 models to
 BF16_HELP = ("the IPU has no bf16 arithmetic: convert the model to FP16 with --cast-bf16 fp16 "
@@ -49,3 +51,29 @@ def transpose_ops(name: str, x: str, y: str, perm: tuple[int, ...]) -> list[Op]:
         ops.append(Transpose(name if last_step else f"{name}.{tag}", (src,), out, perm=tuple(p)))
         src = out
     return ops
+
+
+def reduce_ops(cls: type[Op], name: str, x: str, y: str, shape: tuple[int, ...], axes: tuple[int, ...],
+               out_shape: tuple[int, ...]) -> list[Op]:
+    """A reduction over any set of axes as what tileplan plans: the reduced axes moved last
+    (``transpose_ops``, ``<y>.perm``), flattened into one (a Reshape ``<y>.flat``), reduced over the
+    last axis keeping a unit axis (``<y>.reduced``), then a Reshape to ``out_shape`` (the importer's
+    keepdims form). Steps that change nothing are left out; the last op is ``name`` writing ``y``."""
+    n = len(shape)
+    axes = tuple(sorted({a % n for a in axes}))
+    rest = [d for d in range(n) if d not in axes]
+    ops: list[Op] = []
+    cur, cur_shape = x, tuple(shape)
+    perm = tuple(rest + list(axes))
+    if perm != tuple(range(n)):
+        ops += transpose_ops(f"{name}.perm", cur, f"{y}.perm", perm)
+        cur, cur_shape = f"{y}.perm", tuple(shape[p] for p in perm)
+    flat = tuple(shape[d] for d in rest) + (math.prod(shape[a] for a in axes),)
+    if flat != cur_shape:
+        ops.append(Reshape(f"{name}.flat", (cur,), f"{y}.flat", shape=flat))
+        cur, cur_shape = f"{y}.flat", flat
+    reduced = flat[:-1] + (1,)
+    if reduced == tuple(out_shape):
+        return ops + [cls(name, (cur,), y, keepdims=True)]
+    ops.append(cls(f"{name}.reduced", (cur,), f"{y}.reduced", keepdims=True))
+    return ops + [Reshape(name, (f"{y}.reduced",), y, shape=tuple(out_shape))]

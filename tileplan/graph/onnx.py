@@ -80,6 +80,7 @@ ONNX graph's name.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,10 +90,10 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import TileplanError
-from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, MatMul, Mul, Neg, Op, Reciprocal, Reshape, Role,
-                   Sigmoid, Sqrt, Sub, Tanh, Tensor, Transpose)
+from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
+                   ReduceMean, ReduceSum, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor, Transpose)
 from .dtypes import DType, dequantise, quantise
-from .importing import BF16_HELP, check_cast_bf16, transpose_ops, unsupported_error
+from .importing import BF16_HELP, check_cast_bf16, reduce_ops, transpose_ops, unsupported_error
 from .patterns import fuse
 
 SCALE_KEY = "tileplan.scale."
@@ -205,6 +206,7 @@ class _Importer:
     transposed: dict[str, tuple[str, _Node]] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     converted: int = 0                  # bf16 tensors converted under cast_bf16
+    opset: int = OPSET                  # the model's default-domain opset
 
     def run(self) -> OnnxModel:
         self._unpack()
@@ -223,6 +225,7 @@ class _Importer:
         onnx = _onnx()
         g = self.model.graph
         self.metadata = {p.key: p.value for p in self.model.metadata_props}
+        self.opset = next((int(o.version) for o in self.model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
         for vi in list(g.input) + list(g.value_info) + list(g.output):
             tt = vi.type.tensor_type
             if vi.type.HasField("tensor_type"):
@@ -381,12 +384,13 @@ class _Importer:
                     declared[t.name] = t
         return ops, declared
 
-    def constant(self, name: str, value: float, like: str) -> str:
-        """A new one-element parameter holding ``value`` in the dtype of tensor ``like``."""
+    def constant(self, name: str, value: float, like: str, shape: tuple[int, ...] = (1,)) -> str:
+        """A new parameter of ``shape`` (one element by default) filled with ``value``, in the
+        dtype of tensor ``like``."""
         dt = self._tensor_dtype(like)
         if dt is None or dt is DType.FP8:
             dt = DType.FP16 if dt is DType.FP8 else DType.FP32
-        self.constants[name] = quantise(np.array([value]), dt)
+        self.constants[name] = quantise(np.full(shape, value), dt)
         return name
 
     def _declared_output(self, op: Op, node: _Node) -> Tensor | None:
@@ -593,6 +597,115 @@ def _lower_transpose(imp: _Importer, n: _Node) -> list[Op]:
     return transpose_ops(n.name, n.inputs[0], n.outputs[0], tuple(n.attrs["perm"]))
 
 
+def _lower_softmax(imp: _Importer, n: _Node) -> list[Op]:
+    """Softmax over ``axis`` (opset 13+; the planner moves another axis last). Below opset 13 the
+    input is flattened to 2-D at ``axis`` first (Reshapes ``<y>.rows`` and back)."""
+    x, y = n.inputs[0], n.outputs[0]
+    shape = imp._static(x, what="Softmax input")
+    rank = len(shape)
+    axis = int(n.attrs.get("axis", -1 if imp.opset >= 13 else 1)) % rank
+    if imp.opset >= 13 or axis == rank - 1:
+        return [Softmax(n.name, (x,), y, axis=axis - rank)]
+    rows = (math.prod(shape[:axis]), math.prod(shape[axis:]))
+    return [Reshape(f"{n.name}.rows", (x,), f"{y}.rows", shape=rows),
+            Softmax(f"{n.name}.softmax", (f"{y}.rows",), f"{y}.softmax", axis=-1),
+            Reshape(n.name, (f"{y}.softmax",), y, shape=shape)]
+
+
+def _lower_layernorm(imp: _Importer, n: _Node) -> list[Op]:
+    """LayerNormalization over the axes from ``axis`` on: over the last axis directly, else the
+    trailing axes flattened into one (Reshapes ``<y>.rows`` and back; Scale and B reshaped to
+    ``[C]``). A missing B is a zero parameter ``<node>.bias``; Mean and InvStdDev must be unread."""
+    x, y = n.inputs[0], n.outputs[0]
+    shape = imp._static(x, what="LayerNormalization input")
+    rank = len(shape)
+    axis = int(n.attrs.get("axis", -1)) % rank
+    c = math.prod(shape[axis:])
+    ops: list[Op] = []
+    params = []
+    for k, what in ((1, "scale"), (2, "bias")):
+        t = n.inputs[k] if len(n.inputs) > k and n.inputs[k] else None
+        if t is None:
+            params.append(imp.constant(f"{n.name}.bias", 0.0, x, shape=(c,)))
+            continue
+        if tuple(imp._static(t, what=f"LayerNormalization {what}")) != (c,):
+            if t in imp.constants:
+                name = f"{n.name}.{what}"
+                imp.constants[name] = np.ascontiguousarray(np.broadcast_to(imp.constants[t], shape[axis:]).reshape(c))
+                t = name
+            else:
+                ops.append(Reshape(f"{n.name}.{what}", (t,), f"{y}.{what}", shape=(c,)))
+                t = f"{y}.{what}"
+        params.append(t)
+    eps = float(n.attrs.get("epsilon", 1e-5))
+    ops += _layernorm_statistics(imp, n, shape, axis, eps)
+    if axis == rank - 1:
+        return ops + [LayerNorm(n.name, (x, *params), y, epsilon=eps)]
+    rows = shape[:axis] + (c,)
+    return ops + [Reshape(f"{n.name}.rows", (x,), f"{y}.rows", shape=rows),
+                  LayerNorm(f"{n.name}.norm", (f"{y}.rows", *params), f"{y}.norm", epsilon=eps),
+                  Reshape(n.name, (f"{y}.norm",), y, shape=shape)]
+
+
+def _layernorm_statistics(imp: _Importer, n: _Node, shape, axis: int, eps: float) -> list[Op]:
+    """LayerNormalization's optional Mean and InvStdDev outputs, when a node or the graph reads
+    them, computed on the rows view ``[..., C]`` (the normalised axes flattened, a Reshape
+    ``<node>.stats.rows``): ``mean = ReduceMean(x)``, ``InvStdDev = 1 / sqrt(ReduceMean((x -
+    mean)**2) + epsilon)`` (column broadcasts), then Reshapes to ONNX's kept-dims shape."""
+    def used(t):
+        return bool(t) and (t in imp.outputs or any(t in m.inputs for m in imp.nodes))
+
+    mean_out = n.outputs[1] if len(n.outputs) > 1 else ""
+    inv_out = n.outputs[2] if len(n.outputs) > 2 else ""
+    if not used(mean_out) and not used(inv_out):
+        return []
+    x, stem = n.inputs[0], f"{n.name}.stats"
+    rows = tuple(shape[:axis]) + (math.prod(shape[axis:]),)
+    kept = tuple(shape[:axis]) + (1,) * (len(shape) - axis)
+    ops: list[Op] = []
+    if rows != tuple(shape):
+        ops.append(Reshape(f"{stem}.rows", (x,), f"{stem}.rows", shape=rows))
+        x = f"{stem}.rows"
+
+    def out(name: str, value: str, target: str) -> None:
+        """``value`` (a column) as the output ``target`` in ONNX's shape, when it is read."""
+        if used(target):
+            ops.append(Reshape(f"{n.name}.{name}", (value,), target, shape=kept))
+
+    ops.append(ReduceMean(f"{stem}.mean", (x,), f"{stem}.mean", keepdims=True))
+    out("mean", f"{stem}.mean", mean_out)
+    if used(inv_out):
+        ops += [Sub(f"{stem}.centred", (x, f"{stem}.mean"), f"{stem}.centred"),
+                Mul(f"{stem}.square", (f"{stem}.centred", f"{stem}.centred"), f"{stem}.square"),
+                ReduceMean(f"{stem}.var", (f"{stem}.square",), f"{stem}.var", keepdims=True),
+                Add(f"{stem}.var_eps", (f"{stem}.var", imp.constant(f"{stem}.epsilon", eps, n.inputs[0])),
+                    f"{stem}.var_eps"),
+                Sqrt(f"{stem}.std", (f"{stem}.var_eps",), f"{stem}.std"),
+                Reciprocal(f"{stem}.inv_std_dev", (f"{stem}.std",), f"{stem}.inv_std_dev")]
+        out("inv_std_dev", f"{stem}.inv_std_dev", inv_out)
+    return ops
+
+
+def _reduce(cls: type[Op], axes_input_since: int) -> Callable[[_Importer, _Node], list[Op]]:
+    """ReduceSum/Mean/Max over any constant axes (attribute, or input 1 from ``axes_input_since``),
+    ``keepdims`` and ``noop_with_empty_axes`` as ONNX (``importing.reduce_ops``)."""
+    def lower(imp: _Importer, n: _Node) -> list[Op]:
+        x, y = n.inputs[0], n.outputs[0]
+        shape = imp._static(x, what=f"{n.op_type} input")
+        if imp.opset >= axes_input_since:
+            t = n.inputs[1] if len(n.inputs) > 1 and n.inputs[1] else None
+            if t is not None and t not in imp.constants:
+                raise n.err(f"axes {t!r} is not a constant; tileplan plans reductions over static axes")
+            axes = [] if t is None else [int(a) for a in np.asarray(imp.constants[t]).ravel()]
+        else:
+            axes = [int(a) for a in n.attrs.get("axes", [])]
+        if not axes and n.attrs.get("noop_with_empty_axes", 0):
+            return [Reshape(n.name, (x,), y, shape=shape)]
+        axes = axes or list(range(len(shape)))
+        return reduce_ops(cls, n.name, x, y, shape, tuple(axes), imp._static(y, what=f"{n.op_type} output"))
+    return lower
+
+
 @dataclass(frozen=True)
 class _Row:
     lower: Callable[[_Importer, _Node], list[Op]]
@@ -623,6 +736,11 @@ _LOWER: dict[str, _Row] = {
     "Unsqueeze": _Row(_lower_view),
     "Identity": _Row(_lower_view),
     "Transpose": _Row(_lower_transpose, fold=False),   # _fold_transposes folds constants, keeping names
+    "Softmax": _Row(_lower_softmax),
+    "LayerNormalization": _Row(_lower_layernorm, fold=False),
+    "ReduceSum": _Row(_reduce(ReduceSum, 13)),
+    "ReduceMean": _Row(_reduce(ReduceMean, 18)),
+    "ReduceMax": _Row(_reduce(ReduceMax, 18)),
 }
 
 
