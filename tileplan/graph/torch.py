@@ -51,6 +51,9 @@ What maps to what:
   a transpose (the axes would change meaning); a dropped view that is a graph
   output becomes a Reshape op (the output keeps torch's shape). Reshapes that
   change the last dimension are Reshape ops.
+- ``softmax``/``_softmax``: Softmax over its dim; ``layer_norm`` over the last axis (no
+  weight/bias: ones/zeros parameters ``<node>.weight``/``.bias``); ``mean.dim``,
+  ``sum.dim_IntList``, ``amax``: reductions over any axes (``importing.reduce_ops``).
 - ``t``/``permute``/``transpose`` not folded into a MatMul: Transpose ops (any
   permutation, ``importing.transpose_ops``).
 - ``clone``, ``contiguous``, ``alias``, ``detach``, ``dropout`` (eval; ``train=True``
@@ -82,9 +85,9 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import TileplanError
-from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, MatMul, Mul, Neg, Op, Reciprocal, Reshape, Role,
-                   Sigmoid, Sqrt, Sub, Tanh, Tensor)
-from .importing import BF16_HELP, check_cast_bf16, transpose_ops, unsupported_error
+from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
+                   ReduceMean, ReduceSum, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor)
+from .importing import BF16_HELP, check_cast_bf16, reduce_ops, transpose_ops, unsupported_error
 from .dtypes import DType, quantise
 from .patterns import fuse
 
@@ -495,6 +498,63 @@ def _silu(imp: _Importer, node) -> None:
     imp.emit(node, Mul(node.name, (x, f"{node.name}.sigmoid"), node.name))
 
 
+def _softmax(imp: _Importer, node) -> None:
+    """``softmax(x, dim)`` / ``_softmax(x, dim, half_to_float=False)``: Softmax over ``dim``."""
+    if _target_name(node.target) == "aten._softmax.default" and node.args[2]:
+        raise _node_err(node, "half_to_float=True; tileplan computes softmax in the input's type")
+    dtype = _arg(node, 2, "dtype") if _target_name(node.target) == "aten.softmax.int" else None
+    if dtype is not None:
+        raise _node_err(node, f"dtype={dtype}; cast the input first")
+    dim = int(node.args[1])
+    if imp.reshaped(node.args[0]) and dim % len(node.args[0].meta["val"].shape) != len(node.args[0].meta["val"].shape) - 1:
+        raise _node_err(node, "softmax over a leading axis of a reshape tileplan dropped; the axes would change")
+    x = imp.read(node.args[0], _describe(node))
+    imp.emit(node, Softmax(node.name, (x,), node.name, axis=dim if dim < 0 else dim - len(imp.known[x].shape)))
+
+
+def _layer_norm(imp: _Importer, node) -> None:
+    """``layer_norm(x, [C], weight, bias, eps)`` over the last axis; no weight/bias: ones/zeros
+    parameters ``<node>.weight``/``<node>.bias``. A normalized_shape of more axes is refused."""
+    x = imp.read(node.args[0], _describe(node))
+    shape = list(_arg(node, 1, "normalized_shape"))
+    if len(shape) != 1:
+        raise _node_err(node, f"normalized_shape {shape}; tileplan normalises over the last axis (flatten first)")
+    params = []
+    for k, key, fill in ((2, "weight", 1.0), (3, "bias", 0.0)):
+        t = _arg(node, k, key)
+        if t is None:
+            name = f"{node.name}.{key}"
+            imp.constant(name, fill, x)
+            imp.params[name] = np.full(shape, imp.params[name][0])
+            imp.known[name] = imp.declared[name] = Tensor(name, tuple(shape), imp.known[x].dtype, Role.PARAMETER)
+            params.append(name)
+        else:
+            params.append(imp.read(t, _describe(node)))
+    imp.emit(node, LayerNorm(node.name, (x, *params), node.name, epsilon=float(_arg(node, 4, "eps", 1e-5))))
+
+
+def _reduction(cls: type[Op]):
+    """``mean.dim``/``sum.dim_IntList``/``amax``: a reduction over any axes (``importing.reduce_ops``)."""
+    def handle(imp: _Importer, node) -> None:
+        src = node.args[0]
+        dims = _arg(node, 1, "dim")
+        keepdim = bool(_arg(node, 2, "keepdim", False))
+        if _arg(node, 3, "dtype") is not None:
+            raise _node_err(node, "a dtype argument; cast the input first")
+        rank = len(src.meta["val"].shape)
+        dims = list(range(rank)) if dims is None or list(dims) == [] else [int(d) % rank for d in dims]
+        if imp.reshaped(src) and dims != [rank - 1]:
+            raise _node_err(node, f"reduces axes {dims} of a reshape tileplan dropped; the axes would change")
+        x = imp.read(src, _describe(node))
+        shape = imp.known[x].shape
+        dims = [d - rank + len(shape) for d in dims]
+        out = tuple(1 if d in dims else s for d, s in enumerate(shape)) if keepdim else \
+            tuple(s for d, s in enumerate(shape) if d not in dims)
+        for op in reduce_ops(cls, node.name, x, node.name, shape, tuple(dims), out or (1,)):
+            imp.emit(node, op)
+    return handle
+
+
 def _pow(imp: _Importer, node) -> None:
     """``pow(x, 2)`` and ``pow(x, 3)`` are Muls (``x**3`` of gelu_new); any other exponent is refused."""
     e = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
@@ -576,6 +636,12 @@ _HANDLERS = {
     "aten.sigmoid.default": _unary(Sigmoid),
     "aten.silu.default": _silu,
     "aten.pow.Tensor_Scalar": _pow,
+    "aten.softmax.int": _softmax,
+    "aten._softmax.default": _softmax,
+    "aten.layer_norm.default": _layer_norm,
+    "aten.mean.dim": _reduction(ReduceMean),
+    "aten.sum.dim_IntList": _reduction(ReduceSum),
+    "aten.amax.default": _reduction(ReduceMax),
     "aten.to.dtype": _cast,
     "aten.to.dtype_layout": _cast,
     "aten._to_copy.default": _cast,
