@@ -98,15 +98,17 @@ def collect() -> list[Case]:
 
 
 def _main_op(model) -> str | None:
-    """The op a case tests: its only node, or the op whose function an ``_expanded`` case spells out."""
-    nodes = model.graph.node
-    if len(nodes) == 1:
-        return nodes[0].op_type
+    """The op a case tests: the op its name spells (``test_castlike_..._expanded`` is CastLike's
+    function body), else its only node."""
+    import re
     name = model.graph.name
-    for op in COVERED:
-        if name.startswith(f"test_{op.lower()}_"):
-            return op
-    return None
+    spelled = [(op, p) for op in COVERED
+               for p in (op.lower(), re.sub(r"(?<!^)(?=[A-Z])", "_", op).lower())
+               if name.startswith(f"test_{p}_") or name == f"test_{p}"]
+    if spelled:
+        return max(spelled, key=lambda t: len(t[1]))[0]
+    nodes = model.graph.node
+    return nodes[0].op_type if len(nodes) == 1 else None
 
 
 def _static_inputs(model) -> set[str]:

@@ -280,10 +280,17 @@ class _Importer:
         """Nodes whose inputs are all constants become constants (the ops' own ``reference()``).
 
         The exporters' ``CastLike(Constant, x)`` and ``Sqrt(Constant 2)`` end here, so the
-        patterns see plain scalars. Integer constants (shapes, axes) are left alone.
+        patterns see plain scalars. Shape arithmetic (``_SHAPE_FOLD``: Shape of a static tensor,
+        Size, Slice, Concat, ConstantOfShape, Gather and integer Neg/Add/Sub/Mul/Div of constants)
+        is evaluated with numpy: tileplan plans static shapes, so these are constants.
         """
         kept = []
         for n in self.nodes:
+            if n.domain in ("", "ai.onnx") and n.op_type in _SHAPE_FOLD:
+                values = _SHAPE_FOLD[n.op_type](self, n)
+                if values is not None:
+                    self.constants[n.outputs[0]] = values
+                    continue
             row = _LOWER.get(n.op_type) if n.domain in ("", "ai.onnx") else None
             ins = [t for t in n.inputs if t]
             if row is None or not row.fold or not ins or any(t not in self.constants for t in ins):
@@ -491,6 +498,9 @@ class _Importer:
         dims = self._dims(t)
         if dims is None:
             raise TileplanError(f"{what} {t!r} has no known shape; tileplan plans static shapes")
+        if any(isinstance(d, int) and d == 0 for d in dims) and all(isinstance(d, int) for d in dims):
+            raise TileplanError(f"{what} {t!r} has a zero-size dimension (shape {list(dims)}); tileplan "
+                                "tensors have positive dimensions")
         if not _all_static(dims):
             shown = ", ".join(str(d) if isinstance(d, int) and d > 0 else repr(d or "?") for d in dims)
             raise TileplanError(f"{what} {t!r} has a dynamic dimension (shape [{shown}]); tileplan plans "
@@ -587,9 +597,20 @@ def _lower_cast(imp: _Importer, n: _Node) -> list[Op]:
 
 def _lower_view(imp: _Importer, n: _Node) -> list[Op]:
     """Reshape, Flatten, Squeeze, Unsqueeze (and an Identity that must copy): a Reshape to the
-    output shape ONNX shape inference gives (no -1 or 0 entries left)."""
-    shape = imp._static(n.outputs[0], what=f"{n.op_type} output")
-    return [Reshape(n.name, (n.inputs[0],), n.outputs[0], shape=shape)]
+    output shape ONNX shape inference gives (no -1 or 0 entries left); a Reshape whose shape
+    inference could not see its (folded) shape input resolves the constant itself."""
+    y = n.outputs[0]
+    if n.op_type == "Reshape" and not _all_static(imp._dims(y) or []) and n.inputs[1] in imp.constants:
+        src = imp._static(n.inputs[0], what="Reshape input")
+        want = [int(d) for d in np.asarray(imp.constants[n.inputs[1]]).ravel()]
+        if not n.attrs.get("allowzero", 0):
+            want = [src[k] if d == 0 else d for k, d in enumerate(want)]
+        try:
+            imp.types[y] = (imp.types.get(y, (0, None))[0], list(np.empty(src, np.int8).reshape(want).shape))
+        except ValueError:
+            raise n.err(f"cannot reshape {n.inputs[0]!r} {list(src)} to {want}") from None
+    shape = imp._static(y, what=f"{n.op_type} output")
+    return [Reshape(n.name, (n.inputs[0],), y, shape=shape)]
 
 
 def _lower_transpose(imp: _Importer, n: _Node) -> list[Op]:
@@ -706,6 +727,66 @@ def _reduce(cls: type[Op], axes_input_since: int) -> Callable[[_Importer, _Node]
     return lower
 
 
+def _int_constants(imp: _Importer, n: _Node) -> list[np.ndarray] | None:
+    """The node's inputs when every one is an integer constant (shape arithmetic), else None."""
+    ins = [imp.constants.get(t) if t else None for t in n.inputs]
+    if any(v is None or not np.issubdtype(np.asarray(v).dtype, np.integer) for v in ins if v is not None) or \
+            any(t and t not in imp.constants for t in n.inputs):
+        return None
+    return ins
+
+
+def _fold_shape(imp: _Importer, n: _Node):
+    dims = imp._dims(n.inputs[0])
+    if not _all_static(dims or []) and not (dims == [] and n.inputs[0] in imp.constants):
+        return None
+    start, end = n.attrs.get("start", 0), n.attrs.get("end", None)
+    return np.array(dims, np.int64)[start:end]
+
+
+def _fold_size(imp: _Importer, n: _Node):
+    dims = imp._dims(n.inputs[0])
+    return np.array(math.prod(dims), np.int64) if _all_static(dims or []) or n.inputs[0] in imp.constants else None
+
+
+def _fold_int(fn):
+    def fold(imp: _Importer, n: _Node):
+        ins = _int_constants(imp, n)
+        return None if ins is None else np.asarray(fn(n, *ins))
+    return fold
+
+
+def _slice(n: _Node, data, starts, ends, axes=None, steps=None):
+    axes = range(len(starts)) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    index = [slice(None)] * data.ndim
+    for a, b, e, st in zip(axes, starts, ends, steps):
+        index[int(a)] = slice(int(b), int(e), int(st))
+    return data[tuple(index)]
+
+
+def _constant_of_shape(n: _Node, shape):
+    value = n.attrs.get("value")
+    fill = _onnx().numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
+    return np.full([int(d) for d in shape], fill.ravel()[0], dtype=fill.dtype)
+
+
+# Shape arithmetic on integer constants, evaluated at import (tileplan plans static shapes).
+_SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
+    "Shape": _fold_shape,
+    "Size": _fold_size,
+    "Slice": _fold_int(_slice),
+    "Concat": _fold_int(lambda n, *xs: np.concatenate([np.atleast_1d(x) for x in xs], axis=n.attrs["axis"])),
+    "ConstantOfShape": _fold_int(_constant_of_shape),
+    "Gather": _fold_int(lambda n, x, i: np.take(x, i, axis=n.attrs.get("axis", 0))),
+    "Neg": _fold_int(lambda n, a: -a),
+    "Add": _fold_int(lambda n, a, b: a + b),
+    "Sub": _fold_int(lambda n, a, b: a - b),
+    "Mul": _fold_int(lambda n, a, b: a * b),
+    "Div": _fold_int(lambda n, a, b: a // b),
+}
+
+
 @dataclass(frozen=True)
 class _Row:
     lower: Callable[[_Importer, _Node], list[Op]]
@@ -751,12 +832,21 @@ def supported() -> str:
 
 # ---- rewrites: nodes that are other nodes ------------------------------------------
 
+def _elem_of(imp: _Importer, t: str) -> int:
+    return _np_elem_type(imp.constants[t]) if t in imp.constants else imp.types.get(t, (0, None))[0]
+
+
+def _rewrite_cast(imp: _Importer, n: _Node) -> list[_Node]:
+    """A Cast to the type its input already has is an Identity."""
+    if n.attrs.get("to") == _elem_of(imp, n.inputs[0]) and n.attrs.get("to"):
+        return [_Node(n.name, "Identity", "", [n.inputs[0]], n.outputs[:1], {})]
+    return [n]
+
+
 def _rewrite_castlike(imp: _Importer, n: _Node) -> list[_Node]:
     """``CastLike(x, like)`` is ``Cast(x, to=<like's type>)``."""
-    like = n.inputs[1]
-    elem = _np_elem_type(imp.constants[like]) if like in imp.constants else imp.types.get(like, (0, None))[0]
-    attrs = {"to": elem, **({"saturate": n.attrs["saturate"]} if "saturate" in n.attrs else {})}
-    return [_Node(n.name, "Cast", "", [n.inputs[0]], n.outputs, attrs)]
+    attrs = {"to": _elem_of(imp, n.inputs[1]), **({"saturate": n.attrs["saturate"]} if "saturate" in n.attrs else {})}
+    return _rewrite_cast(imp, _Node(n.name, "Cast", "", [n.inputs[0]], n.outputs, attrs))
 
 
 def _rewrite_sum(imp: _Importer, n: _Node) -> list[_Node]:
@@ -792,6 +882,7 @@ def _rewrite_dropout(imp: _Importer, n: _Node) -> list[_Node]:
 
 
 _REWRITE: dict[str, Callable[[_Importer, _Node], list[_Node]]] = {
+    "Cast": _rewrite_cast,
     "CastLike": _rewrite_castlike,
     "Sum": _rewrite_sum,
     "Dropout": _rewrite_dropout,
