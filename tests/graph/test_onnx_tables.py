@@ -220,3 +220,25 @@ def test_a_string_constant_is_refused_naming_the_node():
     m = make_model(nodes, [("x", F32, [2, 4])], [("y", F32, [2, 4])])
     with pytest.raises(TileplanError, match=r"node 'c' \(Constant\): constant kind \['value_string'\] is not supported"):
         from_onnx(m)
+
+
+def softmax_nodes():
+    return [helper.make_node("ReduceMax", ["x", "axes"], ["m"], name="max"),
+            helper.make_node("Sub", ["x", "m"], ["d"], name="sub"),
+            helper.make_node("Exp", ["d"], ["e"], name="exp"),
+            helper.make_node("ReduceSum", ["e", "axes"], ["s"], name="sum"),
+            helper.make_node("Div", ["e", "s"], ["y"], name="div")]
+
+
+def test_expanded_softmax_over_the_last_axis_folds_into_one_softmax():
+    m = make_model(softmax_nodes(), [("x", F32, [4, 8])], [("y", F32, [4, 8])],
+                   {"axes": np.array([-1], np.int64)}, opset=18)
+    model = import_onnx(m)
+    assert [op.describe() for op in model.graph.ops] == ["softmax div(x) -> y"] and model.params == {}
+
+
+def test_expanded_softmax_whose_exp_is_read_elsewhere_stays_its_ops():
+    nodes = softmax_nodes() + [helper.make_node("Neg", ["e"], ["z"], name="leak")]
+    m = make_model(nodes, [("x", F32, [4, 8])], [("y", F32, [4, 8]), ("z", F32, [4, 8])],
+                   {"axes": np.array([-1], np.int64)}, opset=18)
+    assert kinds(from_onnx(m)) == ["reducemax", "sub", "exp", "reducesum", "div", "neg"]

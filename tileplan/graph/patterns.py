@@ -17,8 +17,13 @@ becomes):
   ``x**3`` as ``Pow(x, 3)`` or ``x * x * x`` (HF ``gelu_new``; ``gelu_pytorch_tanh``
   arrives as ``aten.gelu(approximate="tanh")`` already) -> ``GeLU(approximate="tanh")``.
 
-Both become the fitted GeLU kernel: one pass instead of six to eight pointwise
-passes and their intermediates. Constants match within a relative
+- ``softmax``: ``e = Exp(x - ReduceMax(x)); e / ReduceSum(e)``, the reductions over
+  the last axis keeping it (ONNX's Softmax function body; other axes arrive with
+  Transposes around it) -> ``Softmax(axis=-1)``.
+
+The GeLU rows become the fitted GeLU kernel: one pass instead of six to eight
+pointwise passes and their intermediates; the softmax row the row-wise softmax
+kernel (one pass over the row instead of five ops). Constants match within a relative
 ``CONSTANT_RTOL`` (FP16 constants pass). Every intermediate must have no reader
 outside the pattern and not be a graph output, otherwise the ops stay as they are
 (they compute the same function, only slower). The fused op is named after the
@@ -36,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .core import Add, Div, Erf, GeLU, Mul, Op, Tanh
+from .core import Add, Div, Erf, Exp, GeLU, Mul, Op, ReduceMax, ReduceSum, Softmax, Sub, Tanh
 
 CONSTANT_RTOL = 2e-3        # relative tolerance when matching pattern constants
 
@@ -201,9 +206,31 @@ def _gelu_tanh(view: _View, tanh: Op) -> Match | None:
     return None
 
 
+def _softmax(view: _View, exp: Op) -> Match | None:
+    """``e = Exp(x - ReduceMax(x)); e / ReduceSum(e)`` over the last axis (keepdims) -> Softmax."""
+    sub = view.producer.get(exp.inputs[0])
+    if not isinstance(sub, Sub) or not view.private(sub.output):
+        return None
+    x, m = sub.inputs
+    rmax = view.producer.get(m)
+    if not isinstance(rmax, ReduceMax) or rmax.inputs[0] != x or not rmax.keepdims or not view.private(m):
+        return None
+    readers = view.consumers.get(exp.output, [])
+    if len(readers) != 2 or exp.output in view.outputs:
+        return None
+    rsum = next((r for r in readers if isinstance(r, ReduceSum)), None)
+    div = next((r for r in readers if isinstance(r, Div)), None)
+    if rsum is None or div is None or not rsum.keepdims or div.inputs != (exp.output, rsum.output) \
+            or not view.private(rsum.output):
+        return None
+    members = (rmax, sub, exp, rsum, div)
+    return Match(members, div, Softmax(div.name, (x,), div.output, axis=-1))
+
+
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("gelu-erf", Erf, _gelu_erf, "GeLU(approximate='erf')"),
     Pattern("gelu-tanh", Tanh, _gelu_tanh, "GeLU(approximate='tanh')"),
+    Pattern("softmax", Exp, _softmax, "Softmax(axis=-1)"),
 )
 
 
