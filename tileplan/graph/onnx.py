@@ -532,8 +532,27 @@ class _Importer:
 # ---- per-op lowering: the node table --------------------------------------------
 
 def _lower_matmul(imp: _Importer, n: _Node) -> list[Op]:
+    """numpy semantics, 1-D operands included: a 1-D A is a row ``[1, K]``, a 1-D B a column
+    ``[K, 1]`` (Reshapes ``<node>.a2d`` / ``<node>.b2d``), and the added axis is dropped from the
+    result (``<node>.squeeze``)."""
     (a, ta), (b, tb) = imp.operand(n.inputs[0]), imp.operand(n.inputs[1])
-    return [MatMul(n.name, (a, b), n.outputs[0], transpose_a=ta, transpose_b=tb)]
+    y = n.outputs[0]
+    ops: list[Op] = []
+    a_1d = not ta and len(imp._dims(n.inputs[0]) or ()) == 1
+    b_1d = not tb and len(imp._dims(n.inputs[1]) or ()) == 1
+    if not (a_1d or b_1d):
+        return [MatMul(n.name, (a, b), y, transpose_a=ta, transpose_b=tb)]
+    if a_1d:
+        (k,) = imp._static(n.inputs[0], what="MatMul operand")
+        ops.append(Reshape(f"{n.name}.a2d", (a,), f"{y}.a2d", shape=(1, k)))
+        a = f"{y}.a2d"
+    if b_1d:
+        (k,) = imp._static(n.inputs[1], what="MatMul operand")
+        ops.append(Reshape(f"{n.name}.b2d", (b,), f"{y}.b2d", shape=(k, 1)))
+        b = f"{y}.b2d"
+    ops.append(MatMul(n.name, (a, b), f"{y}.2d", transpose_a=ta, transpose_b=tb))
+    ops.append(Reshape(f"{n.name}.squeeze", (f"{y}.2d",), y, shape=imp._static(y, what="MatMul output")))
+    return ops
 
 
 def _lower_gemm(imp: _Importer, n: _Node) -> list[Op]:

@@ -113,11 +113,17 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
             continue
         fig = compare(got, want)
         want = np.asarray(want, dtype=np.float64)
-        diff = np.abs(got - want)
+        # A NaN where NaN is expected, or the expected infinity, matches; any other non-finite value fails.
+        matched = (np.isnan(got) & np.isnan(want)) | (np.isinf(got) & (got == want))
+        with np.errstate(invalid="ignore"):
+            diff = np.where(matched, 0.0, np.abs(got - want))
         finite = np.abs(want[np.isfinite(want)])
         out_atol = atol * max(1.0, float(finite.max(initial=0.0))) if scaled_atol else atol
         fig["atol"] = out_atol
-        fig["passed"] = bool(np.all(diff <= out_atol + rtol * np.abs(want)) and fig["nonfinite"] == 0)
+        fig["nonfinite_unexpected"] = int(fig["nonfinite"] - matched.sum())
+        with np.errstate(invalid="ignore"):
+            within = matched | (diff <= out_atol + rtol * np.abs(np.where(matched, 0.0, want)))
+        fig["passed"] = bool(np.all(within) and fig["nonfinite_unexpected"] == 0)
         results[t.name] = fig
     return Validation(results, profile, atol, rtol, values)
 
