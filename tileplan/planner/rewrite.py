@@ -82,4 +82,6 @@ def canonical(graph: Graph) -> Graph:
         return graph
     tensors = [t for t in graph.tensors.values()]
     outputs = [t.name for t in graph.by_role(Role.OUTPUT)]
-    return Graph.build(graph.name, tensors, ops, outputs=outputs, target=graph.target, pins=graph.pins)
+    out = Graph.build(graph.name, tensors, ops, outputs=outputs, target=graph.target, pins=graph.pins)
+    out.imported = dict(graph.imported)          # what the importer converted travels with the graph
+    return out
