@@ -503,12 +503,15 @@ def _softmax(imp: _Importer, node) -> None:
     if _target_name(node.target) == "aten._softmax.default" and node.args[2]:
         raise _node_err(node, "half_to_float=True; tileplan computes softmax in the input's type")
     dtype = _arg(node, 2, "dtype") if _target_name(node.target) == "aten.softmax.int" else None
-    if dtype is not None:
-        raise _node_err(node, f"dtype={dtype}; cast the input first")
     dim = int(node.args[1])
     if imp.reshaped(node.args[0]) and dim % len(node.args[0].meta["val"].shape) != len(node.args[0].meta["val"].shape) - 1:
         raise _node_err(node, "softmax over a leading axis of a reshape tileplan dropped; the axes would change")
     x = imp.read(node.args[0], _describe(node))
+    if dtype is not None and imp.dtype(dtype, node.name) is not imp.known[x].dtype:
+        # softmax(x, dim, dtype=...) (HF eager attention asks FP32): the input cast first, as torch does.
+        cast = Tensor(f"{node.name}.cast", imp.known[x].shape, imp.dtype(dtype, node.name))
+        imp.emit(node, Cast(f"{node.name}.cast", (x,), cast.name), cast)
+        x = cast.name
     imp.emit(node, Softmax(node.name, (x,), node.name, axis=dim if dim < 0 else dim - len(imp.known[x].shape)))
 
 
