@@ -40,7 +40,7 @@ import numpy as np
 COVERED = {
     "MatMul": "matmul", "Gemm": "gemm", "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div",
     "Neg": "neg", "Sqrt": "sqrt", "Reciprocal": "reciprocal", "Exp": "exp", "Tanh": "tanh", "Erf": "erf",
-    "Sigmoid": "sigmoid", "Gelu": "gelu", "Cast": "cast", "CastLike": "castlike", "Identity": "identity",
+    "Sigmoid": "sigmoid", "Relu": "relu", "Max": "max", "Gelu": "gelu", "Cast": "cast", "CastLike": "castlike", "Identity": "identity",
     "Dropout": "dropout", "Reshape": "reshape", "Flatten": "flatten", "Squeeze": "squeeze",
     "Unsqueeze": "unsqueeze", "Transpose": "transpose", "LayerNormalization": "layernormalization",
     "Softmax": "softmax", "ReduceSum": "reducesum", "ReduceMean": "reducemean", "ReduceMax": "reducemax",

@@ -286,16 +286,16 @@ def test_gelu_subgraph_with_a_wrong_constant_is_not_fused_but_kept_as_its_pointw
 # ---- errors ------------------------------------------------------------------------
 
 def test_every_unsupported_node_is_reported_in_one_error_with_counts_and_names():
-    nodes = [helper.make_node("Relu", ["x"], ["l1"], name="relu1"),
+    nodes = [helper.make_node("Elu", ["x"], ["l1"], name="elu1"),
              helper.make_node("Gelu", ["l1"], ["g"], name="act"),
-             helper.make_node("Relu", ["g"], ["l2"], name="relu2"),
+             helper.make_node("Elu", ["g"], ["l2"], name="elu2"),
              helper.make_node("Identity", ["l2"], ["s2"]),
              helper.make_node("HardSwish", ["s2"], ["y"])]
     m = make_model(nodes, [("x", F32, [2, 4])], [("y", F32, [2, 4])])
     with pytest.raises(TileplanError) as err:
         from_onnx(m)
     msg = str(err.value)
-    assert msg.startswith("ONNX model 'g': 3 unsupported nodes: Relu (2: relu1, relu2), "
+    assert msg.startswith("ONNX model 'g': 3 unsupported nodes: Elu (2: elu1, elu2), "
                           "HardSwish (1: HardSwish_4); tileplan imports Add, Cast, CastLike, Constant, Div, Dropout,")
 
 
@@ -323,10 +323,10 @@ def test_a_file_that_is_not_onnx_is_an_error_naming_the_file(tmp_path):
 
 
 def test_errors_from_a_file_carry_its_path(tmp_path):
-    m = make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [("x", F32, [2])], [("y", F32, [2])])
-    path = tmp_path / "relu.onnx"
+    m = make_model([helper.make_node("Elu", ["x"], ["y"], name="elu")], [("x", F32, [2])], [("y", F32, [2])])
+    path = tmp_path / "elu.onnx"
     onnx.save(m, str(path))
-    with pytest.raises(TileplanError, match=rf"^{path}: 1 unsupported node: Relu \(1: relu\); tileplan imports"):
+    with pytest.raises(TileplanError, match=rf"^{path}: 1 unsupported node: Elu \(1: elu\); tileplan imports"):
         from_onnx(path)
 
 

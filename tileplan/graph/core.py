@@ -245,6 +245,12 @@ class Div(Binary):
 
 
 @dataclass(frozen=True)
+class Max(Binary):
+    kind: ClassVar[str] = "max"
+    fn = staticmethod(np.maximum)
+
+
+@dataclass(frozen=True)
 class Neg(Unary):
     kind: ClassVar[str] = "neg"
     fn = staticmethod(np.negative)
@@ -284,6 +290,15 @@ class Erf(Unary):
 class Sigmoid(Unary):
     kind: ClassVar[str] = "sigmoid"
     fn = staticmethod(sigmoid)
+
+
+@dataclass(frozen=True)
+class Relu(Unary):
+    kind: ClassVar[str] = "relu"
+
+    @staticmethod
+    def fn(x):
+        return np.where(x > 0, x, 0.0)      # NaN stays NaN (np.maximum would too; this keeps -0 -> 0)
 
 
 @dataclass(frozen=True)
@@ -489,8 +504,8 @@ class Transpose(Op):
         return np.transpose(x, self.perm)
 
 
-OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Neg, Sqrt, Reciprocal, Exp,
-                                                           Tanh, Erf, Sigmoid, GeLU, Cast, Reshape, Transpose,
+OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Max, Neg, Sqrt, Reciprocal, Exp,
+                                                           Tanh, Erf, Sigmoid, Relu, GeLU, Cast, Reshape, Transpose,
                                                            LayerNorm, Softmax, ReduceSum, ReduceMean, ReduceMax)}
 
 

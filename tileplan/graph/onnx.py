@@ -90,8 +90,9 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import TileplanError
-from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
-                   ReduceMean, ReduceSum, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor, Transpose)
+from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
+                   ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor,
+                   Transpose)
 from .dtypes import DType, dequantise, quantise
 from .importing import BF16_HELP, check_cast_bf16, reduce_ops, transpose_ops, unsupported_error
 from .patterns import fuse
@@ -828,6 +829,8 @@ _LOWER: dict[str, _Row] = {
     "Tanh": _Row(_pointwise(Tanh)),
     "Erf": _Row(_pointwise(Erf)),
     "Sigmoid": _Row(_pointwise(Sigmoid)),
+    "Relu": _Row(_pointwise(Relu)),
+    "Max": _Row(_pointwise(Max)),
     "Gelu": _Row(_lower_gelu),
     "Cast": _Row(_lower_cast),
     "Reshape": _Row(_lower_view),
@@ -868,18 +871,21 @@ def _rewrite_castlike(imp: _Importer, n: _Node) -> list[_Node]:
     return _rewrite_cast(imp, _Node(n.name, "Cast", "", [n.inputs[0]], n.outputs, attrs))
 
 
-def _rewrite_sum(imp: _Importer, n: _Node) -> list[_Node]:
-    """``Sum(a, b, c, ...)`` is a chain of Adds (numpy broadcasting, like Sum's)."""
-    ins, y = [t for t in n.inputs if t], n.outputs[0]
-    if len(ins) == 1:
-        return [_Node(n.name, "Identity", "", ins, [y], {})]
-    out, acc = [], ins[0]
-    for k, t in enumerate(ins[1:], 1):
-        last = k == len(ins) - 1
-        name, dst = (n.name, y) if last else (f"{n.name}.{k}", f"{y}.{k}")
-        out.append(_Node(name, "Add", "", [acc, t], [dst], {}))
-        acc = dst
-    return out
+def _variadic(binary: str):
+    """``Sum(a, b, c, ...)`` / ``Max(...)``: a chain of two-input ``binary`` nodes (numpy broadcasting,
+    as the variadic op's); one input is its Identity."""
+    def rewrite(imp: _Importer, n: _Node) -> list[_Node]:
+        ins, y = [t for t in n.inputs if t], n.outputs[0]
+        if len(ins) == 1:
+            return [_Node(n.name, "Identity", "", ins, [y], {})]
+        out, acc = [], ins[0]
+        for k, t in enumerate(ins[1:], 1):
+            last = k == len(ins) - 1
+            name, dst = (n.name, y) if last else (f"{n.name}.{k}", f"{y}.{k}")
+            out.append(_Node(name, binary, "", [acc, t], [dst], {}))
+            acc = dst
+        return out
+    return rewrite
 
 
 def _rewrite_dropout(imp: _Importer, n: _Node) -> list[_Node]:
@@ -903,7 +909,8 @@ def _rewrite_dropout(imp: _Importer, n: _Node) -> list[_Node]:
 _REWRITE: dict[str, Callable[[_Importer, _Node], list[_Node]]] = {
     "Cast": _rewrite_cast,
     "CastLike": _rewrite_castlike,
-    "Sum": _rewrite_sum,
+    "Sum": _variadic("Add"),
+    "Max": _variadic("Max"),       # the chained two-input Max nodes lower through _LOWER's row
     "Dropout": _rewrite_dropout,
 }
 
@@ -963,7 +970,7 @@ def _constant_value(node: _Node) -> np.ndarray:
 _ONNX_TYPE = {cls.kind: name for name, cls in (("Add", Add), ("Sub", Sub), ("Mul", Mul), ("Div", Div),
                                                ("Neg", Neg), ("Sqrt", Sqrt), ("Reciprocal", Reciprocal),
                                                ("Exp", Exp), ("Tanh", Tanh), ("Erf", Erf),
-                                               ("Sigmoid", Sigmoid))}
+                                               ("Sigmoid", Sigmoid), ("Relu", Relu), ("Max", Max))}
 
 
 def to_onnx(graph: Graph, params: dict[str, np.ndarray], *, opset: int = OPSET):

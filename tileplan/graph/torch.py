@@ -85,8 +85,8 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import TileplanError
-from .core import (Add, Cast, Div, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
-                   ReduceMean, ReduceSum, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor)
+from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
+                   ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor)
 from .importing import BF16_HELP, check_cast_bf16, reduce_ops, transpose_ops, unsupported_error
 from .dtypes import DType, quantise
 from .patterns import fuse
@@ -637,6 +637,8 @@ _HANDLERS = {
     "aten.tanh.default": _unary(Tanh),
     "aten.erf.default": _unary(Erf),
     "aten.sigmoid.default": _unary(Sigmoid),
+    "aten.relu.default": _unary(Relu),
+    "aten.maximum.default": _binary(Max),
     "aten.silu.default": _silu,
     "aten.pow.Tensor_Scalar": _pow,
     "aten.softmax.int": _softmax,
