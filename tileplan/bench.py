@@ -654,11 +654,11 @@ def markdown(doc: dict) -> str:
 
 
 def write_artifacts(doc: dict, out_dir: Path) -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    jpath, mpath = out_dir / "bench.json", out_dir / "BENCH.md"
-    jpath.write_text(json.dumps(_finite(doc), sort_keys=True, indent=2, default=_json_default, allow_nan=False)
-                     + "\n")
-    mpath.write_text(markdown(doc))
+    from .atomic import write_file
+    jpath, mpath = Path(out_dir) / "bench.json", Path(out_dir) / "BENCH.md"
+    write_file(jpath, json.dumps(_finite(doc), sort_keys=True, indent=2, default=_json_default, allow_nan=False)
+               + "\n")
+    write_file(mpath, markdown(doc))
     return jpath, mpath
 
 

@@ -8,8 +8,11 @@ also status 2). Add a command by writing one more ``@app.command()`` function.
 
 from __future__ import annotations
 
+import errno
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -105,12 +108,17 @@ def _shape(shape) -> str:
     return "x".join(map(str, shape))
 
 
-def resolve_target(spec: str | None, graph: Graph | None = None) -> tuple[Target, str]:
-    """The target to use and where the choice came from: --target, the model file, or the default."""
+def resolve_target(spec: str | None, graph: Graph | None = None,
+                   model: Path | None = None) -> tuple[Target, str]:
+    """The target to use and where the choice came from: --target, the model file (a relative
+    path there is relative to the model file), or the default."""
     if spec:
         return load_target(spec), "--target"
     if graph is not None and graph.target:
-        return load_target(graph.target), "model file"
+        try:
+            return load_target(graph.target, base_dir=model.parent if model else None), "model file"
+        except TileplanError as exc:
+            raise exc.with_source(str(model)) if model else exc from None
     return load_target(DEFAULT_TARGET), "default"
 
 
@@ -256,8 +264,8 @@ def _pins(pin: list[str] | None, pins_file: Path | None) -> list:
 
 
 def write_text_file(path: Path, text: str) -> None:
-    from .planner.planjson import write_text_atomic
-    write_text_atomic(path, text)
+    from .atomic import write_file
+    write_file(path, text)
 
 
 @app.command("plan")
@@ -283,11 +291,15 @@ def plan_command(
     from .planner.planjson import plan_to_json, write_plan_json
     from .report.terminal import print_report
 
+    from .atomic import check_file
+
     if output == Path("-"):
         as_json, output = True, None
     out = Output(as_json, quiet, verbose)
     graph, tgt, _ = _model_and_target(model, target, solver, cast_bf16)
-    with _catalogue_progress(quiet) as on_progress:
+    if output is not None:
+        check_file(output)                   # before planning, not after
+    with _catalogue_progress(quiet) as on_progress, _naming(model):
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
                       pins=_pins(pin, pins_file))
     print_report(result, out.console, verbose=verbose)
@@ -318,11 +330,13 @@ def compile_command(
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
     import time
 
+    from .atomic import check_folder
     from .lowering.compile import compile_model
 
     graph, tgt, params = _model_and_target(model, target, solver, cast_bf16)   # one import: a factory runs once
+    check_folder(output)                     # before planning, not after
     t0 = time.perf_counter()
-    with _catalogue_progress(quiet) as on_progress:
+    with _catalogue_progress(quiet) as on_progress, _naming(model):
         p, state, path = compile_model(graph, tgt, output, params=params, jobs=jobs or os.cpu_count() or 1,
                                        solver=solver, progress=on_progress, pins=_pins(pin, pins_file))
     elapsed = time.perf_counter() - t0
@@ -355,12 +369,13 @@ def validate_command(
     """Run a package on the IPU model; compare with float64 (or --expected). Exit 0 pass, 1 fail, 2 bad input."""
     import time
 
-    import numpy as np
-
-    from .lowering.package import load_package
+    from .atomic import check_file, write_file
+    from .lowering.package import load_package, npz_bytes
     from .report.terminal import error_table
     from .sim.validate import validate_package, validation_record, write_validation
 
+    if outputs is not None:
+        check_file(outputs)                  # before the run, not after
     pkg = load_package(package)
     t0 = time.perf_counter()
     v = validate_package(pkg, inputs_path=inputs, expected_path=expected, atol=atol, rtol=rtol)
@@ -380,11 +395,8 @@ def validate_command(
               f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g}"
               f"{' x max(1, max |want|)' if atol is None else ''} rtol {v.rtol:g}; run {elapsed:.2f} s")
     write_validation(pkg, v)
-    if outputs is not None:
-        try:
-            np.savez(outputs, **{k: val for k, val in sorted(v.values.items())})
-        except OSError as exc:
-            raise TileplanError(f"{outputs}: cannot write the outputs ({exc.strerror or exc})") from None
+    if outputs is not None:                  # exactly the path given (np.savez would add .npz)
+        write_file(outputs, npz_bytes({k: val for k, val in sorted(v.values.items())}))
         out.print(f"wrote {outputs}")
     if verbose:
         for st in prof.steps:
@@ -415,12 +427,16 @@ def report_command(
     from .report.html import load_report_data, write_html
     from .report.terminal import compare_table, legend_table, render_package
 
+    from .atomic import check_file
+
     out = Output(quiet=quiet, verbose=verbose)
     if legend:
         out.print(legend_table())
         return
     if package is None:
         raise typer.BadParameter("missing the package folder DIR", param_hint="DIR")
+    if html is not None:
+        check_file(html)
     data = load_report_data(package)
     others = [load_report_data(c) for c in compare or ()]
     out.print(render_package(data.plan, data.report, data.validation, verbose=verbose))
@@ -466,7 +482,7 @@ def _load_checked(model: Path, target: str | None, cast_bf16: str | None = None)
     """A model, its target, where the target came from, and its parameter values (one import)."""
     from .graph.loaders import check_against_target, load_model_and_params
     graph, params = load_model_and_params(model, cast_bf16=cast_bf16)
-    tgt, chosen_by = resolve_target(target, graph)
+    tgt, chosen_by = resolve_target(target, graph, model)
     try:
         check_against_target(graph, tgt)
     except TileplanError as exc:
@@ -480,6 +496,21 @@ def _model_and_target(model: Path, target: str | None, solver: str, cast_bf16: s
         raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
     graph, tgt, _, params = _load_checked(model, target, cast_bf16)
     return graph, tgt, params
+
+
+class _naming:
+    """Errors inside the block that name no file get ``source`` (the model being planned)."""
+
+    def __init__(self, source: Path):
+        self.source = str(source)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, TileplanError) and exc.source is None and not str(exc).startswith(self.source):
+            raise exc.with_source(self.source) from None
+        return False
 
 
 class _catalogue_progress:
@@ -510,14 +541,66 @@ class _catalogue_progress:
 
 # ---- entry point -------------------------------------------------------------
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM during a command: raised in the main thread so every ``finally`` and
+    ``except BaseException`` runs (temporary folders removed, pool workers stopped)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _signals_raise:
+    """SIGINT and SIGTERM raise ``Interrupted`` once; a second signal during the clean-up is
+    ignored so the clean-up finishes. Handlers are restored after (the CLI may run in-process)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.saved = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self.raised = False
+
+        def handler(signum, frame):
+            if not self.raised:
+                self.raised = True
+                raise Interrupted(signum)
+
+        for sig in self.SIGNALS:
+            self.saved[sig] = signal.signal(sig, handler)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self.saved.items():
+            signal.signal(sig, old)
+        return False
+
+
+def _fail(message: str, status: int = 2) -> None:
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(status)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; a ``TileplanError`` becomes one ``error:`` line on stderr and exit 2."""
-    try:
-        app(args=argv, prog_name="tileplan")
-    except TileplanError as exc:
-        message = " ".join(str(exc).split("\n"))
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+    """Run the CLI: the one error path. Anything the user caused (a ``TileplanError``; an OS error on
+    a path they gave; input nested too deeply) becomes one ``error:`` line on stderr and exit 2;
+    SIGINT and SIGTERM exit 130 and 143 after the clean-up. Other exceptions are bugs in tileplan
+    and keep their traceback."""
+    with _signals_raise():
+        try:
+            app(args=argv, prog_name="tileplan")
+        except TileplanError as exc:
+            _fail(str(exc))
+        except OSError as exc:
+            where = exc.filename if exc.filename is not None else "tileplan"
+            reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+            _fail(f"{where}: {reason}")
+        except RecursionError:
+            _fail("the input is nested too deeply to read")
+        except Interrupted as exc:
+            name = signal.Signals(exc.signum).name
+            _fail(f"interrupted by {name}; no partial output left", 128 + exc.signum)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from . import checked
 from .errors import TileplanError
 from .graph.dtypes import DType
 
@@ -48,8 +49,18 @@ class Target:
     kernel_launch_cycles: int
 
     def __post_init__(self):
-        if self.tiles <= 0:
-            raise TileplanError(f"target {self.name!r}: tiles must be positive, got {self.tiles}")
+        for f in fields(self):
+            if f.name in _TEXT:
+                if not isinstance(getattr(self, f.name), str):
+                    raise TileplanError(f"target {self.name!r}: {f.name} must be a string, "
+                                        f"got {getattr(self, f.name)!r}")
+                continue
+            checked.figure(getattr(self, f.name), f"target {self.name!r}: {f.name}",
+                           integer=f.name != "clock_hz", zero_ok=f.name in _ZERO_OK,
+                           maximum=_MAXIMUM.get(f.name, checked.MAX_FIGURE))
+        if self.paired_bytes_per_cycle < self.exchange_bytes_per_cycle:
+            raise TileplanError(f"target {self.name!r}: paired_bytes_per_cycle ({self.paired_bytes_per_cycle}) "
+                                f"is below exchange_bytes_per_cycle ({self.exchange_bytes_per_cycle})")
         if self.standard_bytes + self.interleaved_bytes != self.sram_bytes:
             raise TileplanError(f"target {self.name!r}: standard_bytes + interleaved_bytes "
                                 f"({self.standard_bytes} + {self.interleaved_bytes}) != sram_bytes ({self.sram_bytes})")
@@ -89,6 +100,13 @@ class Target:
         return replace(self, tiles=tiles, name=f"{self.name}@{tiles}")
 
 
+# Figures and their bounds (``tileplan.checked.figure``): every figure is positive but these, where 0
+# means "none" (no FP8 AMP, no sync cost, free control or launch); tiles and clock have tighter limits.
+_TEXT = ("name", "family", "description")
+_ZERO_OK = ("reserve_bytes", "amp_fp8", "sync_cycles", "send_control_cycles", "receive_control_cycles",
+            "local_copy_call_cycles", "kernel_launch_cycles")
+_MAXIMUM = {"tiles": 1 << 24, "clock_hz": 1e12, "workers": 1 << 10}
+
 # TOML key (section, key) -> field name.
 _SECTIONS = {
     "amp": {"fp32": "amp_fp32", "fp16": "amp_fp16", "fp16_fp32": "amp_fp16_fp32", "fp8": "amp_fp8",
@@ -127,10 +145,12 @@ def _flatten(doc: dict, source: str) -> dict:
     return flat
 
 
-def _resolve(spec: str, seen: tuple[str, ...]) -> dict:
+def _resolve(spec: str, seen: tuple[str, ...], base_dir: Path | None = None) -> dict:
     path = Path(spec)
     if spec in preset_names():
         path = PRESET_DIR / f"{spec}.toml"
+    elif base_dir is not None and not path.is_absolute() and (base_dir / path).is_file():
+        path = base_dir / path
     elif not (path.suffix == ".toml" and path.is_file()):
         raise TileplanError(f"unknown target {spec!r}: not a preset ({', '.join(preset_names())}) "
                             "and not a target TOML file")
@@ -141,6 +161,12 @@ def _resolve(spec: str, seen: tuple[str, ...]) -> dict:
         doc = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise TileplanError(f"malformed TOML: {exc}", source=str(path)) from None
+    except UnicodeDecodeError:
+        raise TileplanError("malformed TOML: the file is not UTF-8 text", source=str(path)) from None
+    except RecursionError:
+        raise TileplanError("malformed TOML: arrays or tables nested too deeply", source=str(path)) from None
+    except OSError as exc:
+        raise TileplanError(f"cannot read the target file ({exc.strerror or exc})", source=str(path)) from None
     base = {}
     if "inherits" in doc:
         parent = doc["inherits"]
@@ -148,20 +174,19 @@ def _resolve(spec: str, seen: tuple[str, ...]) -> dict:
             raise TileplanError(f"inherits must be a preset name or a target file path, got {parent!r}",
                                 source=str(path))
         # A relative path is looked up beside the inheriting file first (presets are names).
-        if parent not in preset_names() and (path.parent / parent).is_file():
-            parent = str(path.parent / parent)
         try:
-            base = _resolve(parent, seen + (key,))
+            base = _resolve(parent, seen + (key,), path.parent)
         except TileplanError as exc:
             raise exc.with_source(str(path)) from None
     return {**base, **_flatten(doc, str(path))}
 
 
-def load_target(spec: "str | Target") -> Target:
-    """A preset name or a target TOML path -> ``Target``."""
+def load_target(spec: "str | Target", base_dir: "str | Path | None" = None) -> Target:
+    """A preset name or a target TOML path -> ``Target``. A relative path is looked up in
+    ``base_dir`` first (a model file's folder, for the target its ``[model]`` names), then the cwd."""
     if isinstance(spec, Target):
         return spec
-    values = _resolve(str(spec), ())
+    values = _resolve(str(spec), (), Path(base_dir) if base_dir is not None else None)
     missing = sorted(set(_FIELDS) - set(values))
     if missing:
         raise TileplanError(f"target {spec!r} is missing {', '.join(missing)} "
@@ -172,7 +197,8 @@ def load_target(spec: "str | Target") -> Target:
             raise TileplanError(f"target {spec!r}: {name} must be an integer, got {v!r}")
         if want in ("float", float) and not isinstance(v, (int, float)):
             raise TileplanError(f"target {spec!r}: {name} must be a number, got {v!r}")
-    values["clock_hz"] = float(values["clock_hz"])
+    values["clock_hz"] = checked.figure(values["clock_hz"], f"target {spec!r}: clock_hz", integer=False,
+                                        maximum=_MAXIMUM["clock_hz"])
     try:
         return Target(**values)
     except TileplanError as exc:              # name the file: the inherited name may be a preset's

@@ -118,8 +118,10 @@ def test_role_output_missing_from_an_explicit_outputs_list_is_an_error(write_mod
 
 def test_target_path_is_resolved_relative_to_the_model_file(write_model, tmp_path):
     (tmp_path / "small.toml").write_text('inherits = "ipu21"\nname = "small"\ntiles = 16\n')
-    g = load_model(write_model(MLP.replace('"ipu21-64"', '"small.toml"')))
-    assert load_target(g.target).tiles == 16
+    path = write_model(MLP.replace('"ipu21-64"', '"small.toml"'))
+    g = load_model(path)
+    assert g.target == "small.toml"          # as written: the graph does not depend on the cwd
+    assert load_target(g.target, base_dir=path.parent).tiles == 16
 
 
 def test_errors_are_prefixed_with_the_file_path(write_model):

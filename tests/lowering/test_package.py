@@ -127,7 +127,7 @@ def test_a_compile_that_cannot_plan_leaves_nothing_at_the_output_path(capsys, tm
 def test_a_package_write_that_fails_half_way_leaves_no_package_and_no_temporary_folder(tmp_path):
     parent = tmp_path / "out"
     files = {"a.json": b"{}\n", "a.json/b.cpp": b"// cannot live under a file\n"}
-    with pytest.raises(OSError):
+    with pytest.raises(TileplanError, match="cannot write the package"):
         write_package(parent / "pkg", files)
     assert list(parent.iterdir()) == []
 

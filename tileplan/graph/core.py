@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import networkx as nx
 import numpy as np
 
+from .. import checked
 from ..errors import TileplanError, check
 from .dtypes import DType
 from .numerics import erf, sigmoid
@@ -55,10 +56,8 @@ class Tensor:
     layout: Any = None          # an explicit boundary layout pinned by the model file
 
     def __post_init__(self):
-        check(len(self.shape) >= 1, f"tensor {self.name!r}: a tensor needs at least one dimension")
-        for d in self.shape:
-            check(isinstance(d, int) and not isinstance(d, bool) and d > 0,
-                  f"tensor {self.name!r}: dimensions must be positive integers, got shape {list(self.shape)}")
+        checked.name(self.name, "tensor")
+        checked.dims(self.shape, f"tensor {self.name!r}")
         check(-32 <= self.scale <= 31, f"tensor {self.name!r}: scale exponent {self.scale} is out of range -32..31")
 
     @property
@@ -543,6 +542,7 @@ class Graph:
         op_names: set[str] = set()
         producers: dict[str, Op] = {}
         for op in ops:
+            checked.name(op.name, "op")
             if op.name in op_names:
                 raise TileplanError(f"op name {op.name!r} is used twice")
             op_names.add(op.name)

@@ -36,6 +36,7 @@ def load_model_and_params(path: str | Path, target=None, *,
     """
     path = Path(path)
     source = str(path)
+    params = None
     try:
         if not path.is_file() and not path.suffix.startswith(".py:"):
             raise TileplanError("no such model file")
@@ -55,6 +56,10 @@ def load_model_and_params(path: str | Path, target=None, *,
             check_against_target(graph, target)
     except TileplanError as exc:
         raise exc.with_source(source) from None
+    except OSError as exc:
+        raise TileplanError(f"cannot read it ({exc.strerror or exc})", source=source) from None
+    except RecursionError:
+        raise TileplanError("nested too deeply to read", source=source) from None
     return graph, params
 
 
@@ -75,6 +80,12 @@ def check_against_target(graph: Graph, target) -> None:
             if not target.supports(dt):
                 raise op.err(f"target {target.name!r} has no {dt} AMP ({dt} operands "
                              f"{op.inputs[0]!r}, {op.inputs[1]!r}); cast them or choose another target")
+    capacity = target.tiles * target.usable_bytes
+    for t in graph.tensors.values():
+        if t.nbytes > capacity:
+            raise TileplanError(f"tensor {t.name!r} {list(t.shape)} {t.dtype} needs {t.nbytes:,} B, more than "
+                                f"the whole usable SRAM of target {target.name!r} ({target.tiles:,} tiles x "
+                                f"{target.usable_bytes:,} B)")
     for t in graph.tensors.values():
         if t.layout is None:
             continue

@@ -348,14 +348,12 @@ def parse_model(doc: dict, *, name: str = "model", base_dir: Path | None = None)
 def _target(model: dict, base_dir: Path | None) -> str | None:
     if "target" not in model:
         return None
-    from ..target import load_target, preset_names
+    from ..target import load_target
 
     spec = _str(model["target"], "[model]", "target")
-    if spec not in preset_names() and base_dir is not None and not Path(spec).is_absolute():
-        relative = base_dir / spec
-        if relative.is_file():
-            spec = str(relative)
-    load_target(spec)          # an unknown or broken target is an error of this file
+    # Kept as written (a preset name, or a path relative to the model file), so the graph does not
+    # depend on the working directory; ``load_target(spec, base_dir=...)`` resolves it.
+    load_target(spec, base_dir=base_dir)     # an unknown or broken target is an error of this file
     return spec
 
 
@@ -386,7 +384,7 @@ def _op(v: dict, index: int) -> _OpEntry:
     if "op" not in v:
         raise TileplanError(f"{where}: missing required key 'op' (one of {', '.join(OP_KINDS)})")
     kind = v["op"]
-    if kind not in OP_KINDS:
+    if not isinstance(kind, str) or kind not in OP_KINDS:
         raise TileplanError(f"{where}: unknown op {kind!r} (known: {', '.join(OP_KINDS)})")
     options = OP_OPTIONS.get(kind, {})
     for key in v:
@@ -473,4 +471,6 @@ def load_toml(path: str | Path) -> Graph:
         raise TileplanError(f"malformed TOML: {exc}") from None
     except UnicodeDecodeError:
         raise TileplanError("malformed TOML: the file is not UTF-8 text") from None
+    except RecursionError:
+        raise TileplanError("malformed TOML: arrays or tables nested too deeply") from None
     return parse_model(doc, name=path.stem, base_dir=path.parent)

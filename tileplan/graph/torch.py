@@ -112,13 +112,21 @@ def _torch():
 
 def import_module(module: Any, example_inputs: Any, *, name: str | None = None,
                   cast_bf16: str | None = None) -> TorchModel:
-    """Export ``module`` on ``example_inputs`` (eval mode) and import the program."""
+    """Export ``module`` on ``example_inputs`` (eval mode) and import the program. torch's own
+    loggers are silenced meanwhile: a failure is the one error line, not torch's traceback."""
     torch = _torch()
+    if not isinstance(module, torch.nn.Module):
+        raise TileplanError(f"expected a torch.nn.Module instance, got {_what_value(module)}")
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    was_training = getattr(module, "training", False)
+    bad = next((a for a in args if not isinstance(a, torch.Tensor)), None)
+    if bad is not None or not args:
+        raise TileplanError("example inputs must be a tensor or a tuple of tensors, got "
+                            f"{_what_value(bad) if args else 'none'}")
+    was_training = module.training
     try:
-        module.eval()
-        program = torch.export.export(module, args)
+        with _quiet_torch_logs():
+            module.eval()
+            program = torch.export.export(module, args)
     except TileplanError:
         raise
     except Exception as exc:
@@ -128,6 +136,33 @@ def import_module(module: Any, example_inputs: Any, *, name: str | None = None,
     finally:
         module.train(was_training)
     return import_exported(program, name=name or type(module).__name__, cast_bf16=cast_bf16)
+
+
+def _what_value(value: Any) -> str:
+    if isinstance(value, type):
+        return f"the class {value.__name__} (call it: return an instance)"
+    return f"a {type(value).__name__}"
+
+
+class _quiet_torch_logs:
+    """While torch.export runs: no log records (torch's loggers print tracebacks at WARNING) and
+    nothing on sys.stderr (on failure it prints the partial FX graph there); both restored after."""
+
+    def __enter__(self):
+        import contextlib
+        import io
+        import logging
+        self.level = logging.root.manager.disable
+        logging.disable(logging.CRITICAL)
+        self.redirect = contextlib.redirect_stderr(io.StringIO())
+        self.redirect.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import logging
+        self.redirect.__exit__(*exc)
+        logging.disable(self.level)
+        return False
 
 
 def from_module(module: Any, example_inputs: Any, *, name: str | None = None,
@@ -170,8 +205,11 @@ def load_python_factory(spec: str | Path, *, name: str | None = None, cast_bf16:
         made = factory()
     except TileplanError:
         raise
+    except SystemExit as exc:                 # sys.exit() in the model file: no graph was made
+        raise TileplanError(f"running {attr}() failed: it called sys.exit({exc.code!r})", source=source) from None
     except Exception as exc:
-        raise TileplanError(f"running {attr}() failed: {type(exc).__name__}: {exc}", source=source) from None
+        first = " ".join(str(exc).split())[:300]
+        raise TileplanError(f"running {attr}() failed: {type(exc).__name__}: {first}", source=source) from None
     finally:
         sys.modules.pop(mod_name, None)
     if not (isinstance(made, tuple) and len(made) == 2):

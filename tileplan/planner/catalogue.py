@@ -26,7 +26,9 @@ crowded), or, for survivors that were detailed but not kept for selection,
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -231,6 +233,44 @@ def _chunks(ctx, op, shape, bias: bool = False, combos=None, tick=None) -> list[
     return out
 
 
+def _worker_init() -> None:
+    """A pool worker ignores SIGINT (the parent decides: a Ctrl-C reaches the whole process group),
+    takes SIGTERM's default (the parent's handler raises an exception, which a worker must not
+    inherit), and on Linux dies with its parent even when the parent is killed outright."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)        # PR_SET_PDEATHSIG
+    except (AttributeError, OSError):
+        pass
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """The catalogue's process pool (``stop_pool`` ends it on any exception)."""
+    return ProcessPoolExecutor(max_workers=workers, initializer=_worker_init)
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """End a pool now: cancel what has not started, terminate the workers, reap them (no orphans, no
+    wait for tasks in progress)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        try:
+            proc.terminate()
+        except (OSError, ValueError, AttributeError):
+            pass
+    for proc in procs:
+        try:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        except (OSError, ValueError, AttributeError, AssertionError):
+            pass
+
+
 def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     shape = GemmShape.of(ctx.graph, op, ctx.target)
     fusion = bias_fusion(ctx, op)
@@ -267,10 +307,15 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     tick(0, count[0] + len(tasks))
     detailed: dict = {}
     if pooled:
-        with ProcessPoolExecutor(max_workers=len(tasks)) as pool:
+        pool = worker_pool(len(tasks))
+        try:
             for k, res in enumerate(pool.map(_detail, tasks)):
                 detailed.update({(combo, choice): r for combo, choice, *r in res})
                 tick()
+        except BaseException:
+            stop_pool(pool)
+            raise
+        pool.shutdown()
     else:
         for k, t in enumerate(tasks):
             detailed.update({(combo, choice): r for combo, choice, *r in _detail(t)})
@@ -334,9 +379,13 @@ class Catalogues:
         if ctx.jobs > 1 and len(ops) > 1 and ctx.target.tiles >= POOL_MIN_TILES:
             shapes = {op.name: GemmShape.of(ctx.graph, op, ctx.target) for op in ops}
             size = {n: g.batch * g.M * g.N * g.K for n, g in shapes.items()}
-            self.pool = ProcessPoolExecutor(max_workers=min(ctx.jobs, len(ops)))
-            for op in sorted(ops, key=lambda op: -size[op.name]):
-                self.futures[op.name] = self.pool.submit(_catalogue, ctx, op)
+            self.pool = worker_pool(min(ctx.jobs, len(ops)))
+            try:
+                for op in sorted(ops, key=lambda op: -size[op.name]):
+                    self.futures[op.name] = self.pool.submit(_catalogue, ctx, op)
+            except BaseException:
+                self.cancel()
+                raise
 
     def result(self) -> dict[str, list[Candidate]]:
         ctx = self.ctx
@@ -350,13 +399,17 @@ class Catalogues:
                 out[op.name], ctx.runner_ups[op.name] = self.futures[op.name].result()
                 if ctx.progress is not None:
                     ctx.progress(op.name, 1, 1)
-        finally:
+        except BaseException:
             self.cancel()
+            raise
+        self.pool.shutdown()
+        self.pool = None
         return out
 
     def cancel(self) -> None:
+        """Stop the pool at once (an exception, SIGINT or SIGTERM in the caller): no orphaned worker."""
         if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+            stop_pool(self.pool)
             self.pool = None
 
 

@@ -32,8 +32,6 @@ Contents:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -193,24 +191,6 @@ def dumps(data: dict) -> str:
 
 
 def write_plan_json(plan, path: str | Path) -> Path:
-    """Write plan.json atomically: a temporary file beside ``path``, renamed into place."""
-    return write_text_atomic(path, dumps(plan_to_json(plan)))
-
-
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write a text file atomically: a temporary file beside ``path``, renamed into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)          # mkstemp makes 0600; a plan is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write plan.json atomically (``tileplan.atomic.write_file``: a regular file or nothing)."""
+    from ..atomic import write_file
+    return write_file(path, dumps(plan_to_json(plan)))

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,16 +255,7 @@ def render_html(data: ReportData, compare: list[ReportData] = ()) -> str:
 
 
 def write_html(data: ReportData, path: str | Path, compare: list[ReportData] = ()) -> Path:
-    """Write the page atomically (a temporary file beside ``path``, renamed into place);
+    """Write the page atomically (``tileplan.atomic.write_file``: a regular file or nothing);
     ``compare``: other packages shown side by side."""
-    path = Path(path)
-    text = render_html(data, compare)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")    # open() keeps the umask's permissions
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    from ..atomic import write_file
+    return write_file(path, render_html(data, compare))

@@ -35,6 +35,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+
 RUNNER_UPS = 5          # per GEMM in the terminal
 
 
@@ -237,8 +238,14 @@ def error_table(title: str, outputs: dict, atol: float, rtol: float) -> Table:
     for col in ("output", "max abs err", "max rel err", "cosine", "atol", "rtol", "within tol"):
         t.add_column(col, justify="left" if col == "output" else "right", no_wrap=True)
     for name, fig in sorted(outputs.items()):
+        ok = "[green]yes[/green]" if fig["passed"] else "[red]NO[/red]"
+        if fig.get("nonfinite"):        # never a figure that looks like a pass beside NaN or inf values
+            t.add_row(name, f"{fig['nonfinite']:,} of {fig.get('elements', fig['nonfinite']):,} values non-finite "
+                            f"(output {fig.get('nonfinite_got', 0):,}, reference {fig.get('nonfinite_want', 0):,})",
+                      "-", "-", f"{fig.get('atol', atol):g}", f"{rtol:g}", ok)
+            continue
         t.add_row(name, f"{fig['max_abs']:.3e}", f"{fig['max_rel']:.3e}", f"{fig['cosine']:.6f}",
-                  f"{fig.get('atol', atol):g}", f"{rtol:g}", "[green]yes[/green]" if fig["passed"] else "[red]NO[/red]")
+                  f"{fig.get('atol', atol):g}", f"{rtol:g}", ok)
     return t
 
 

@@ -66,15 +66,19 @@ def reference(graph: Graph, stored: dict[str, np.ndarray]) -> dict[str, np.ndarr
 
 
 def compare(got: np.ndarray, want: np.ndarray) -> dict:
-    """max abs error, max rel error (against max |want|-scaled floor), cosine similarity."""
+    """max abs error, max rel error (against max |want|-scaled floor) and cosine similarity over the
+    elements where both values are finite, and how many are not (``nonfinite``; of those,
+    ``nonfinite_got`` in the output and ``nonfinite_want`` in the reference). An output with any
+    non-finite value fails validation, whatever the other figures say."""
     g = np.asarray(got, dtype=np.float64).reshape(-1)
     w = np.asarray(want, dtype=np.float64).reshape(-1)
-    d = np.abs(g - w)
     finite = np.isfinite(g) & np.isfinite(w)
-    scale = max(float(np.abs(w).max(initial=0.0)), 1e-30)
-    rel = d / np.maximum(np.abs(w), 1e-3 * scale)
-    denom = float(np.linalg.norm(g[finite]) * np.linalg.norm(w[finite]))
-    return {"max_abs": float(d.max(initial=0.0)) if finite.all() else float("inf"),
-            "max_rel": float(rel.max(initial=0.0)) if finite.all() else float("inf"),
-            "cosine": float(g[finite] @ w[finite] / denom) if denom > 0 else 1.0,
-            "nonfinite": int((~finite).sum())}
+    gf, wf = g[finite], w[finite]
+    d = np.abs(gf - wf)
+    scale = max(float(np.abs(wf).max(initial=0.0)), 1e-30)
+    rel = d / np.maximum(np.abs(wf), 1e-3 * scale)
+    denom = float(np.linalg.norm(gf) * np.linalg.norm(wf))
+    return {"max_abs": float(d.max(initial=0.0)), "max_rel": float(rel.max(initial=0.0)),
+            "cosine": float(gf @ wf / denom) if denom > 0 else (1.0 if not d.any() else 0.0),
+            "nonfinite": int((~finite).sum()), "nonfinite_got": int((~np.isfinite(g)).sum()),
+            "nonfinite_want": int((~np.isfinite(w)).sum()), "elements": int(g.size)}

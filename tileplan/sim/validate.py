@@ -55,20 +55,44 @@ def default_tolerance(graph) -> tuple[float, float]:
 
 
 def _load_npz(path, what: str) -> dict[str, np.ndarray]:
+    """An npz of real numbers by tensor name; anything else (strings, complex, objects, booleans) is
+    an error naming the array."""
+    import zipfile
     try:
         with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+            arrays = {k: z[k] for k in z.files}
     except FileNotFoundError:
         raise TileplanError(f"{path}: no such {what} file") from None
-    except Exception as exc:
+    except IsADirectoryError:
+        raise TileplanError(f"{path}: is a folder, not an .npz {what} file") from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise TileplanError(f"{path}: not a readable .npz {what} file ({type(exc).__name__})") from None
+    for k, a in arrays.items():
+        if a.dtype.kind not in "iuf":
+            raise TileplanError(f"{path}: array {k!r} holds {a.dtype} values; {what} must be real numbers")
+    return arrays
+
+
+def check_tolerance(value, option: str) -> float | None:
+    """``--atol``/``--rtol``: None (the default by dtype) or a finite non-negative number."""
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+        raise TileplanError(f"{option} must be a finite non-negative number, got {value!r}")
+    return float(value)
 
 
 def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rtol=None, seed: int = 0,
                      registry=None) -> Validation:
+    """Run ``pkg`` on the IPU model and compare. With ``--inputs`` every graph input must be given
+    (nothing is filled in with seeded data; parameters the package and ``--inputs`` leave out take
+    the seeded values, the same on every run); with ``--expected`` every output must be given.
+    Errors name the file and the array."""
+    atol, rtol = check_tolerance(atol, "--atol"), check_tolerance(rtol, "--rtol")
     graph = pkg.graph
     stored = seeded_values(graph, seed)
     stored.update(pkg.params)
+    given: set[str] = set(pkg.params)
     if inputs_path is not None:
         for name, arr in _load_npz(inputs_path, "inputs").items():
             t = graph.tensors.get(name)
@@ -77,6 +101,11 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
             if tuple(arr.shape) != t.shape:
                 raise TileplanError(f"{inputs_path}: {name!r} has shape {list(arr.shape)}, the model's is {list(t.shape)}")
             stored[name] = quantise(np.asarray(arr, dtype=np.float64), t.dtype, t.scale)
+            given.add(name)
+        missing = [t.name for t in graph.tensors.values() if t.role is Role.INPUT and t.name not in given]
+        if missing:
+            raise TileplanError(f"{inputs_path}: holds no values for the input{'s' if len(missing) > 1 else ''} "
+                                f"{', '.join(repr(m) for m in missing)} of model {graph.name!r}")
     expected = _load_npz(expected_path, "expected outputs") if expected_path is not None else None
     outs = [t for t in graph.tensors.values() if t.role is Role.OUTPUT]
     if expected is not None:
@@ -86,15 +115,21 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
                 raise TileplanError(f"{expected_path}: {name!r} is not an output of model {graph.name!r}")
             if tuple(arr.shape) != t.shape:
                 raise TileplanError(f"{expected_path}: {name!r} has shape {list(arr.shape)}, the model's is {list(t.shape)}")
-        if not expected:       # nothing to compare would pass vacuously
-            raise TileplanError(f"{expected_path}: holds no arrays; expected values of the outputs "
-                                f"{', '.join(repr(t.name) for t in outs)}")
-    model = IPUModel(pkg.program, pkg.target, registry=registry)
-    for b in pkg.program.buffers:
-        if b.kind in ("input", "parameter"):
-            v = stored[b.tensor]
-            model.write(b.name, np.swapaxes(v, -1, -2) if b.transpose else v)
-    profile = model.run()
+        missing = [t.name for t in outs if t.name not in expected]
+        if missing:       # an output left out would pass without a comparison
+            what = "holds no arrays; expected values of the output" if not expected else \
+                "holds no expected values of the output"
+            raise TileplanError(f"{expected_path}: {what}{'s' if len(missing) > 1 else ''} "
+                                f"{', '.join(repr(m) for m in missing)}")
+    try:                                     # the IPU model's errors name the package
+        model = IPUModel(pkg.program, pkg.target, registry=registry)
+        for b in pkg.program.buffers:
+            if b.kind in ("input", "parameter"):
+                v = stored[b.tensor]
+                model.write(b.name, np.swapaxes(v, -1, -2) if b.transpose else v)
+        profile = model.run()
+    except TileplanError as exc:
+        raise TileplanError(f"{pkg.path}: {exc}") from None
     ref = reference(graph, stored) if expected is None else None
     d_atol, d_rtol = default_tolerance(graph)
     scaled_atol = atol is None                      # the default scales with each output's magnitude
@@ -159,20 +194,12 @@ def tile_cycles(v: Validation) -> np.ndarray:
 
 def write_validation(pkg, v: Validation) -> None:
     """Record a run in the package: ``validation.json`` and ``validation.npz`` (``tile_cycles``),
-    each written to a temporary file and renamed into place. Neither is in the manifest: they
-    describe a run of the package, not its contents."""
-    import os
-
+    each written through ``tileplan.atomic.write_file`` (a temporary file renamed into place).
+    Neither is in the manifest: they describe a run of the package, not its contents."""
+    from ..atomic import write_file
     from ..lowering.package import dumps
     from ..lowering.tile_program import deterministic_npz
     files = {"validation.json": dumps(validation_record(v)).encode(),
              TRACE_FILE: deterministic_npz({"tile_cycles": tile_cycles(v)})}
     for name, data in files.items():
-        path = pkg.path / name
-        tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise TileplanError(f"{path}: cannot write the validation record ({exc.strerror or exc})") from None
+        write_file(pkg.path / name, data)

@@ -1,0 +1,185 @@
+"""``check_program``: a tile program read from a package, checked against its own bounds.
+
+A package whose manifest matches may still hold arrays someone edited and
+re-hashed. Before the IPU model runs anything, every array is checked
+(vectorised, one numpy pass per array: the tile program of a big package has
+about a million entries):
+
+- buffers: known element type, positive shape, ``addr``/``size`` shaped
+  ``[buffers, tiles]``, integer, ``size >= 0``, ``addr >= -1``, every allocation
+  inside the tile's usable memory (past the reserve, before the end);
+  ``alias_of`` names a buffer, ``span`` lies within the program's steps;
+- host I/O maps: one per host buffer, integer arrays of one length, tiles in
+  ``[0, tiles)``, ``0 <= start <= stop <=`` the buffer's elements, ``offset >= 0``,
+  and every interval inside the buffer's allocation on its tile;
+- compute sets: each vertex group's ``tile`` in range, ``ins``/``outs`` shaped
+  ``[vertices, operands]``, operand sizes non-negative, every operand inside
+  usable memory, cycles non-negative;
+- exchanges: the six transfer columns integer and of one length, tiles in
+  range, ``nbytes > 0``, source and destination inside usable memory;
+- the graph (model.json) against the program: every host buffer's tensor exists
+  with the same element type, scale and shape (transposed where the buffer says
+  so), and every graph output has an output buffer.
+
+Errors are ``TileplanError`` without a path; ``load_package`` prefixes the package.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TileplanError
+from ..graph.core import Role
+from ..graph.dtypes import DType
+from .tile_program import ComputeSet, Exchange
+
+HOST_KINDS = ("input", "parameter", "output")
+
+
+def check_program(tp, target, graph) -> None:
+    tiles = tp.tiles
+    if not isinstance(tiles, int) or tiles != target.tiles:
+        raise TileplanError(f"program.json: the tile program has {tiles!r} tiles, its target {target.tiles}")
+    lo, hi = target.reserve_bytes, target.sram_bytes
+    nbuf = len(tp.buffers)
+    addr, size = _int_array(tp.addr, "program.npz: addr"), _int_array(tp.size, "program.npz: size")
+    for name, a in (("addr", addr), ("size", size)):
+        if a.shape != (nbuf, tiles):
+            raise TileplanError(f"program.npz: {name} has shape {list(a.shape)}, expected [{nbuf}, {tiles}] "
+                                "(buffers x tiles)")
+    _first_bad(size < 0, "program.npz: size", "a negative buffer size", size)
+    _first_bad(addr < -1, "program.npz: addr", "a negative address", addr)
+    used = addr >= 0
+    _first_bad(used & ((addr < lo) | (addr + size > hi)), "program.npz: addr",
+               f"an allocation outside usable memory [{lo}, {hi})", addr)
+
+    names = {}
+    items = []
+    for i, b in enumerate(tp.buffers):
+        where = f"program.json: buffer {i} ({b.name!r})"
+        if not isinstance(b.name, str) or b.name in names:
+            raise TileplanError(f"{where}: a missing or repeated name")
+        names[b.name] = i
+        try:
+            dt = DType(b.dtype)
+        except ValueError:
+            raise TileplanError(f"{where}: unknown element type {b.dtype!r}") from None
+        if (not isinstance(b.shape, list) or not b.shape
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in b.shape)):
+            raise TileplanError(f"{where}: shape {b.shape!r} is not a list of positive integers")
+        items.append(dt.itemsize)
+        if b.span is not None and not (isinstance(b.span, list) and len(b.span) == 2
+                                       and all(isinstance(x, int) for x in b.span)
+                                       and 0 <= b.span[0] <= b.span[1] < max(len(tp.steps), 1)):
+            raise TileplanError(f"{where}: span {b.span!r} is not within the program's {len(tp.steps)} steps")
+    for i, b in enumerate(tp.buffers):
+        if b.alias_of is not None and b.alias_of not in names:
+            raise TileplanError(f"program.json: buffer {b.name!r} aliases {b.alias_of!r}, which is not a buffer")
+
+    # host I/O maps
+    for name, io in tp.io_maps.items():
+        where = f"program.npz: the host map of {name!r}"
+        if name not in names:
+            raise TileplanError(f"{where}: no such buffer")
+        bi = names[name]
+        b = tp.buffers[bi]
+        if b.kind not in HOST_KINDS:
+            raise TileplanError(f"{where}: the buffer is a {b.kind!r} buffer, not a host input or output")
+        tile, start, stop, offset = (_int_array(a, f"{where} ({k})")
+                                     for a, k in zip(io, ("tile", "start", "stop", "offset")))
+        n = tile.shape
+        if any(a.ndim != 1 or a.shape != n for a in (tile, start, stop, offset)):
+            raise TileplanError(f"{where}: tile, start, stop and offset are not 1-D arrays of one length")
+        elements = int(np.prod(b.shape))
+        _first_bad((tile < 0) | (tile >= tiles), where, f"a tile outside [0, {tiles})", tile)
+        _first_bad((start < 0) | (stop < start) | (stop > elements), where,
+                   f"an interval outside the buffer's {elements} elements", start)
+        _first_bad(offset < 0, where, "a negative offset", offset)
+        item = items[bi]
+        t = np.clip(tile, 0, tiles - 1)
+        inside = (addr[bi, t] >= 0) & ((offset + stop - start) * item <= size[bi, t])
+        _first_bad(~inside, where, "an interval outside the buffer's allocation on its tile", tile)
+    for b in tp.buffers:
+        if b.kind in HOST_KINDS and b.name not in tp.io_maps:
+            raise TileplanError(f"program.json: host buffer {b.name!r} has no host map in program.npz")
+
+    # steps
+    for si, st in enumerate(tp.steps):
+        if isinstance(st, ComputeSet):
+            for gi, g in enumerate(st.groups):
+                where = f"program.npz: step {si} ({st.name!r}) vertex group {gi} ({g.variant})"
+                tile = _int_array(g.tile, f"{where} tile")
+                if tile.ndim != 1:
+                    raise TileplanError(f"{where}: tile is not a 1-D array")
+                _first_bad((tile < 0) | (tile >= tiles), where, f"a tile outside [0, {tiles})", tile)
+                if not isinstance(g.cycles, int) or g.cycles < 0:
+                    raise TileplanError(f"{where}: cycles {g.cycles!r} is not a non-negative integer")
+                for what, arr, nbytes in (("ins", g.ins, g.in_bytes), ("outs", g.outs, g.out_bytes)):
+                    a = _int_array(arr, f"{where} {what}")
+                    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in nbytes):
+                        raise TileplanError(f"{where}: operand sizes {list(nbytes)} are not non-negative integers")
+                    if a.shape != (tile.size, len(nbytes)):
+                        raise TileplanError(f"{where}: {what} has shape {list(a.shape)}, expected "
+                                            f"[{tile.size}, {len(nbytes)}] (vertices x operands)")
+                    nb = np.asarray(nbytes, dtype=np.int64)
+                    _first_bad((a < lo) | (a + nb > hi), where,
+                               f"an operand ({what}) outside usable memory [{lo}, {hi})", a)
+        elif isinstance(st, Exchange):
+            where = f"program.npz: step {si} ({st.name!r}) transfers"
+            tr = st.transfers
+            cols = {f: _int_array(getattr(tr, f), f"{where} ({f})")
+                    for f in ("group", "src_tile", "src_off", "dst_tile", "dst_off", "nbytes")}
+            n = cols["group"].shape
+            if any(a.ndim != 1 or a.shape != n for a in cols.values()):
+                raise TileplanError(f"{where}: the transfer columns are not 1-D arrays of one length")
+            for f in ("src_tile", "dst_tile"):
+                _first_bad((cols[f] < 0) | (cols[f] >= tiles), f"{where} ({f})", f"a tile outside [0, {tiles})",
+                           cols[f])
+            _first_bad(cols["nbytes"] <= 0, f"{where} (nbytes)", "a transfer of no or negative bytes", cols["nbytes"])
+            for f in ("src_off", "dst_off"):
+                _first_bad((cols[f] < lo) | (cols[f] + cols["nbytes"] > hi), f"{where} ({f})",
+                           f"bytes outside usable memory [{lo}, {hi})", cols[f])
+        else:
+            raise TileplanError(f"program.json: step {si} is neither a compute set nor an exchange")
+
+    _check_against_graph(tp, graph)
+
+
+def _check_against_graph(tp, graph) -> None:
+    for b in tp.buffers:
+        if b.kind not in HOST_KINDS:
+            continue
+        where = f"program.json: host buffer {b.name!r}"
+        t = graph.tensors.get(b.tensor) if isinstance(b.tensor, str) else None
+        if t is None:
+            raise TileplanError(f"{where}: its tensor {b.tensor!r} is not in model.json")
+        if b.dtype != t.dtype.value:
+            raise TileplanError(f"{where}: element type {b.dtype} disagrees with model.json's {t.dtype} "
+                                f"for tensor {t.name!r}")
+        if b.scale != t.scale:
+            raise TileplanError(f"{where}: scale {b.scale!r} disagrees with model.json's {t.scale} "
+                                f"for tensor {t.name!r}")
+        shape = list(t.shape)
+        if b.transpose and len(shape) >= 2:
+            shape[-2], shape[-1] = shape[-1], shape[-2]
+        if list(b.shape) != shape:
+            raise TileplanError(f"{where}: shape {b.shape} disagrees with model.json's {list(t.shape)} "
+                                f"for tensor {t.name!r}" + (" (transposed)" if b.transpose else ""))
+    have = {b.tensor for b in tp.buffers if b.kind == "output"}
+    for t in graph.tensors.values():
+        if t.role is Role.OUTPUT and t.name not in have:
+            raise TileplanError(f"program.json: output {t.name!r} of model.json has no output buffer")
+
+
+def _int_array(a, where: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu":
+        raise TileplanError(f"{where}: holds {a.dtype} values, not integers")
+    return a.astype(np.int64, copy=False)
+
+
+def _first_bad(bad: np.ndarray, where: str, what: str, values: np.ndarray) -> None:
+    if bad.any():
+        idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        at = ", ".join(map(str, idx))
+        raise TileplanError(f"{where}: {what} at [{at}] (value {int(values[idx])})")
