@@ -161,6 +161,8 @@ def _kind(mode: int) -> str:
         return "a FIFO"
     if stat.S_ISSOCK(mode):
         return "a socket"
+    if stat.S_ISREG(mode):
+        return "a file"
     return "a special file"
 
 

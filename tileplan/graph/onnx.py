@@ -499,9 +499,9 @@ class _Importer:
         dims = self._dims(t)
         if dims is None:
             raise TileplanError(f"{what} {t!r} has no known shape; tileplan plans static shapes")
-        if any(isinstance(d, int) and d == 0 for d in dims) and all(isinstance(d, int) for d in dims):
-            raise TileplanError(f"{what} {t!r} has a zero-size dimension (shape {list(dims)}); tileplan "
-                                "tensors have positive dimensions")
+        if any(isinstance(d, int) and not isinstance(d, bool) and d <= 0 for d in dims):
+            raise TileplanError(f"{what} {t!r} has shape {list(dims)} with a zero or negative dimension "
+                                "(dimensions must be positive)")
         if not _all_static(dims):
             shown = ", ".join(str(d) if isinstance(d, int) and d > 0 else repr(d or "?") for d in dims)
             raise TileplanError(f"{what} {t!r} has a dynamic dimension (shape [{shown}]); tileplan plans "

@@ -75,6 +75,7 @@ def check_program(tp, target, graph) -> None:
     for i, b in enumerate(tp.buffers):
         if b.alias_of is not None and b.alias_of not in names:
             raise TileplanError(f"program.json: buffer {b.name!r} aliases {b.alias_of!r}, which is not a buffer")
+    _check_against_graph(tp, graph)
 
     # host I/O maps
     for name, io in tp.io_maps.items():
@@ -142,7 +143,6 @@ def check_program(tp, target, graph) -> None:
         else:
             raise TileplanError(f"program.json: step {si} is neither a compute set nor an exchange")
 
-    _check_against_graph(tp, graph)
 
 
 def _check_against_graph(tp, graph) -> None:
