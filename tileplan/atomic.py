@@ -60,9 +60,7 @@ def write_file(path: str | Path, data: bytes | str) -> Path:
     tmp = None
     try:
         tmp = path.parent / _tmp_name(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)   # umask applies
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        _create(tmp, data)
         _check_file_destination(path)      # again, just before the rename
         os.replace(tmp, path)
         tmp = None
@@ -274,6 +272,7 @@ def _alive(pid: int) -> bool:
 
 
 def _create(path: Path, data: bytes) -> None:
+    """A new regular file (never through a link; the umask applies) holding ``data``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
