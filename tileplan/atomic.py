@@ -38,8 +38,11 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import stat
+import threading
 from pathlib import Path
+from typing import Callable
 
 from .errors import TileplanError
 
@@ -62,8 +65,10 @@ def write_file(path: str | Path, data: bytes | str) -> Path:
         tmp = path.parent / _tmp_name(path)
         _create(tmp, data)
         _check_file_destination(path)      # again, just before the rename
-        os.replace(tmp, path)
-        tmp = None
+        with _signals_held() as held:
+            if not held.pending():
+                os.replace(tmp, path)
+                tmp = None
     except OSError as exc:
         raise _os_error(where, "cannot write the file", exc) from None
     finally:
@@ -72,10 +77,11 @@ def write_file(path: str | Path, data: bytes | str) -> Path:
     return path
 
 
-def write_folder(path: str | Path, files: dict[str, bytes], tag: str) -> Path:
+def write_folder(path: str | Path, files: "dict[str, bytes] | Callable[[], dict[str, bytes]]", tag: str) -> Path:
     """Write the folder ``path`` holding ``files`` (relative names -> bytes) and the marker
     ``.tileplan-package`` (holding ``tag``), atomically; an existing folder is replaced only if it
-    carries the marker (or is empty)."""
+    carries the marker (or is empty). ``files`` may be a function making them: it runs once the
+    temporary folder exists, so an interruption while the files are made is cleaned up the same way."""
     path = Path(path)
     where = str(path)
     _check_folder_destination(path)
@@ -86,16 +92,19 @@ def write_folder(path: str | Path, files: dict[str, bytes], tag: str) -> Path:
         tmp = path.parent / _tmp_name(path)
         os.mkdir(tmp, 0o777)                                   # umask applies
         _create(tmp / MARKER, (tag + "\n").encode())           # first: a stale temp is recognisable
+        if callable(files):
+            files = files()
         for name, data in sorted(files.items()):
             rel = Path(name)
             if rel.is_absolute() or ".." in rel.parts or name == MARKER:
                 raise TileplanError(f"{where}: refusing to write the member {name!r}")
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             _create(tmp / rel, data)
-        _swap_in(tmp, path)
-        tmp_left = tmp                       # now holds the old package (or nothing)
-        tmp = None
-        _rmtree_quietly(tmp_left)
+        with _signals_held() as held:        # the swap and its clean-up run whole, or not at all
+            if not held.pending():
+                _swap_in(tmp, path)
+                tmp_left, tmp = tmp, None    # it now holds the old package (or nothing)
+                _rmtree_quietly(tmp_left)
     except OSError as exc:
         raise _os_error(where, "cannot write the package", exc) from None
     finally:
@@ -321,6 +330,28 @@ def _swap_in(tmp: Path, path: Path) -> None:
         os.rename(aside, tmp)                 # the old package, for the caller to delete
         return
     raise TileplanError(f"{path}: other processes keep replacing this package; try again")
+
+
+class _signals_held:
+    """Hold SIGINT and SIGTERM while the destination is replaced and the old copy removed: a signal
+    arriving before is seen (``pending``) and the destination is left as it was; one arriving during
+    is delivered (as the CLI's exception) once the replacement is complete."""
+
+    SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+    def __enter__(self):
+        self.saved = None
+        if hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread():
+            self.saved = signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
+        return self
+
+    def pending(self) -> bool:
+        return self.saved is not None and bool(signal.sigpending() & self.SIGNALS)
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.saved)
+        return False
 
 
 _RENAME_EXCHANGE = 2

@@ -74,6 +74,7 @@ def compile_plan(p, target, out_dir, *, params=None, registry=None):
     """The part of ``compile_model`` after planning: lower the plan, write its package."""
     from ..planner.planjson import plan_to_json
     state = lower(p.mid.program, target, registry=registry)
-    files = package_files(p, state, target, params, plan_to_json(p), build_report(p, state, target))
-    path = write_package(Path(out_dir), files)
+    # The files are made once the package's temporary folder exists (tileplan.atomic.write_folder).
+    path = write_package(Path(out_dir), lambda: package_files(p, state, target, params, plan_to_json(p),
+                                                              build_report(p, state, target)))
     return state, path

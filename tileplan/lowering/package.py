@@ -101,9 +101,10 @@ def _stored_bytes(v: np.ndarray) -> np.ndarray:
     return v.view(np.uint8) if v.dtype.itemsize == 1 and v.dtype.kind not in "iub" else v
 
 
-def write_package(out_dir: str | Path, files: dict[str, bytes]) -> Path:
+def write_package(out_dir: str | Path, files) -> Path:
     """Write the package folder atomically through ``tileplan.atomic`` (marker ``.tileplan-package``
-    holding ``FORMAT``; an existing folder is replaced only if it is a package)."""
+    holding ``FORMAT``; an existing folder is replaced only if it is a package). ``files``: the dict of
+    ``package_files``, or a function returning it."""
     return write_folder(out_dir, files, FORMAT)
 
 

@@ -1,0 +1,98 @@
+"""SIGINT and SIGTERM during ``tileplan compile``: no temporary folder, no surviving worker, no hang,
+and the output path untouched.
+
+The compile (SigLIP MLP b1 with two pool workers, a few seconds) runs in a session of
+its own, so every process it starts can be found afterwards by its session id. A
+signal is sent either after a delay (while the catalogue pool is costing) or the
+moment the temporary package folder appears (while the package is written).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reliability_corpus import FIXTURES
+
+MODEL = FIXTURES / "siglip_mlp_fp8_b1.toml"
+
+
+def session_members(sid: int) -> list[int]:
+    """Processes still running (not zombies) in session ``sid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        state, session = fields[0], int(fields[3])
+        if session == sid and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def interrupted_compile(tmp_path, small_package, sig, when):
+    out = tmp_path / "out"
+    shutil.copytree(small_package, out)            # an older package at the output path
+    before = snapshot(out)
+    env = {**os.environ, "COLUMNS": "120"}
+    proc = subprocess.Popen([sys.executable, "-m", "tileplan.cli", "compile", str(MODEL), "-o", str(out), "-j", "2",
+                             "--target", "ipu21"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, env=env, cwd=tmp_path)
+    try:
+        if when == "delay":
+            time.sleep(4.0)
+        else:                                        # the moment the temporary folder appears
+            deadline = time.monotonic() + 120
+            while not any(p.name.startswith(".out.tileplan-tmp-") for p in tmp_path.iterdir()):
+                assert proc.poll() is None, "compile ended before writing its package"
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        assert proc.poll() is None, "compile ended before the signal"
+        running = session_members(proc.pid)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)                 # Ctrl-C: the whole foreground group
+        else:
+            proc.send_signal(sig)                    # kill PID
+        _, err = proc.communicate(timeout=60)        # no hang
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while session_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc.returncode, err.decode(), out, before, running, session_members(proc.pid)
+
+
+CASES = [(signal.SIGINT, "delay"), (signal.SIGTERM, "delay"), (signal.SIGINT, "temp"), (signal.SIGTERM, "temp")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, when", CASES, ids=[f"{s.name} {w}" for s, w in CASES])
+def test_a_signal_during_compile_leaves_no_temporary_folder_no_worker_and_the_output_untouched(
+        tmp_path, small_package, sig, when):
+    code, err, out, before, running, left = interrupted_compile(tmp_path, small_package, sig, when)
+    if when == "delay":
+        assert len(running) >= 2, "the signal should reach the compile while its pool workers run"
+    assert code == 128 + sig, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: interrupted by {sig.name}"), err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert snapshot(out) == before
+    assert left == [], "no process of the compile may survive it"
