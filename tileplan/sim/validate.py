@@ -117,10 +117,9 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
                 raise TileplanError(f"{expected_path}: {name!r} has shape {list(arr.shape)}, the model's is {list(t.shape)}")
         missing = [t.name for t in outs if t.name not in expected]
         if missing:       # an output left out would pass without a comparison
-            what = "holds no arrays; expected values of the output" if not expected else \
-                "holds no expected values of the output"
-            raise TileplanError(f"{expected_path}: {what}{'s' if len(missing) > 1 else ''} "
-                                f"{', '.join(repr(m) for m in missing)}")
+            what = "holds no arrays; expected values of the outputs" if not expected else \
+                f"holds no expected values of the output{'s' if len(missing) > 1 else ''}"
+            raise TileplanError(f"{expected_path}: {what} {', '.join(repr(m) for m in missing)}")
     try:                                     # the IPU model's errors name the package
         model = IPUModel(pkg.program, pkg.target, registry=registry)
         for b in pkg.program.buffers:
