@@ -101,11 +101,11 @@ class Target:
 
 
 # Figures and their bounds (``tileplan.checked.figure``): every figure is positive but these, where 0
-# means "none" (no interleaved region, no FP8 AMP, no sync cost, free control or launch); tiles and clock have tighter limits.
+# means "none" (no interleaved region, no FP8 AMP, no sync cost, free control or launch); tiles,
+# clock and workers have tighter limits.
 _TEXT = ("name", "family", "description")
 _ZERO_OK = ("interleaved_bytes", "reserve_bytes", "amp_fp8", "sync_cycles", "send_control_cycles",
-            "receive_control_cycles",
-            "local_copy_call_cycles", "kernel_launch_cycles")
+            "receive_control_cycles", "local_copy_call_cycles", "kernel_launch_cycles")
 _MAXIMUM = {"tiles": 1 << 24, "clock_hz": 1e12, "workers": 1 << 10}
 
 # TOML key (section, key) -> field name.

@@ -68,6 +68,8 @@ def load_report_data(path: str | Path) -> ReportData:
             validation = json.loads(vpath.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TileplanError(f"{vpath}: damaged validation record ({exc}); run tileplan validate again") from None
+        if not isinstance(validation, dict):
+            raise TileplanError(f"{vpath}: damaged validation record (not a JSON object); run tileplan validate again")
         missing = [k for k in ("steps", "outputs", "cycles", "compute", "exchange", "sync", "memory_peak")
                    if k not in validation]
         if missing:
