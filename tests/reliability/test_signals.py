@@ -3,8 +3,9 @@ and the output path untouched.
 
 The compile (SigLIP MLP b1 with two pool workers, a few seconds) runs in a session of
 its own, so every process it starts can be found afterwards by its session id. A
-signal is sent either after a delay (while the catalogue pool is costing) or the
-moment the temporary package folder appears (while the package is written).
+signal is sent after a delay (while the catalogue pool is costing), shortly after
+the pool's workers start, or the moment the temporary package folder appears
+(while the package is made and written).
 """
 
 from __future__ import annotations
@@ -45,17 +46,24 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def interrupted_compile(tmp_path, small_package, sig, when):
+def interrupted_compile(tmp_path, small_package, sig, when, model=MODEL, target="ipu21"):
     out = tmp_path / "out"
     shutil.copytree(small_package, out)            # an older package at the output path
     before = snapshot(out)
     env = {**os.environ, "COLUMNS": "120"}
-    proc = subprocess.Popen([sys.executable, "-m", "tileplan.cli", "compile", str(MODEL), "-o", str(out), "-j", "2",
-                             "--target", "ipu21"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "tileplan.cli", "compile", str(model), "-o", str(out), "-j", "2",
+                             "--target", target], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, env=env, cwd=tmp_path)
     try:
         if when == "delay":
             time.sleep(4.0)
+        elif when == "pool":                         # shortly after the pool's workers start
+            deadline = time.monotonic() + 120
+            while len(session_members(proc.pid)) < 2:
+                assert proc.poll() is None, "compile ended before starting its pool"
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            time.sleep(0.5)
         else:                                        # the moment the temporary folder appears
             deadline = time.monotonic() + 120
             while not any(p.name.startswith(".out.tileplan-tmp-") for p in tmp_path.iterdir()):
@@ -87,7 +95,7 @@ CASES = [(signal.SIGINT, "delay"), (signal.SIGTERM, "delay"), (signal.SIGINT, "t
 def test_a_signal_during_compile_leaves_no_temporary_folder_no_worker_and_the_output_untouched(
         tmp_path, small_package, sig, when):
     code, err, out, before, running, left = interrupted_compile(tmp_path, small_package, sig, when)
-    if when == "delay":
+    if when == "delay":              # (a fixed delay: this compile's pool runs from about 2 s to 12 s)
         assert len(running) >= 2, "the signal should reach the compile while its pool workers run"
     assert code == 128 + sig, err
     lines = err.strip().splitlines()
@@ -96,3 +104,34 @@ def test_a_signal_during_compile_leaves_no_temporary_folder_no_worker_and_the_ou
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert snapshot(out) == before
     assert left == [], "no process of the compile may survive it"
+
+
+@pytest.mark.slow
+def test_sigterm_while_one_gemms_detailed_costing_runs_on_the_pool_leaves_nothing(tmp_path, small_package):
+    """A single GEMM splits its detailed costing over the pool (``gemm_candidates``), another pool."""
+    code, err, out, before, running, left = interrupted_compile(
+        tmp_path, small_package, signal.SIGTERM, "pool", model=FIXTURES / "gemm_4096_fp16.toml", target="ipu2")
+    assert code == 128 + signal.SIGTERM, err
+    assert len(running) >= 2 and left == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and snapshot(out) == before
+
+
+@pytest.mark.slow
+def test_pool_workers_die_with_a_compile_killed_outright(tmp_path, small_package):
+    code, err, out, before, running, left = interrupted_compile(tmp_path, small_package, signal.SIGKILL, "pool")
+    assert code == -signal.SIGKILL and len(running) >= 2
+    assert left == [], "workers must not outlive their parent"
+    assert snapshot(out) == before
+
+
+@pytest.mark.slow
+def test_the_next_compile_removes_the_temporary_folder_of_a_killed_one(tmp_path, small_package):
+    from reliability_corpus import SMOKE
+    code, _, out, before, _, _ = interrupted_compile(tmp_path, small_package, signal.SIGKILL, "temp")
+    assert code == -signal.SIGKILL
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith(".out.tileplan-tmp-")]) == 1
+    assert snapshot(out) == before
+    done = subprocess.run([sys.executable, "-m", "tileplan.cli", "compile", str(SMOKE), "-o", str(out), "-j", "1"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
