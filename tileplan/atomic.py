@@ -53,11 +53,11 @@ _SYSTEM = (Path("/proc"), Path("/sys"))
 
 def write_file(path: str | Path, data: bytes | str) -> Path:
     """Write ``data`` to the regular file ``path`` atomically (see the module docstring)."""
-    path = Path(path)
+    where = str(path)
+    _check_file_destination(Path(path))
+    path = Path(os.path.abspath(path))       # (normalised: ``a/../b`` is ``b``)
     if isinstance(data, str):
         data = data.encode("utf-8")
-    where = str(path)
-    _check_file_destination(path)
     _make_parent(path)
     _remove_stale(path)
     tmp = None
@@ -74,7 +74,7 @@ def write_file(path: str | Path, data: bytes | str) -> Path:
     finally:
         if tmp is not None:
             _unlink_quietly(tmp)
-    return path
+    return Path(where)
 
 
 def write_folder(path: str | Path, files: "dict[str, bytes] | Callable[[], dict[str, bytes]]", tag: str) -> Path:
@@ -82,9 +82,9 @@ def write_folder(path: str | Path, files: "dict[str, bytes] | Callable[[], dict[
     ``.tileplan-package`` (holding ``tag``), atomically; an existing folder is replaced only if it
     carries the marker (or is empty). ``files`` may be a function making them: it runs once the
     temporary folder exists, so an interruption while the files are made is cleaned up the same way."""
-    path = Path(path)
     where = str(path)
-    _check_folder_destination(path)
+    _check_folder_destination(Path(path))
+    path = Path(os.path.abspath(path))
     _make_parent(path)
     _remove_stale(path)
     tmp = None
@@ -110,7 +110,7 @@ def write_folder(path: str | Path, files: "dict[str, bytes] | Callable[[], dict[
     finally:
         if tmp is not None:
             _rmtree_quietly(tmp)
-    return path
+    return Path(where)
 
 
 def check_file(path: str | Path) -> Path:
