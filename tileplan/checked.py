@@ -26,6 +26,8 @@ import math
 import unicodedata
 from typing import Any
 
+import numpy as np
+
 from .errors import TileplanError
 
 MAX_ELEMENTS = 1 << 36
@@ -34,7 +36,6 @@ MAX_FIGURE = 1 << 40
 
 def is_int(v: Any) -> bool:
     """An integer that is not a bool (numpy integers count)."""
-    import numpy as np
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 

@@ -7,7 +7,6 @@ the file), no traceback, and the IPU model never runs on the bad arrays.
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -190,5 +189,3 @@ def test_an_undamaged_package_still_validates(cli, small_package):
     code, out, err = cli("validate", small_package)
     assert code == 0 and "validation passed" in out, err
 
-
-_ = io  # (npz bytes are built with deterministic_npz)
