@@ -139,7 +139,11 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
         bufs = [b for b in pkg.program.buffers if b.tensor == t.name and b.kind == "output"]
         if not bufs:
             raise TileplanError(f"{pkg.path}: output {t.name!r} has no output buffer in the tile program")
-        got = dequantise(model.read(bufs[0].name), t.dtype, t.scale).reshape(t.shape)
+        try:
+            raw = model.read(bufs[0].name)
+        except TileplanError as exc:
+            raise TileplanError(f"{pkg.path}: {exc}") from None
+        got = dequantise(raw, t.dtype, t.scale).reshape(t.shape)
         want = expected[t.name] if expected is not None and t.name in expected else \
             (ref[t.name] if ref is not None else None)
         values[t.name] = got
