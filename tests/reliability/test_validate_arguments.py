@@ -71,7 +71,8 @@ def test_non_finite_inputs_fail_and_the_report_says_how_many_values_are_non_fini
     x = np.random.default_rng(0).standard_normal(X)
     x[0, 0] = np.nan
     path = npz(tmp_path / "in.npz", x=x)
-    code, out, err = cli("validate", small_package, "--inputs", path)
+    want = npz(tmp_path / "want.npz", y=np.zeros(X))           # finite expected values: NaN is not one
+    code, out, err = cli("validate", small_package, "--inputs", path, "--expected", want)
     assert code == 1 and err == ""
     row = next(line for line in out.splitlines() if "values non-finite" in line)
     assert "(output " in row and "1.000000" not in row and "inf" not in row.replace("non-finite", "")

@@ -500,8 +500,9 @@ class _Importer:
         if dims is None:
             raise TileplanError(f"{what} {t!r} has no known shape; tileplan plans static shapes")
         if any(isinstance(d, int) and not isinstance(d, bool) and d <= 0 for d in dims):
-            raise TileplanError(f"{what} {t!r} has shape {list(dims)} with a zero or negative dimension "
-                                "(dimensions must be positive)")
+            kind = "zero-size" if all(d >= 0 for d in dims if isinstance(d, int)) else "negative"
+            raise TileplanError(f"{what} {t!r} has a {kind} dimension (shape {list(dims)}); tileplan "
+                                "tensors have positive dimensions")
         if not _all_static(dims):
             shown = ", ".join(str(d) if isinstance(d, int) and d > 0 else repr(d or "?") for d in dims)
             raise TileplanError(f"{what} {t!r} has a dynamic dimension (shape [{shown}]); tileplan plans "

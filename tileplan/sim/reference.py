@@ -68,8 +68,9 @@ def reference(graph: Graph, stored: dict[str, np.ndarray]) -> dict[str, np.ndarr
 def compare(got: np.ndarray, want: np.ndarray) -> dict:
     """max abs error, max rel error (against max |want|-scaled floor) and cosine similarity over the
     elements where both values are finite, and how many are not (``nonfinite``; of those,
-    ``nonfinite_got`` in the output and ``nonfinite_want`` in the reference). An output with any
-    non-finite value fails validation, whatever the other figures say."""
+    ``nonfinite_got`` in the output and ``nonfinite_want`` in the reference), so a report never
+    shows a clean figure beside NaN or infinite values (``validate_package`` decides which of
+    them match: a NaN where NaN is expected, the expected infinity)."""
     g = np.asarray(got, dtype=np.float64).reshape(-1)
     w = np.asarray(want, dtype=np.float64).reshape(-1)
     finite = np.isfinite(g) & np.isfinite(w)
