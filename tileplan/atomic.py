@@ -251,8 +251,10 @@ def _remove_stale(path: Path) -> None:
         if m is None or _alive(int(m.group(1))):
             continue
         if e.is_dir(follow_symlinks=False):
-            # ours by name and marker, or empty (killed before the marker was written)
-            if is_package(e.path) or not _has_entries_quietly(e.path):
+            # ours by name and marker (perhaps still empty: killed while writing it), or empty
+            # (killed before the marker was written)
+            marker = Path(e.path) / MARKER
+            if marker.is_file() and not marker.is_symlink() or not _has_entries_quietly(e.path):
                 _rmtree_quietly(Path(e.path))
         elif e.is_file(follow_symlinks=False):
             _unlink_quietly(Path(e.path))
