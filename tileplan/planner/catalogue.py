@@ -366,51 +366,104 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
 class Catalogues:
     """Every GEMM's catalogue, started when constructed and collected by ``result``.
 
-    With ``jobs > 1`` and several GEMMs on a big target, whole catalogues run in parallel, one per
-    pool worker (boundary selection and detailed costing both), largest GEMM first, while the
-    caller plans the elementwise ops; a single GEMM splits its detailed work over the pool instead
-    (``gemm_candidates``). Pooled candidates come back without their programs (``program_of``
-    rebuilds the picked ones); the result does not depend on which worker ran what."""
+    GEMMs with one planning problem (``canon.op_key``: the q, k, v and output projections of a
+    layer, every layer of a tower) share one catalogue: the first of them in op order is costed
+    (or read from the plan ``cache``), the others get its candidates re-targeted
+    (``canon.retarget``: names mapped, programs left for ``program_of`` to rebuild), which is
+    what costing them again would give. ``share=False`` costs every GEMM (the tests' reference).
 
-    def __init__(self, ctx, ops: list[MatMul]):
-        self.ctx, self.ops = ctx, ops
+    With ``jobs > 1`` and several catalogues to cost on a big target, whole catalogues run in
+    parallel, one per pool worker (boundary selection and detailed costing both), largest GEMM
+    first, while the caller plans the elementwise ops; a single GEMM splits its detailed work over
+    the pool instead (``gemm_candidates``). Pooled candidates come back without their programs
+    (``program_of`` rebuilds the picked ones); the result does not depend on which worker ran
+    what, nor on the cache."""
+
+    def __init__(self, ctx, ops: list[MatMul], share: bool = True, cache=None):
+        from . import canon
+        self.ctx, self.ops, self.cache = ctx, ops, cache
         self.pool = None
         self.futures: dict = {}
-        if ctx.jobs > 1 and len(ops) > 1 and ctx.target.tiles >= POOL_MIN_TILES:
-            shapes = {op.name: GemmShape.of(ctx.graph, op, ctx.target) for op in ops}
+        self.keys = {op.name: canon.op_key(ctx.graph, ctx.storage, op) for op in ops}
+        self.source: dict[str, str] = {}       # op -> the op whose catalogue it reads
+        first: dict[str, str] = {}
+        for op in ops:
+            self.source[op.name] = first.setdefault(self.keys[op.name], op.name) if share else op.name
+        self.reps = [op for op in ops if self.source[op.name] == op.name]
+        self.cached: dict[str, tuple] = {}
+        if cache is not None:
+            tkey = canon.target_key(ctx.target)
+            self.cache_keys = {op.name: cache.full_key(self.keys[op.name], tkey,
+                                                       {"frontier_bound": ctx.frontier_bound})
+                               for op in self.reps}
+            for op in self.reps:
+                got = cache.load(self.cache_keys[op.name])
+                if got is not None:
+                    rn = canon.Renaming(got["names"], canon.op_names(ctx.graph, op))
+                    self.cached[op.name] = ([canon.retarget(c, rn, op.name, False) for c in got["kept"]],
+                                            [canon.retarget(c, rn, op.name, False) for c in got["lost"]])
+        todo = [op for op in self.reps if op.name not in self.cached]
+        if ctx.jobs > 1 and len(todo) > 1 and ctx.target.tiles >= POOL_MIN_TILES:
+            shapes = {op.name: GemmShape.of(ctx.graph, op, ctx.target) for op in todo}
             size = {n: g.batch * g.M * g.N * g.K for n, g in shapes.items()}
-            self.pool = worker_pool(min(ctx.jobs, len(ops)))
+            self.pool = worker_pool(min(ctx.jobs, len(todo)))
             try:
-                for op in sorted(ops, key=lambda op: -size[op.name]):
+                for op in sorted(todo, key=lambda op: -size[op.name]):
                     self.futures[op.name] = self.pool.submit(_catalogue, ctx, op)
             except BaseException:
                 self.cancel()
                 raise
 
     def result(self) -> dict[str, list[Candidate]]:
+        from . import canon
         ctx = self.ctx
-        if self.pool is None:
-            return {op.name: gemm_candidates(ctx, op) for op in self.ops}
         out: dict[str, list[Candidate]] = {}
         try:
-            for op in self.ops:
-                if ctx.progress is not None:
-                    ctx.progress(op.name, 0, 1)
-                out[op.name], ctx.runner_ups[op.name] = self.futures[op.name].result()
-                if ctx.progress is not None:
+            for op in self.reps:
+                if op.name in self.cached:
+                    out[op.name], ctx.runner_ups[op.name] = self.cached[op.name]
+                elif self.pool is None:
+                    out[op.name] = gemm_candidates(ctx, op)
+                else:
+                    if ctx.progress is not None:
+                        ctx.progress(op.name, 0, 1)
+                    out[op.name], ctx.runner_ups[op.name] = self.futures[op.name].result()
+                if ctx.progress is not None and (self.pool is not None or op.name in self.cached):
                     ctx.progress(op.name, 1, 1)
+                if self.cache is not None and op.name not in self.cached:
+                    self.cache.store(self.cache_keys[op.name], {
+                        "names": canon.op_names(ctx.graph, op),
+                        "kept": [_compact(c) for c in out[op.name]],
+                        "lost": [_compact(c) for c in ctx.runner_ups.get(op.name, [])]})
         except BaseException:
             self.cancel()
             raise
-        self.pool.shutdown()
-        self.pool = None
-        return out
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+        for op in self.ops:
+            src = self.source[op.name]
+            if src == op.name:
+                continue
+            rn = canon.Renaming(canon.op_names(ctx.graph, ctx.graph.op(src)), canon.op_names(ctx.graph, op))
+            out[op.name] = [canon.retarget(c, rn, op.name, False) for c in out[src]]
+            ctx.runner_ups[op.name] = [canon.retarget(c, rn, op.name, False) for c in ctx.runner_ups.get(src, [])]
+            if ctx.progress is not None:
+                ctx.progress(op.name, 1, 1)
+        return {op.name: out[op.name] for op in self.ops}
 
     def cancel(self) -> None:
         """Stop the pool at once (an exception, SIGINT or SIGTERM in the caller): no orphaned worker."""
         if self.pool is not None:
             stop_pool(self.pool)
             self.pool = None
+
+
+def _compact(cand: Candidate) -> Candidate:
+    """A candidate as the plan cache keeps it: without its fragment program (``program_of``
+    rebuilds it from the grid choice)."""
+    import dataclasses
+    return dataclasses.replace(cand, program=None)
 
 
 def _catalogue(ctx, op: MatMul) -> tuple[list[Candidate], list[Candidate]]:

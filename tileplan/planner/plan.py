@@ -162,10 +162,16 @@ class Plan:
 
 
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
-         dp_paths: int | None = 16, progress=None, stationary: bool = True, pins=()) -> Plan:
+         dp_paths: int | None = 16, progress=None, stationary: bool = True, pins=(), share: bool = True,
+         cache=None) -> Plan:
     """Plan ``graph`` on ``target``: the catalogue of every op, whole-graph selection, the MidGraph
     and its detailed estimate. ``pins`` (``planner.pins.Pin``) restrict GEMMs to a grid; a pinned
-    plan that differs from the planner's own choice records it (``Plan.pinned``)."""
+    plan that differs from the planner's own choice records it (``Plan.pinned``). ``share``: ops
+    with one planning problem (``canon.op_key``) are costed once and the others get re-targeted
+    copies of their candidates (the same result as costing each; ``share=False`` is the
+    reference). ``cache``: a ``planner.cache.PlanCache`` of GEMM catalogues (None: no cache); the
+    plan does not depend on what it holds."""
+    from . import canon
     from .pins import check_pins, pinned_candidates
     t0 = time.perf_counter()
     graph = canonical(graph)
@@ -176,15 +182,24 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
             t.layout.verify(t.shape, t.dtype, target)
     # The GEMM catalogues (in pool workers when they run in parallel) while the elementwise ops,
     # which never depend on a GEMM's candidates, are planned here.
-    pending = Catalogues(ctx, [op for op in graph.ops if family_of(op).catalogued])
+    pending = Catalogues(ctx, [op for op in graph.ops if family_of(op).catalogued], share=share, cache=cache)
     ew_cands: dict[str, list[Candidate]] = {}
+    shared: dict[str, tuple] = {}            # op key -> (the op costed, its family candidates)
     try:
         for op in graph.ops:
             if family_of(op).catalogued:
                 continue
             fused_layouts = [c.out.layout for cs in ew_cands.values() for c in cs if c.fused == op.name]
-            ew_cands[op.name] = family_of(op).candidates(ctx, op) + (
-                ew.absorbed_candidates(ctx, op, fused_layouts) if fused_layouts else [])
+            key = canon.op_key(graph, ctx.storage, op) if share else None
+            if key in shared:
+                src, src_cands = shared[key]
+                rn = canon.Renaming(canon.op_names(graph, src), canon.op_names(graph, op))
+                own = [canon.retarget(c, rn, op.name) for c in src_cands]
+            else:
+                own = family_of(op).candidates(ctx, op)
+                if key is not None:
+                    shared[key] = (op, own)
+            ew_cands[op.name] = own + (ew.absorbed_candidates(ctx, op, fused_layouts) if fused_layouts else [])
     except BaseException:
         pending.cancel()
         raise

@@ -1,0 +1,203 @@
+"""Canonical keys of planning problems: what an op's candidates depend on, without its names.
+
+A tower of identical layers is 27 copies of the same planning problems that differ only in
+their tensor and op names and their parameter values. ``op_key`` is the SHA-256 of everything
+an op family reads when it makes an op's candidates, with every name replaced by a local
+number (tensors numbered in order of first appearance):
+
+- the op: its class and attributes (``dataclasses.fields`` other than name, inputs, output);
+- its neighbourhood: the ops consuming its output (the fusions read them: a bias Add after a
+  GEMM, a GeLU after a bias Add), with their classes, attributes and tensors;
+- every tensor of that neighbourhood: shape, dtype, FP8 scale, role, pinned layout, how many
+  ops consume it, and the parameter storage the planner gave it (``plan.parameter_storage``:
+  layout, private, transposed).
+
+Parameter values never enter (the planner never reads them). Two ops with the same key get
+the same candidates up to renaming (``Renaming``), which is what ``plan`` shares (one costing
+per key) and what the plan cache stores (``planner.cache``, keyed by ``op_key``, the target's
+``target_key`` and the tileplan version).
+
+``subgraph_key`` hashes a list of ops the same way (a layer), and ``repeated_blocks`` finds the
+repeated layers of a graph: the longest run of consecutive equal-keyed blocks of ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+
+from ..graph.core import Graph, Op
+
+_NAMES = ("name", "inputs", "output")
+
+
+def _attrs(op: Op) -> list:
+    return [[f.name, repr(getattr(op, f.name))] for f in dataclasses.fields(op) if f.name not in _NAMES]
+
+
+def _tensor_sig(graph: Graph, storage: dict, name: str) -> list:
+    t = graph.tensors[name]
+    st = storage.get(name)
+    return [list(t.shape), str(t.dtype), t.scale, str(t.role), repr(t.layout),
+            len(graph.consumers.get(name, [])),
+            None if st is None else [repr(st.layout), st.private, st.transpose]]
+
+
+def _digest(doc) -> str:
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+
+
+class _Numbering:
+    """Local numbers for names, in order of first appearance (the canonical renaming)."""
+
+    def __init__(self):
+        self.ids: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        return self.ids.setdefault(name, len(self.ids))
+
+
+def neighbourhood(graph: Graph, op: Op) -> list[Op]:
+    """The ops whose structure an op's candidates depend on: the op, then its output's consumers."""
+    return [op] + [c for c in graph.consumers.get(op.output, []) if c is not op]
+
+
+def _ops_doc(graph: Graph, storage: dict, ops: list[Op]) -> tuple[list, list[str], list[str]]:
+    """(canonical document, op names in order, tensor names in local-number order)."""
+    tensors = _Numbering()
+    names = _Numbering()
+    doc = []
+    for o in ops:
+        names(o.name)
+        doc.append([type(o).__name__, _attrs(o), [tensors(i) for i in o.inputs], tensors(o.output)])
+    sigs = [_tensor_sig(graph, storage, n) for n in tensors.ids]
+    return [doc, sigs], list(names.ids), list(tensors.ids)
+
+
+def op_key(graph: Graph, storage: dict, op: Op) -> str:
+    """SHA-256 (hex) of an op's planning problem, independent of names and parameter values."""
+    doc, _, _ = _ops_doc(graph, storage, neighbourhood(graph, op))
+    return _digest(["op", doc])
+
+
+def op_names(graph: Graph, op: Op) -> list[str]:
+    """The names an op's candidates may mention, in canonical order: the neighbourhood's op names,
+    then its tensor names. Two ops with the same ``op_key`` map position by position."""
+    _, ops, tensors = _ops_doc(graph, {}, neighbourhood(graph, op))
+    return ops + tensors
+
+
+def subgraph_key(graph: Graph, storage: dict, ops: list[Op]) -> str:
+    """SHA-256 (hex) of a subgraph (a layer): its ops in order with their attributes and tensors,
+    independent of names and parameter values."""
+    doc, _, _ = _ops_doc(graph, storage, ops)
+    return _digest(["subgraph", doc])
+
+
+def target_key(target) -> str:
+    """SHA-256 (hex) of a target's machine figures (its name and description left out)."""
+    doc = {k: v for k, v in dataclasses.asdict(target).items() if k not in ("name", "description")}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def repeated_blocks(graph: Graph, storage: dict) -> list[list[Op]]:
+    """The repeated layers of a graph: the longest run of consecutive blocks of ops (in execution
+    order) with one ``subgraph_key``, each block at least two ops; [] when nothing repeats. Block
+    lengths tried are those at which the sequence of op kinds repeats."""
+    ops = graph.ops
+    kinds = [type(o).__name__ + repr(_attrs(o)) for o in ops]
+    best: list[list[Op]] = []
+    n = len(ops)
+    for size in range(2, n // 2 + 1):
+        for start in range(0, size):
+            count = (n - start) // size
+            if count < 2 or count * size <= sum(len(b) for b in best):
+                continue
+            run: list[list[Op]] = []
+            key = None
+            for k in range(count):
+                block = ops[start + k * size:start + (k + 1) * size]
+                if kinds[start + k * size:start + (k + 1) * size] != kinds[start:start + size]:
+                    break
+                # The first and last layers read the graph's input and write its output: compare
+                # inner structure (roles of boundary tensors aside) through the ops' attributes,
+                # tensor shapes and dtypes.
+                bkey = _digest(_ops_doc(graph, {}, block)[0][0] +
+                               [[s[0], s[1], s[2]] for s in _ops_doc(graph, {}, block)[0][1]])
+                if key is None:
+                    key = bkey
+                elif bkey != key:
+                    break
+                run.append(block)
+            if len(run) >= 2 and len(run) * size > sum(len(b) for b in best):
+                best = run
+        if best and len(best) * len(best[0]) == n:
+            break
+    return best
+
+
+class Renaming:
+    """Maps one op's names onto another's with the same ``op_key`` (``op_names`` position by position)
+    in strings: buffer names, step names, descriptions. A name matches where it is not part of a
+    longer name (the longest name wins; ``.`` joins a name to a suffix such as ``@layout``)."""
+
+    def __init__(self, old: list[str], new: list[str]):
+        self.table = {o: n for o, n in zip(old, new) if o != n}
+        if self.table:
+            alts = "|".join(re.escape(o) for o in sorted(self.table, key=len, reverse=True))
+            self.pattern = re.compile(rf"(?<![\w.])(?:{alts})(?![\w])")
+        self.memo: dict[str, str] = {}
+
+    @property
+    def identity(self) -> bool:
+        return not self.table
+
+    def __call__(self, s):
+        if s is None or not self.table:
+            return s
+        out = self.memo.get(s)
+        if out is None:
+            out = self.memo[s] = self.pattern.sub(lambda m: self.table[m.group(0)], s)
+        return out
+
+
+def rename_program(prog, rename: Renaming):
+    """A fragment program with its buffer and step names mapped by ``rename`` (same steps, same
+    vertices, same costs: what building it for the renamed op gives)."""
+    from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
+    if prog is None or rename.identity:
+        return prog
+    out = Program()
+    for b in prog.buffers.values():
+        out.buffers[rename(b.name)] = dataclasses.replace(b, name=rename(b.name), tensor=rename(b.tensor))
+    ops: dict = {}
+
+    def operand(o):
+        got = ops.get(o)
+        if got is None:
+            got = ops[o] = Operand(rename(o.buffer), o.offset, o.count)
+        return got
+
+    for st in prog.steps:
+        if isinstance(st, ComputeStep):
+            vs = tuple(Vertex(v.tile, v.call, tuple(operand(o) for o in v.ins), tuple(operand(o) for o in v.outs),
+                              v.variant, v.cycles) for v in st.vertices)
+            out.steps.append(ComputeStep(rename(st.name), vs))
+        elif isinstance(st, ExchangeStep):
+            out.steps.append(ExchangeStep(rename(st.name), tuple(Copy(rename(c.src), rename(c.dst))
+                                                                 for c in st.copies)))
+        else:
+            raise TypeError(f"rename_program: unknown step {type(st).__name__}")
+    out.aliases = {rename(k): rename(v) for k, v in prog.aliases.items()}
+    return out
+
+
+def retarget(cand, rename: Renaming, op_name: str, keep_program: bool = True):
+    """A candidate of one op re-targeted to another op with the same ``op_key``: names mapped in
+    its fused op, description, reason lost and program (``keep_program=False``: dropped, for
+    ``catalogue.program_of`` to rebuild from its grid choice)."""
+    return dataclasses.replace(cand, op=op_name, fused=rename(cand.fused), desc=rename(cand.desc),
+                               lost=rename(cand.lost),
+                               program=rename_program(cand.program, rename) if keep_program else None)
