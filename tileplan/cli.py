@@ -44,6 +44,19 @@ TargetOption = Annotated[Optional[str], typer.Option(
     "--target", "-t", help="Preset name (see `tileplan machines`) or a target TOML file.")]
 
 
+CacheOption = Annotated[Optional[Path], typer.Option(
+    "--cache", help="Plan cache folder (default: ~/.cache/tileplan).", metavar="DIR")]
+NoCacheOption = Annotated[bool, typer.Option("--no-cache", help="Plan without the plan cache.")]
+
+
+def _plan_cache(cache: Optional[Path], no_cache: bool):
+    """The plan cache a plan or compile uses (``planner.cache``), or None with --no-cache."""
+    if no_cache:
+        return None
+    from .planner.cache import PlanCache
+    return PlanCache(cache)
+
+
 JsonOption = Annotated[bool, typer.Option(
     "--json", help="Print one JSON document on stdout; the human output goes to stderr.")]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors (and --json's document).")]
@@ -276,6 +289,8 @@ def plan_command(
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
                                                 help="Worker processes costing the catalogue (default: all cores).")] = None,
     solver: Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")] = "dp",
+    cache: CacheOption = None,
+    no_cache: NoCacheOption = False,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
     verbose: VerboseOption = False,
@@ -301,7 +316,7 @@ def plan_command(
         check_file(output)                   # before planning, not after
     with _catalogue_progress(quiet) as on_progress, _naming(model):
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
-                      pins=_pins(pin, pins_file))
+                      pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache))
     print_report(result, out.console, verbose=verbose)
     if output is not None:
         write_plan_json(result, output)
@@ -321,6 +336,8 @@ def compile_command(
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
                                                 help="Worker processes costing the catalogue (default: all cores).")] = None,
     solver: Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")] = "dp",
+    cache: CacheOption = None,
+    no_cache: NoCacheOption = False,
     quiet: QuietOption = False,
     verbose: VerboseOption = False,
     pin: PinOption = None,
@@ -338,7 +355,8 @@ def compile_command(
     t0 = time.perf_counter()
     with _catalogue_progress(quiet) as on_progress, _naming(model):
         p, state, path = compile_model(graph, tgt, output, params=params, jobs=jobs or os.cpu_count() or 1,
-                                       solver=solver, progress=on_progress, pins=_pins(pin, pins_file))
+                                       solver=solver, progress=on_progress, pins=_pins(pin, pins_file),
+                                       cache=_plan_cache(cache, no_cache))
     elapsed = time.perf_counter() - t0
     out = Output(quiet=quiet, verbose=verbose)
     est = p.estimate
@@ -476,6 +494,30 @@ def bench_command(
     paths = write_artifacts(doc, out)
     console.print(f"bench took {doc['total_seconds']:.0f} s; wrote {paths[0]} and {paths[1]}")
     console.document(doc)
+
+
+cache_app = typer.Typer(help="Inspect or empty the plan cache (GEMM catalogues already costed).",
+                        no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("info")
+def cache_info_command(cache: CacheOption = None, as_json: JsonOption = False, quiet: QuietOption = False) -> None:
+    """Where the plan cache is, how many entries it holds and their size."""
+    from .planner.cache import PlanCache
+    info = PlanCache(cache).info()
+    out = Output(as_json, quiet)
+    out.print(f"plan cache {info['path']}: {info['entries']} entries, {_n(info['bytes'])} bytes")
+    out.document(info)
+
+
+@cache_app.command("clear")
+def cache_clear_command(cache: CacheOption = None, quiet: QuietOption = False) -> None:
+    """Remove every entry of the plan cache."""
+    from .planner.cache import PlanCache
+    pc = PlanCache(cache)
+    removed = pc.clear()
+    Output(quiet=quiet).print(f"plan cache {pc.path}: removed {removed} entries")
 
 
 def _load_checked(model: Path, target: str | None, cast_bf16: str | None = None):

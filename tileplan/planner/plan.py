@@ -55,7 +55,15 @@ from .select import Choice, Problem, no_fit_error, solve_dp
 
 def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
     """How every parameter is kept: the storage its first consumer's family asks for
-    (``families.Family.storage``), else a value born in ``Intervals``."""
+    (``families.Family.storage``), else a value born in ``Intervals``.
+
+    Replicated parameters (bias rows, LayerNorm's gamma and beta: a whole copy on every tile) are
+    resident while everything resident fits every tile. A deep tower's replicas do not (27 SigLIP
+    layers hold about 29 KB of them per layer on every tile, 790 KB in all, beside 279 KB of
+    weight panels): then every replicated parameter becomes a value born in ``Intervals``, which
+    selection broadcasts to its consumer when it runs (a conversion whose copy is transient), so
+    all the layers' weights stay resident. The rule applies to all of them alike, so repeated
+    layers keep one planning problem (``canon.op_key``)."""
     out: dict[str, Storage] = {}
     for op in graph.ops:
         fam = family_of(op)
@@ -63,6 +71,18 @@ def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
             if t.role is not Role.PARAMETER or t.name in out:
                 continue
             out[t.name] = fam.storage(graph, op, idx, t, target) or Storage(ew.intervals(target.tiles, t.dtype), False)
+    replicas = [n for n, st in out.items()
+                if st.private and st.layout == ew.replicated(graph.tensors[n].shape, target.tiles)]
+    if replicas:
+        resident = np.zeros(target.tiles, dtype=np.int64)
+        for n, st in out.items():
+            if st.private:
+                t = graph.tensors[n]
+                buf = Buffer(n, st.layout, _stored_shape(t, st), t.dtype, "parameter")
+                resident += buffer_tile_bytes(buf, target.tiles, target.alignment)
+        if int(resident.max()) > target.usable_bytes:
+            for n in replicas:
+                out[n] = Storage(ew.intervals(target.tiles, graph.tensors[n].dtype), False)
     return out
 
 
@@ -79,6 +99,7 @@ class Context:
         self.progress = progress
         self.storage = parameter_storage(graph, target)
         self._conv: dict = {}
+        self._bytes: dict = {}
         self.runner_ups: dict[str, list[Candidate]] = {}    # filled by the catalogue, per GEMM
 
     def __getstate__(self) -> dict:
@@ -93,6 +114,7 @@ class Context:
         """A copy of this context with one parameter stored differently (caches shared)."""
         other = copy.copy(self)
         other.storage = {**self.storage, tensor: storage}
+        other._bytes = {}          # bytes per tile follow the storage
         return other
 
     def kind_of(self, tensor: str) -> str:
@@ -112,9 +134,18 @@ class Context:
         return Buffer(buffer_name(tensor, layout), layout, t.shape, t.dtype, kind, "standard", t.scale, tensor)
 
     def tile_bytes(self, tensor: str, layout) -> np.ndarray:
-        if isinstance(layout, Fused):
-            return np.zeros(self.target.tiles, dtype=np.int64)
-        return buffer_tile_bytes(self.tensor_buffer(tensor, layout), self.target.tiles, self.target.alignment)
+        """int64 [tiles], read-only: the tensor's bytes per tile in ``layout`` (memoised: selection
+        asks for the same pairs many times)."""
+        key = (tensor, layout)
+        got = self._bytes.get(key)
+        if got is None:
+            if isinstance(layout, Fused):
+                got = np.zeros(self.target.tiles, dtype=np.int64)
+            else:
+                got = buffer_tile_bytes(self.tensor_buffer(tensor, layout), self.target.tiles, self.target.alignment)
+            got.flags.writeable = False
+            self._bytes[key] = got
+        return got
 
     def conversion_program(self, tensor: str, src, dst) -> Program:
         p = Program()
@@ -125,7 +156,10 @@ class Context:
         return p
 
     def conversion(self, tensor: str, src, dst) -> tuple[int, np.ndarray]:
-        key = (tensor, src, dst)
+        """(cycles, transient bytes) of converting a tensor between two layouts; memoised by what the
+        cost depends on (the two buffers up to their names), so the same conversion in every layer of
+        a tower is costed once."""
+        key = tuple(dataclasses.replace(self.tensor_buffer(tensor, lay), name="", tensor=None) for lay in (src, dst))
         if key not in self._conv:
             d = cost_program(self.conversion_program(tensor, src, dst), self.target)
             self._conv[key] = (d.estimate.cycles, np.zeros(self.target.tiles, dtype=np.int64))
