@@ -13,6 +13,12 @@ def wide_output(monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def private_plan_cache(monkeypatch, tmp_path_factory):
+    """The default plan cache (~/.cache/tileplan) of CLI runs lives in a temporary folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+
+
 @pytest.fixture
 def cli(capsys):
     """``cli(*argv) -> (exit status, stdout, stderr)`` of one ``tileplan`` run in-process."""

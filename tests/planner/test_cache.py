@@ -1,0 +1,102 @@
+"""The plan cache on disk (planner/cache.py): warm results equal cold ones, damage is never trusted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tileplan.graph.loaders import load_model
+from tileplan.planner.cache import PlanCache
+from tileplan.planner.plan import plan
+from tileplan.planner.planjson import plan_to_json
+from tileplan.target import load_target
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+LAYER = FIXTURES / "encoder_layer_small.toml"
+
+
+def package_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_cold_and_a_warm_compile_write_byte_identical_packages(cli, tmp_path):
+    cache = tmp_path / "cache"
+    assert cli("compile", LAYER, "-o", tmp_path / "cold", "--cache", cache, "-q")[0] == 0
+    entries = sorted(cache.glob("*.entry"))
+    assert entries, "the cold compile stored its GEMM catalogues"
+    stamps = [e.stat().st_mtime_ns for e in entries]
+    code, _, err = cli("compile", LAYER, "-o", tmp_path / "warm", "--cache", cache, "-q")
+    assert code == 0 and "warning" not in err
+    assert [e.stat().st_mtime_ns for e in sorted(cache.glob("*.entry"))] == stamps   # read, not rewritten
+    assert package_bytes(tmp_path / "warm") == package_bytes(tmp_path / "cold")
+    code, _, _ = cli("compile", LAYER, "-o", tmp_path / "none", "--no-cache", "-q")
+    assert package_bytes(tmp_path / "none") == package_bytes(tmp_path / "cold")
+
+
+def test_a_warm_plan_reads_every_catalogue_from_the_cache():
+    g = load_model(LAYER)
+    target = load_target(g.target)
+    cold = plan_to_json(plan(g, target))
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        first = PlanCache(d)
+        assert plan_to_json(plan(g, target, cache=first)) == cold
+        assert first.hits == 0 and first.misses > 0
+        second = PlanCache(d)
+        assert plan_to_json(plan(g, target, cache=second)) == cold
+        assert second.misses == 0 and second.hits == first.misses
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign"])
+def test_a_corrupt_or_foreign_entry_is_ignored_with_one_warning_and_replaced(cli, tmp_path, damage):
+    cache = tmp_path / "cache"
+    assert cli("plan", LAYER, "--cache", cache, "-q", "-o", tmp_path / "cold.json")[0] == 0
+    entries = sorted(cache.glob("*.entry"))
+    victim = entries[0]
+    if damage == "garbage":
+        victim.write_bytes(b"not a cache entry\n\x00\x01")
+    elif damage == "truncated":
+        victim.write_bytes(victim.read_bytes()[:-40])
+    else:          # another entry's content under this entry's name: written for another key
+        victim.write_bytes(entries[1].read_bytes())
+    code, _, err = cli("plan", LAYER, "--cache", cache, "-q", "-o", tmp_path / "warm.json")
+    assert code == 0
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and victim.name in warnings[0] and "ignored" in warnings[0]
+    assert (tmp_path / "warm.json").read_bytes() == (tmp_path / "cold.json").read_bytes()
+    code, _, err = cli("plan", LAYER, "--cache", cache, "-q", "-o", tmp_path / "again.json")
+    assert "warning" not in err, "the damaged entry was replaced by the fresh result"
+
+
+def test_an_entry_that_would_build_other_objects_is_refused(tmp_path):
+    import json
+    import os
+    import pickle
+    import zlib
+    cache = PlanCache(tmp_path)
+    key = cache.full_key("0" * 64, "1" * 64, {"frontier_bound": 32})
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    head = f"tileplan-plan-cache 1 key={json.dumps(key, sort_keys=True)}\n".encode()
+    tmp_path.mkdir(exist_ok=True)
+    cache.file_of(key).write_bytes(head + zlib.compress(pickle.dumps({"key": key, "x": Evil()})))
+    lines = []
+    cache.warn = lines.append
+    assert cache.load(key) is None
+    assert len(lines) == 1 and "not allowed" in lines[0]
+
+
+def test_cache_info_and_clear_report_and_remove_the_entries(cli, tmp_path):
+    cache = tmp_path / "cache"
+    cli("plan", LAYER, "--cache", cache, "-q")
+    count = len(list(cache.glob("*.entry")))
+    code, out, _ = cli("cache", "info", "--cache", cache)
+    assert code == 0 and f"{count} entries" in out and str(cache) in out
+    code, out, _ = cli("cache", "clear", "--cache", cache)
+    assert code == 0 and f"removed {count} entries" in out
+    assert not list(cache.glob("*.entry"))
+    assert "0 entries" in cli("cache", "info", "--cache", cache)[1]
