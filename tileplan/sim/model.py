@@ -172,13 +172,17 @@ class IPUModel:
         variant = self.registry[g.variant]
         in_types, out_types = operand_types(g.call)
         per_vertex = sum(g.in_bytes) + sum(g.out_bytes)
-        step = max(1, CHUNK_BYTES // max(per_vertex, 1))
+        step = max(1, CHUNK_BYTES // 8 // max(per_vertex, 1))     # its gathers index 8 bytes per byte
+        flat = self.mem.reshape(-1)
+        row = self.mem.shape[1]
         for c0 in range(0, len(g.tile), step):
             sl = slice(c0, c0 + step)
             tiles = g.tile[sl]
+            base = tiles.astype(np.int64) * row
             ins = []
             for j, nb in enumerate(g.in_bytes):
-                raw = np.stack([self.mem[t, a:a + nb] for t, a in zip(tiles.tolist(), g.ins[sl, j].tolist())])
+                # Every vertex's operand bytes at once: one gather of [vertices, nb] flat indices.
+                raw = flat[(base + g.ins[sl, j])[:, None] + np.arange(nb, dtype=np.int64)]
                 ins.append(raw.view(in_types[j].numpy))
             out = variant.reference(g.call, *ins)
             outs = out if isinstance(out, tuple) else (out,)
@@ -187,8 +191,8 @@ class IPUModel:
                 raw = arr.reshape(len(tiles), -1).view(np.uint8)
                 if raw.shape[1] != nb:
                     raise SimError(f"{g.variant}: wrote {raw.shape[1]} bytes per vertex, expected {nb}")
-                for r, (t, a) in enumerate(zip(tiles.tolist(), g.outs[sl, j].tolist())):
-                    self.mem[t, a:a + nb] = raw[r]
+                # Output runs of one compute set never overlap (``_check_conflicts``): one scatter.
+                flat[(base + g.outs[sl, j])[:, None] + np.arange(nb, dtype=np.int64)] = raw
 
     def _exchange(self, ex: Exchange) -> StepProfile:
         tr = ex.transfers
