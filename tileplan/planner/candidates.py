@@ -38,6 +38,8 @@ class Candidate:
     detailed: bool = True
     weights: Any = None           # GEMMs: B's storage when the candidate keeps its weights in its grid
                                   # (``plan.stationary_weights``); None: costed with the default storage
+    template: Any = None          # (program, renaming): the program of an op with the same planning
+                                  # problem and how to rename it (``canon.retarget``), made on demand
 
     def __str__(self) -> str:
         names = "AB"

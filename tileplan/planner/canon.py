@@ -194,10 +194,32 @@ def rename_program(prog, rename: Renaming):
     return out
 
 
-def retarget(cand, rename: Renaming, op_name: str, keep_program: bool = True):
+def retarget(cand, rename: Renaming, op_name: str, keep_program: bool = True, lazy: bool = False):
     """A candidate of one op re-targeted to another op with the same ``op_key``: names mapped in
-    its fused op, description, reason lost and program (``keep_program=False``: dropped, for
-    ``catalogue.program_of`` to rebuild from its grid choice)."""
-    return dataclasses.replace(cand, op=op_name, fused=rename(cand.fused), desc=rename(cand.desc),
-                               lost=rename(cand.lost),
-                               program=rename_program(cand.program, rename) if keep_program else None)
+    its fused op, description and reason lost. Its program: renamed now, or with ``lazy`` when
+    ``catalogue.program_of`` first asks for it (``Candidate.template``: only the picked ones are
+    renamed), or with ``keep_program=False`` dropped, for ``program_of`` to rebuild from its grid
+    choice (GEMMs)."""
+    import dataclasses as dc
+    program, template = None, None
+    if keep_program and cand.program is not None:
+        if lazy:
+            template = (cand.program, rename)
+        else:
+            program = rename_program(cand.program, rename)
+    elif keep_program and cand.template is not None:
+        src, first = cand.template
+        template = (src, _Chain(first, rename))
+    return dc.replace(cand, op=op_name, fused=rename(cand.fused), desc=rename(cand.desc), lost=rename(cand.lost),
+                      program=program, template=template)
+
+
+class _Chain:
+    """Two renamings one after the other (a re-target of a re-targeted candidate)."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+        self.identity = first.identity and second.identity
+
+    def __call__(self, s):
+        return self.second(self.first(s))

@@ -477,7 +477,14 @@ def _catalogue(ctx, op: MatMul) -> tuple[list[Candidate], list[Candidate]]:
 
 
 def program_of(ctx, cand: Candidate):
-    """A GEMM candidate's fragment program, rebuilt when it came back from a pool worker without it."""
+    """A candidate's fragment program: a GEMM's rebuilt when it came back from a pool worker (or the
+    cache, or another op's catalogue) without it; a re-targeted candidate's renamed from its
+    template (``canon.retarget``)."""
+    if cand.program is None and cand.template is not None:
+        from .canon import rename_program
+        src, rename = cand.template
+        cand.program = rename_program(src, rename)
+        cand.template = None
     if cand.program is None and cand.choice is not None:
         op = ctx.graph.op(cand.op)
         cand.program = fragment(ctx, op, GemmShape.of(ctx.graph, op, ctx.target), cand.choice, cand.boundary)

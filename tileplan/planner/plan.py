@@ -159,11 +159,17 @@ class Context:
         """(cycles, transient bytes) of converting a tensor between two layouts; memoised by what the
         cost depends on (the two buffers up to their names), so the same conversion in every layer of
         a tower is costed once."""
-        key = tuple(dataclasses.replace(self.tensor_buffer(tensor, lay), name="", tensor=None) for lay in (src, dst))
-        if key not in self._conv:
-            d = cost_program(self.conversion_program(tensor, src, dst), self.target)
-            self._conv[key] = (d.estimate.cycles, np.zeros(self.target.tiles, dtype=np.int64))
-        return self._conv[key]
+        named = (tensor, src, dst)
+        got = self._conv.get(named)
+        if got is None:
+            key = tuple(dataclasses.replace(self.tensor_buffer(tensor, lay), name="", tensor=None)
+                        for lay in (src, dst))
+            got = self._conv.get(key)
+            if got is None:
+                d = cost_program(self.conversion_program(tensor, src, dst), self.target)
+                got = self._conv[key] = (d.estimate.cycles, np.zeros(self.target.tiles, dtype=np.int64))
+            self._conv[named] = got
+        return got
 
 
 def _stored_shape(t, st: Storage) -> tuple[int, ...]:
@@ -228,7 +234,7 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
             if key in shared:
                 src, src_cands = shared[key]
                 rn = canon.Renaming(canon.op_names(graph, src), canon.op_names(graph, op))
-                own = [canon.retarget(c, rn, op.name) for c in src_cands]
+                own = [canon.retarget(c, rn, op.name, lazy=True) for c in src_cands]
             else:
                 own = family_of(op).candidates(ctx, op)
                 if key is not None:
@@ -305,60 +311,107 @@ def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: d
     (``gemm.stationary_b``) when the whole program is then faster and fits the target (total and
     interleaved peaks). The grids tried are those of the detailed candidates (kept or runner-up)
     with the picked one's boundary layouts and fusion, fastest first (``STATIONARY_TRIES``): the
-    conversions around the GEMM stay as selected. The one faster with its weights in place is
-    rebuilt on the new storage, says so in its description, and becomes the pick (taken out of the
-    runner-ups if it was one). Returns the (context, candidates, picks, MidGraph, detailed cost) in
-    effect."""
+    conversions around the GEMM stay as selected, so a grid whose fragment is not faster than the
+    pick's cannot make the program faster and is not tried on the whole program. The one faster
+    with its weights in place is rebuilt on the new storage, says so in its description, and
+    becomes the pick (taken out of the runner-ups if it was one).
+
+    GEMMs with one planning problem (``canon.op_key``: the projections of every layer of a tower)
+    are decided together: each one's fragment trial is costed once per (key, grid) and renamed
+    for the others, and the group's moves are tried on the whole program at once; when the group
+    together is not faster or does not fit, its members are tried one by one. So a tower costs a
+    whole-program trial per group, not per GEMM. Returns the (context, candidates, picks,
+    MidGraph, detailed cost) in effect."""
+    from . import canon
     from .catalogue import bias_fusion, fragment, transient_of
     from .gemm import GemmShape, stationary_b
     g, target = ctx.graph, ctx.target
     picks = dict(picks)
-    for op in g.ops:
+    trials: dict = {}             # (op key, grid choice, boundary, fusion) -> (op, cost, program)
+
+    def best_move(ctx, cands, picks, op):
+        """(op, moved candidate, its source candidate, trial context) or None."""
         cand = cands[op.name][picks[op.name]]
         if cand.choice is None or op.name in skip:       # not a GEMM candidate, or pinned to panels
-            continue
+            return None
         b = op.inputs[1]
         st = ctx.storage.get(b)
-        if cand.choice is None or st is None or not isinstance(st.layout, (Packed, PackedPanels)) \
+        if st is None or not isinstance(st.layout, (Packed, PackedPanels)) \
                 or g.tensors[b].layout is not None or len(g.consumers.get(b, [])) != 1:
-            continue
+            return None
         shape = GemmShape.of(g, op, target)
         same = [c for c in cands[op.name] + ctx.runner_ups.get(op.name, [])
                 if c.detailed and c.choice is not None and c.boundary == cand.boundary and c.fused == cand.fused]
         same.sort(key=lambda c: (c is not cand, c.estimate.cycles))
         grids = [(c, grid) for c in same if (grid := stationary_b(shape, c.choice)) is not None]
+        key = canon.op_key(g, ctx.storage, op)
         best = None
         for c, grid in grids[:STATIONARY_TRIES]:
             trial = ctx.with_storage(b, Storage(grid, True, st.transpose))
-            prog = fragment(trial, op, shape, c.choice, c.boundary)
-            d = cost_program(prog, target)
+            memo = (key, c.choice, c.boundary, c.fused is not None)
+            if memo in trials:
+                src, d, src_prog = trials[memo]
+                prog = canon.rename_program(src_prog, canon.Renaming(canon.op_names(g, src), canon.op_names(g, op)))
+            else:
+                prog = fragment(trial, op, shape, c.choice, c.boundary)
+                d = cost_program(prog, target)
+                trials[memo] = (op, d, prog)
             if best is None or d.estimate.cycles < best[0].estimate.cycles:
                 best = (d, c, trial, prog)
-        if best is None:
-            continue
+        if best is None or best[0].estimate.cycles >= cand.estimate.cycles:
+            return None
         d, c, trial, prog = best
         moved = dataclasses.replace(c, desc=f"{c.desc}, {b} stored in the grid", estimate=d.estimate, program=prog,
-                                    weights=trial.storage[b].layout,
+                                    weights=trial.storage[b].layout, template=None,
                                     transient=transient_of(ctx, d, c.choice, c.boundary, bias_fusion(ctx, op)),
                                     lost="")
-        kept = list(cands[op.name])
-        at = next((i for i, k in enumerate(kept) if k is c), None)
-        if at is None:
-            kept.append(moved)
-            at = len(kept) - 1
-        else:
-            kept[at] = moved
-        trial_cands = {**cands, op.name: kept}
-        trial_picks = {**picks, op.name: at}
-        trial_mid = MidGraph.build(trial, trial_cands, trial_picks)
+        return op, moved, c, trial.storage[b]
+
+    def attempt(state, moves):
+        ctx, cands, picks, mid, detailed = state
+        trial_ctx = ctx
+        trial_cands, trial_picks = dict(cands), dict(picks)
+        for op, moved, c, storage in moves:
+            trial_ctx = trial_ctx.with_storage(op.inputs[1], storage)
+            kept = list(trial_cands[op.name])
+            at = next((i for i, k in enumerate(kept) if k is c), None)
+            if at is None:
+                kept.append(moved)
+                at = len(kept) - 1
+            else:
+                kept[at] = moved
+            trial_cands[op.name] = kept
+            trial_picks[op.name] = at
+        trial_mid = MidGraph.build(trial_ctx, trial_cands, trial_picks)
         trial_cost = cost_program(scheduled(trial_mid.program, target.tiles), target)
         est = trial_cost.estimate
         if est.cycles < detailed.estimate.cycles and est.total_memory <= target.usable_bytes \
                 and est.interleaved <= target.interleaved_bytes:
-            ctx, cands, picks, mid, detailed = trial, trial_cands, trial_picks, trial_mid, trial_cost
-            if c in ctx.runner_ups.get(op.name, []):
-                ctx.runner_ups = {**ctx.runner_ups, op.name: [r for r in ctx.runner_ups[op.name] if r is not c]}
-    return ctx, cands, picks, mid, detailed
+            for op, moved, c, storage in moves:
+                if c in trial_ctx.runner_ups.get(op.name, []):
+                    trial_ctx.runner_ups = {**trial_ctx.runner_ups,
+                                            op.name: [r for r in trial_ctx.runner_ups[op.name] if r is not c]}
+            return trial_ctx, trial_cands, trial_picks, trial_mid, trial_cost
+        return None
+
+    groups: dict[str, list] = {}
+    for op in g.ops:
+        if cands[op.name][picks[op.name]].choice is not None:
+            groups.setdefault(canon.op_key(g, ctx.storage, op), []).append(op)
+    state = (ctx, cands, picks, mid, detailed)
+    for members in groups.values():
+        moves = [m for op in members if (m := best_move(state[0], state[1], state[2], op)) is not None]
+        if not moves:
+            continue
+        got = attempt(state, moves) if len(moves) > 1 else None
+        if got is not None:
+            state = got
+            continue
+        for op in members:
+            m = best_move(state[0], state[1], state[2], op)
+            if m is not None:
+                state = attempt(state, [m]) or state
+    return state
 
 
 def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
