@@ -486,6 +486,18 @@ def program_of(ctx, cand: Candidate):
         cand.program = rename_program(src, rename)
         cand.template = None
     if cand.program is None and cand.choice is not None:
-        op = ctx.graph.op(cand.op)
-        cand.program = fragment(ctx, op, GemmShape.of(ctx.graph, op, ctx.target), cand.choice, cand.boundary)
+        # GEMMs with one planning problem and one grid choice (a tower's projections) build the
+        # program once; the others rename it.
+        from . import canon
+        g = ctx.graph
+        op = g.op(cand.op)
+        memo = ctx.__dict__.setdefault("_fragments", {})
+        key = (canon.op_key(g, ctx.storage, op), cand.choice, cand.boundary)
+        hit = memo.get(key)
+        if hit is None:
+            cand.program = fragment(ctx, op, GemmShape.of(g, op, ctx.target), cand.choice, cand.boundary)
+            memo[key] = (op, cand.program)
+        else:
+            src, prog = hit
+            cand.program = canon.rename_program(prog, canon.Renaming(canon.op_names(g, src), canon.op_names(g, op)))
     return cand.program

@@ -108,6 +108,7 @@ class Context:
         state = dict(self.__dict__)
         state["progress"] = None
         state["runner_ups"] = {}
+        state.pop("_fragments", None)      # programs built for the parent's MidGraph
         return state
 
     def with_storage(self, tensor: str, storage: "Storage") -> "Context":

@@ -154,9 +154,38 @@ class _Path:
 def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
     """DP over the op order; state = layouts of the values live after the op."""
     last = problem.last_use()
+    # Memoised by the layout objects' identity (the choices' own objects, alive for the whole
+    # solve): hashing a layout dataclass field by field for every path was most of the time.
+    tb_memo: dict = {}
+    cv_memo: dict = {}
+    key_memo: dict = {}
+
+    def tile_bytes(t, lay):
+        k = (t, id(lay))
+        v = tb_memo.get(k)
+        if v is None:
+            v = tb_memo[k] = (problem.tile_bytes(t, lay), lay)
+        return v[0]
+
+    def convert(t, src, dst):
+        k = (t, id(src), id(dst))
+        v = cv_memo.get(k)
+        if v is None:
+            v = cv_memo[k] = (problem.convert(t, src, dst), src, dst)
+        return v[0]
+
+    def key_of(live):
+        out = []
+        for t, lay in live:
+            v = key_memo.get(id(lay))
+            if v is None:
+                v = key_memo[id(lay)] = ((str(lay), hash(lay)), lay)
+            out.append((t,) + v[0])
+        return tuple(out)
+
     states: dict[tuple, list[_Path]] = {}
     init = tuple(sorted((t, problem.fixed[t]) for t in problem.fixed if t in last))
-    states[_key(init)] = [(_Path(0, 0, ()), init)]
+    states[key_of(init)] = [(_Path(0, 0, ()), init)]
     exact = paths is None
     for i, op in enumerate(problem.ops):
         nxt: dict[tuple, list] = {}
@@ -165,30 +194,31 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
                 layout = dict(live)
                 base = problem.resident.astype(np.int64).copy()
                 for t, lay in live:
-                    base += problem.tile_bytes(t, lay)
+                    base += tile_bytes(t, lay)
                 for ci, ch in enumerate(problem.choices[op]):
                     cyc = path.cycles + ch.cycles
                     mem = base + ch.transient
                     ok = True
                     for t, want in zip(problem.inputs[op], ch.ins):
-                        c, tr = problem.convert(t, layout[t], want)
+                        c, tr = convert(t, layout[t], want)
                         if c == INF:
                             ok = False
                             break
                         cyc += c
                         if c and tr is not None:
-                            mem = mem + tr + problem.tile_bytes(t, want)
+                            mem = mem + tr + tile_bytes(t, want)
                     if not ok:
                         continue
                     out = problem.output[op]
                     if not isinstance(ch.out, Fused):
-                        mem = mem + problem.tile_bytes(out, ch.out)
+                        mem = mem + tile_bytes(out, ch.out)
                     peak = max(path.peak, int(mem.max()))
                     if peak > problem.capacity:
                         continue
                     new_live = tuple(sorted([(t, l) for t, l in live if last.get(t, -1) > i]
                                             + ([(out, ch.out)] if last.get(out, -1) > i else [])))
-                    _insert(nxt.setdefault(_key(new_live), []), (_Path(cyc, peak, path.picks + (ci,)), new_live), paths)
+                    _insert(nxt.setdefault(key_of(new_live), []), (_Path(cyc, peak, path.picks + (ci,)), new_live),
+                            paths)
         if not nxt:
             return None
         states = nxt
@@ -197,10 +227,6 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
     sol = evaluate(problem, picks)
     sol.exact = exact
     return sol
-
-
-def _key(live) -> tuple:
-    return tuple((t, str(l), hash(l)) for t, l in live)
 
 
 def _insert(bucket: list, entry, bound: int | None) -> None:
