@@ -37,3 +37,22 @@ def test_the_small_tower_compiles_from_a_warm_cache_and_validates_on_the_ipu_mod
     assert v.passed, out
     assert out["cosine"] > 0.99999
     assert v.profile.cycles == p.estimate.cycles
+
+
+def test_a_tower_whose_weights_do_not_fit_names_the_tile_region_and_largest_buffers(cli, tmp_path):
+    layers = 6          # six FP16 [2048, 2048] weights: 8 MiB each, 786 KiB per tile of 64 (589,824 usable)
+    lines = ['[model]', 'name = "too_deep"', 'target = "ipu21-64"', '', '[tensors]',
+             'x = { shape = [64, 2048], dtype = "fp16", role = "input" }']
+    lines += [f'w{i} = {{ shape = [2048, 2048], dtype = "fp16", role = "parameter" }}' for i in range(layers)]
+    x = "x"
+    for i in range(layers):
+        lines += ["", "[[ops]]", f'name = "fc{i}"', 'op = "matmul"', f'inputs = ["{x}", "w{i}"]', f'output = "h{i}"']
+        x = f"h{i}"
+    model = tmp_path / "too_deep.toml"
+    model.write_text("\n".join(lines) + "\n")
+    code, out, err = cli("plan", model, "--no-cache", "-o", tmp_path / "plan.json")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert "nothing fits" in err and "tile 0" in err and "interleaved 786,432" in err
+    assert "the largest w5 131,072 B (interleaved)" in err
+    assert not (tmp_path / "plan.json").exists()

@@ -424,9 +424,12 @@ def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
         elif name in ctx.storage and not ctx.storage[name].private:
             fixed[name] = ctx.storage[name].layout
     resident = np.zeros(target.tiles, dtype=np.int64)
+    parts = {}
     for name, st in ctx.storage.items():
         if st.private:
-            resident += ctx.tile_bytes(name, st.layout)
+            b = ctx.tile_bytes(name, st.layout)
+            resident += b
+            parts[name] = (b, ctx.tensor_buffer(name, st.layout).region)
     choices = {op: [Choice(c.ins, c.out, c.estimate.cycles, c.transient, str(c)) for c in cs]
                for op, cs in cands.items()}
     return Problem(
@@ -440,4 +443,5 @@ def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
         conversion=ctx.conversion,
         resident=resident,
         capacity=target.usable_bytes,
+        resident_parts=parts,
     )

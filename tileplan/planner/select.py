@@ -70,6 +70,7 @@ class Problem:
     conversion: Callable[[str, Any, Any], tuple[int, np.ndarray]]  # (tensor, from, to) -> (cycles, transient)
     resident: np.ndarray                      # int64 [tiles]
     capacity: int
+    resident_parts: dict | None = None        # tensor -> (int64 [tiles], region): what ``resident`` sums
 
     def last_use(self) -> dict[str, int]:
         last: dict[str, int] = {}
@@ -246,13 +247,28 @@ def _insert(bucket: list, entry, bound: int | None) -> None:
 
 
 def no_fit_error(problem: Problem) -> TileplanError:
-    """Why nothing fits: the least-overflowing assignment (greedy, fewest-memory choices)."""
+    """Why nothing fits: the least-overflowing assignment (greedy, fewest-memory choices), naming
+    the op, the tile, its bytes and, when the problem knows them, the largest resident buffers
+    on that tile with their regions and the live values there."""
     picks = {}
     for op in problem.ops:
         ch = problem.choices[op]
         picks[op] = min(range(len(ch)), key=lambda c: int(ch[c].transient.max()))
     s = evaluate(problem, picks)
     over = s.peak - problem.capacity
-    return TileplanError(f"nothing fits: at op {s.peak_op!r} tile {s.peak_tile} needs {s.peak:,} bytes "
+    tile = s.peak_tile
+    detail = ""
+    if problem.resident_parts and tile >= 0:
+        parts = sorted(((int(b[tile]), name, region) for name, (b, region) in problem.resident_parts.items()
+                        if b[tile]), reverse=True)
+        total = sum(p[0] for p in parts)
+        by_region: dict = {}
+        for nb, _, region in parts:
+            by_region[region] = by_region.get(region, 0) + nb
+        regions = ", ".join(f"{r} {nb:,}" for r, nb in sorted(by_region.items()))
+        largest = ", ".join(f"{name} {nb:,} B ({region})" for nb, name, region in parts[:3])
+        detail = (f"; resident parameters take {total:,} bytes of it ({regions}; {len(parts)} buffers, the "
+                  f"largest {largest})")
+    return TileplanError(f"nothing fits: at op {s.peak_op!r} tile {tile} needs {s.peak:,} bytes "
                          f"(resident parameters, live values and the op's transients), "
-                         f"{over:,} bytes over its {problem.capacity:,} usable bytes")
+                         f"{over:,} bytes over its {problem.capacity:,} usable bytes{detail}")
