@@ -350,18 +350,17 @@ def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: d
         for c, grid in grids[:STATIONARY_TRIES]:
             trial = ctx.with_storage(b, Storage(grid, True, st.transpose))
             memo = (key, c.choice, c.boundary, c.fused is not None)
-            if memo in trials:
-                src, d, src_prog = trials[memo]
-                prog = canon.rename_program(src_prog, canon.Renaming(canon.op_names(g, src), canon.op_names(g, op)))
-            else:
+            if memo not in trials:
                 prog = fragment(trial, op, shape, c.choice, c.boundary)
-                d = cost_program(prog, target)
-                trials[memo] = (op, d, prog)
+                trials[memo] = (op, cost_program(prog, target), prog)
+            d = trials[memo][1]
             if best is None or d.estimate.cycles < best[0].estimate.cycles:
-                best = (d, c, trial, prog)
+                best = (d, c, trial, memo)
         if best is None or best[0].estimate.cycles >= cand.estimate.cycles:
             return None
-        d, c, trial, prog = best
+        d, c, trial, memo = best
+        src, _, prog = trials[memo]           # renamed only for a move worth trying
+        prog = canon.rename_program(prog, canon.Renaming(canon.op_names(g, src), canon.op_names(g, op)))
         moved = dataclasses.replace(c, desc=f"{c.desc}, {b} stored in the grid", estimate=d.estimate, program=prog,
                                     weights=trial.storage[b].layout, template=None,
                                     transient=transient_of(ctx, d, c.choice, c.boundary, bias_fusion(ctx, op)),

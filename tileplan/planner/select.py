@@ -184,8 +184,19 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
             out.append((t,) + v[0])
         return tuple(out)
 
+    # Values with a fixed layout (host inputs, parameters read as values) keep it on every path:
+    # they are left out of the states (the same at every state of a step, so the states split the
+    # same way) and their bytes, while live, are a per-step base shared by every path. A tower's
+    # hundreds of broadcast parameters would otherwise make every state that long.
+    fixed = {t: problem.fixed[t] for t in problem.fixed if t in last}
+    fixed_base = problem.resident.astype(np.int64).copy()
+    for t, lay in sorted(fixed.items()):
+        fixed_base = fixed_base + tile_bytes(t, lay)
+    ending: dict[int, list[str]] = {}
+    for t in fixed:
+        ending.setdefault(last[t], []).append(t)
     states: dict[tuple, list[_Path]] = {}
-    init = tuple(sorted((t, problem.fixed[t]) for t in problem.fixed if t in last))
+    init: tuple = ()
     states[key_of(init)] = [(_Path(0, 0, ()), init)]
     exact = paths is None
     for i, op in enumerate(problem.ops):
@@ -193,7 +204,7 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
         for entries in states.values():
             for path, live in entries:
                 layout = dict(live)
-                base = problem.resident.astype(np.int64).copy()
+                base = fixed_base.copy()
                 for t, lay in live:
                     base += tile_bytes(t, lay)
                 for ci, ch in enumerate(problem.choices[op]):
@@ -201,7 +212,7 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
                     mem = base + ch.transient
                     ok = True
                     for t, want in zip(problem.inputs[op], ch.ins):
-                        c, tr = convert(t, layout[t], want)
+                        c, tr = convert(t, layout[t] if t in layout else fixed[t], want)
                         if c == INF:
                             ok = False
                             break
@@ -220,6 +231,8 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
                                             + ([(out, ch.out)] if last.get(out, -1) > i else [])))
                     _insert(nxt.setdefault(key_of(new_live), []), (_Path(cyc, peak, path.picks + (ci,)), new_live),
                             paths)
+        for t in ending.get(i, ()):             # fixed values whose last use was this op
+            fixed_base = fixed_base - tile_bytes(t, fixed[t])
         if not nxt:
             return None
         states = nxt
