@@ -163,27 +163,39 @@ class Renaming:
         return out
 
 
+def _with(obj, **changes):
+    """A copy of a frozen dataclass instance with some fields changed, written straight into its
+    ``__dict__`` (what ``dataclasses.replace`` makes, without re-running ``__init__`` for each of
+    the hundred thousand operands of a GEMM's program)."""
+    new = object.__new__(type(obj))
+    d = new.__dict__
+    d.update(obj.__dict__)
+    d.update(changes)
+    return new
+
+
 def rename_program(prog, rename: Renaming):
     """A fragment program with its buffer and step names mapped by ``rename`` (same steps, same
     vertices, same costs: what building it for the renamed op gives)."""
-    from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
+    from ..estimate.program import ComputeStep, Copy, ExchangeStep, Program
     if prog is None or rename.identity:
         return prog
     out = Program()
     for b in prog.buffers.values():
         out.buffers[rename(b.name)] = dataclasses.replace(b, name=rename(b.name), tensor=rename(b.tensor))
+    names = {n: rename(n) for n in prog.buffers}
     ops: dict = {}
 
     def operand(o):
-        got = ops.get(o)
+        got = ops.get(id(o))
         if got is None:
-            got = ops[o] = Operand(rename(o.buffer), o.offset, o.count)
-        return got
+            got = ops[id(o)] = (_with(o, buffer=names.get(o.buffer) or rename(o.buffer)), o)
+        return got[0]
 
     for st in prog.steps:
         if isinstance(st, ComputeStep):
-            vs = tuple(Vertex(v.tile, v.call, tuple(operand(o) for o in v.ins), tuple(operand(o) for o in v.outs),
-                              v.variant, v.cycles) for v in st.vertices)
+            vs = tuple(_with(v, ins=tuple(operand(o) for o in v.ins), outs=tuple(operand(o) for o in v.outs))
+                       for v in st.vertices)
             out.steps.append(ComputeStep(rename(st.name), vs))
         elif isinstance(st, ExchangeStep):
             out.steps.append(ExchangeStep(rename(st.name), tuple(Copy(rename(c.src), rename(c.dst))
