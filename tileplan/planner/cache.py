@@ -67,7 +67,7 @@ class PlanCache:
 
     @staticmethod
     def full_key(op_key: str, target_key: str, extra: dict) -> dict:
-        from .. import __version__
+        from .._version import __version__
         return {"op": op_key, "target": target_key, "tileplan": __version__, **extra}
 
     def file_of(self, key: dict) -> Path:
