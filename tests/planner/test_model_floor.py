@@ -94,3 +94,15 @@ def test_the_floor_of_a_grid_falls_with_what_a_replicated_operand_already_holds(
     once = gemm_floor(shape, target, grid, [0, 0])
     everywhere = gemm_floor(shape, target, grid, [0, 0], held=(target.tiles, target.tiles))
     assert (everywhere < once).all()
+
+
+def test_the_floor_of_an_encoder_layer_bounds_its_plan():
+    """The floor reads the graph as the planner does (a key transposed for q k^T through its Transpose)."""
+    from tileplan.graph.loaders import load_model
+    from tileplan.planner.quality import model_floor
+    from tileplan.target import load_target
+    graph = load_model(FIXTURES / "encoder_layer_small.toml")
+    target = load_target(graph.target)
+    floor = model_floor(graph, target)
+    assert 0 < floor["cycles"] <= plan(graph, target).estimate.cycles
+    assert any(name.endswith(".transpose_b") for name in floor["ops"])

@@ -270,10 +270,13 @@ def model_floor(graph, target) -> dict:
     count zero.
 
     ``cycles`` is the sum. A target under it is out of reach without a wider candidate space or
-    faster kernel formulas."""
+    faster kernel formulas. The graph is the planner's (``rewrite.canonical``: a transposed
+    activation read through its Transpose, and so on), so the floor bounds what is planned."""
     from . import elementwise as ew
     from .families import family_of
     from .plan import parameter_storage
+    from .rewrite import canonical
+    graph = canonical(graph)
     storage = parameter_storage(graph, target)
     fused_adds = {found[0].name for op in graph.ops if (found := ew.fusable_bias(graph, op)) is not None}
     ops = {op.name: FLOORS[family_of(op).name](graph, op, target, storage, fused_adds) for op in graph.ops}
