@@ -256,6 +256,9 @@ def show(
     console.document(doc)
 
 
+JobsOption = Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
+                                                  help="Worker processes costing the catalogue (default: all cores).")]
+SolverOption = Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")]
 PinOption = Annotated[Optional[list[str]], typer.Option(
     "--pin", metavar="OP=grid:GMxGNxGK[,order:..][,reduction:..][,partials:..][,serial:N][,storage:..]",
     help="Pin a GEMM's grid (repeatable; over the model file's [pin] table).")]
@@ -286,9 +289,8 @@ def plan_command(
     model: Annotated[Path, typer.Argument(help="Model file (.toml, .onnx).", metavar="MODEL")],
     target: TargetOption = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the plan as JSON here.")] = None,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
-                                                help="Worker processes costing the catalogue (default: all cores).")] = None,
-    solver: Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")] = "dp",
+    jobs: JobsOption = None,
+    solver: SolverOption = "dp",
     cache: CacheOption = None,
     no_cache: NoCacheOption = False,
     as_json: JsonOption = False,
@@ -333,9 +335,8 @@ def compile_command(
     model: Annotated[Path, typer.Argument(help="Model file (.toml, .onnx, model.py:factory).", metavar="MODEL")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Package folder to write.")],
     target: TargetOption = None,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
-                                                help="Worker processes costing the catalogue (default: all cores).")] = None,
-    solver: Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")] = "dp",
+    jobs: JobsOption = None,
+    solver: SolverOption = "dp",
     cache: CacheOption = None,
     no_cache: NoCacheOption = False,
     quiet: QuietOption = False,
@@ -468,8 +469,7 @@ def report_command(
 def bench_command(
     quick: Annotated[bool, typer.Option("--quick", help="Fewer repeats and a 5-minute budget (see BENCH.md).")] = False,
     out: Annotated[Path, typer.Option("--out", help="Folder for bench.json and BENCH.md.")] = Path("artifacts"),
-    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
-                                                help="Worker processes costing the catalogue (default: all cores).")] = None,
+    jobs: JobsOption = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this benchmark (repeatable).")] = None,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
