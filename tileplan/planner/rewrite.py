@@ -12,13 +12,25 @@ packaged in model.json and validated; it computes exactly what the original does
   family plans) and take it back; named ``<op>.to_last*`` and ``<op>.from_last*``.
 - A reduction without ``keepdims`` keeps its unit axis and a Reshape drops it (``<op>.squeeze``):
   the row-wise kernel writes one value per row, on the row's tile.
+- A MatMul whose operands broadcast their batch dimensions against each other (``[3, 1, M, K]``
+  with ``[1, 2, K, N]``: some batch axes only in A, some only in B, some shared) becomes the one
+  batched product the Gemm family plans, ``[S, a*M, K] @ [S, K, b*N]`` (S the shared batch, a the
+  axes only A has, b the axes only B has), between Transposes and Reshapes of the operands
+  (``<op>.bcast_a*``, ``<op>.bcast_b*``) and of the result (``<op>.bcast_c*``). Nothing is
+  expanded: the axes one operand lacks fold into the other's rows or columns. A parameter that
+  would need the rearrangement is refused (the host would store it rearranged; not built).
+
+Each rule is a function of one op kind in ``RULES``, returning the ops that replace it (or None);
+``canonical`` applies them in graph order.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
-from ..graph.core import Graph, MatMul, Reduce, Reshape, Role, Softmax, Transpose
+from ..errors import TileplanError
+from ..graph.core import Graph, MatMul, Reduce, Reshape, Role, Softmax, Tensor, Transpose
 
 
 def _softmax_last(graph: Graph, op: Softmax) -> list | None:
@@ -46,41 +58,119 @@ def _softmax_last(graph: Graph, op: Softmax) -> list | None:
     return ops
 
 
+def _keep_unit_axis(graph: Graph, op: Reduce) -> list | None:
+    if op.keepdims:
+        return None
+    kept = f"{op.output}.kept"
+    return [dataclasses.replace(op, output=kept, keepdims=True),
+            Reshape(f"{op.name}.squeeze", (kept,), op.output, shape=graph.tensors[op.output].shape)]
+
+
+def _matmul(graph: Graph, op: MatMul) -> list | None:
+    graph_inputs = op.inputs
+    shapes = [list(x) for x in op.operand_shapes([graph.tensors[n] for n in op.inputs])]
+    ops, inputs, flags = [], list(op.inputs), {}
+    for idx, flag in ((0, "transpose_a"), (1, "transpose_b")):
+        t = graph.tensors[op.inputs[idx]]
+        if getattr(op, flag) and t.role is not Role.PARAMETER:
+            n = len(t.shape)
+            perm = tuple(range(n - 2)) + (n - 1, n - 2)
+            out = f"{t.name}.T{op.name}"
+            ops.append(Transpose(f"{op.name}.{flag}", (t.name,), out, perm=perm))
+            inputs[idx] = out
+            flags[flag] = False
+    if flags:
+        op = dataclasses.replace(op, inputs=tuple(inputs), **flags)
+    broadcast = _batch_broadcast(graph, op, shapes, [graph.tensors[n] for n in graph_inputs])
+    if broadcast is not None:
+        return ops + broadcast
+    return ops + [op] if flags else None
+
+
+def _batch_broadcast(graph: Graph, op: MatMul, shapes: list[list[int]], originals: list[Tensor]) -> list | None:
+    """The rearranged form of a MatMul with batch axes only one operand has beside others (None
+    when the Gemm family plans it as it is: B one matrix, or A's batch none or all of B's).
+    ``shapes`` are the operands as multiplied (transposes applied) and ``originals`` the tensors
+    they come from. The list holds the ops and the
+    tensors they write, declared with the dtype and scale of what they rearrange."""
+    a, b = shapes
+    nd = max(len(a), len(b)) - 2
+    pa, pb = [1] * (nd - len(a) + 2) + a[:-2], [1] * (nd - len(b) + 2) + b[:-2]
+    kind = ["1" if x == y == 1 else "S" if x == y else "A" if y == 1 else "B" if x == 1 else "?"
+            for x, y in zip(pa, pb)]
+    if "?" in kind:
+        return None                  # MatMul.infer names the dimensions that do not broadcast
+    has = {k: k in kind for k in "SAB"}
+    if (not has["B"] and not has["S"]) or (not has["A"] and not (has["S"] and has["B"])):
+        return None
+    pos = {k: [i for i, x in enumerate(kind) if x == k] for k in "SAB"}
+    size = {k: math.prod((pb if k == "B" else pa)[i] for i in pos[k]) for k in "SAB"}
+    M, K, N = a[-2], a[-1], b[-1]
+    lead = [size["S"]] if has["S"] else []
+    out = graph.tensors[op.output]
+    made: list = []
+
+    def step(tag: str, x: str, like: Tensor, out_shape: tuple, final: bool = False, **kw) -> str:
+        """A Transpose (``perm``) or Reshape (``shape``) of ``x`` writing ``<output>.bcast_<tag>``."""
+        name = op.output if final else f"{op.output}.bcast_{tag}"
+        if not final:
+            made.append(Tensor(name, tuple(out_shape), like.dtype, scale=like.scale))
+        made.append((Transpose if "perm" in kw else Reshape)(f"{op.name}.bcast_{tag}", (x,), name, **kw))
+        return name
+
+    def arrange(idx: int, order: list[int], shape: tuple[int, ...], tag: str) -> str:
+        """Operand ``idx`` with its axes in ``order`` (batch positions; -2, -1 its matrix axes;
+        the unit batch axes it has first), reshaped to ``shape``."""
+        name, shp, t = op.inputs[idx], shapes[idx], originals[idx]
+        off = nd - (len(shp) - 2)
+        moved = [p - off if p >= 0 else len(shp) + p for p in order]
+        perm = [i for i in range(len(shp) - 2) if i not in moved] + moved
+        moves = [p for p in perm if shp[p] != 1] != sorted(p for p in perm if shp[p] != 1)
+        if t.role is Role.PARAMETER and (moves or tuple(shp) != shape):
+            raise TileplanError(f"op {op.name!r} (matmul): batch broadcasting of {a} with {b} would "
+                                f"rearrange the parameter {t.name!r}; that is not supported")
+        if moves:                    # (unit axes need no Transpose: the Reshape drops them)
+            name = step(f"{tag}0", name, t, tuple(shp[p] for p in perm), perm=tuple(perm))
+        else:
+            perm = list(range(len(shp)))
+        if tuple(shp[p] for p in perm) != shape:
+            name = step(f"{tag}1", name, t, shape, shape=shape)
+        return name
+
+    a_in = arrange(0, pos["S"] + pos["A"] + [-2, -1], tuple(lead + [size["A"] * M, K]), "a")
+    b_in = arrange(1, pos["S"] + [-2] + pos["B"] + [-1], tuple(lead + [K, size["B"] * N]), "b")
+    prod = f"{op.output}.bcast_c0"
+    made.append(Tensor(prod, tuple(lead + [size["A"] * M, size["B"] * N]), out.dtype, scale=out.scale))
+    made.append(dataclasses.replace(op, inputs=(a_in, b_in), output=prod))
+    # [S, a*M, b*N] -> [S..., A..., M, B..., N] -> the output's axis order -> its shape (unit axes)
+    placed = pos["S"] + pos["A"] + [-2] + pos["B"] + [-1]
+    split = [(pb if p in pos["B"] else pa)[p] if p >= 0 else (M if p == -2 else N) for p in placed]
+    want = [p for p in range(nd) if kind[p] != "1"] + [-2, -1]
+    perm = tuple(placed.index(p) for p in want)
+    cur = step("c1", prod, out, tuple(split), shape=tuple(split))
+    permuted = tuple(split[p] for p in perm)
+    cur = step("c2", cur, out, permuted, final=permuted == tuple(out.shape), perm=perm)
+    if permuted != tuple(out.shape):
+        step("c3", cur, out, out.shape, final=True, shape=tuple(out.shape))
+    return made
+
+
+RULES = ((Softmax, _softmax_last), (Reduce, _keep_unit_axis), (MatMul, _matmul))
+
+
 def canonical(graph: Graph) -> Graph:
-    ops, added = [], False
+    ops, declared = [], []
     for op in graph.ops:
-        if isinstance(op, Softmax):
-            rewritten = _softmax_last(graph, op)
-            if rewritten:
-                ops.extend(rewritten)
-                added = True
-                continue
-        if isinstance(op, Reduce) and not op.keepdims:
-            kept = f"{op.output}.kept"
-            ops.append(dataclasses.replace(op, output=kept, keepdims=True))
-            ops.append(Reshape(f"{op.name}.squeeze", (kept,), op.output, shape=graph.tensors[op.output].shape))
-            added = True
-            continue
-        if not isinstance(op, MatMul):
+        rule = next((fn for kind, fn in RULES if isinstance(op, kind)), None)
+        rewritten = rule(graph, op) if rule is not None else None
+        if rewritten:
+            ops.extend(x for x in rewritten if not isinstance(x, Tensor))
+            declared.extend(x for x in rewritten if isinstance(x, Tensor))
+        else:
             ops.append(op)
-            continue
-        inputs, flags = list(op.inputs), {}
-        for idx, flag in ((0, "transpose_a"), (1, "transpose_b")):
-            t = graph.tensors[op.inputs[idx]]
-            if getattr(op, flag) and t.role is not Role.PARAMETER:
-                n = len(t.shape)
-                perm = tuple(range(n - 2)) + (n - 1, n - 2)
-                out = f"{t.name}.T{op.name}"
-                ops.append(Transpose(f"{op.name}.{flag}", (t.name,), out, perm=perm))
-                inputs[idx] = out
-                flags[flag] = False
-        if flags:
-            added = True
-            op = dataclasses.replace(op, inputs=tuple(inputs), **flags)
-        ops.append(op)
-    if not added:
+    if len(ops) == len(graph.ops):
         return graph
-    tensors = [t for t in graph.tensors.values()]
+    tensors = list(graph.tensors.values()) + declared
     outputs = [t.name for t in graph.by_role(Role.OUTPUT)]
     out = Graph.build(graph.name, tensors, ops, outputs=outputs, target=graph.target, pins=graph.pins)
     out.imported = dict(graph.imported)          # what the importer converted travels with the graph
