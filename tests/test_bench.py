@@ -29,7 +29,9 @@ def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
     uncached = ("plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries")   # cached benchmarks only
     missing = [k for k in FIGURES if rec[k] is None and k != "stage_at_stop" and k not in uncached]
     assert not missing, f"figures not measured: {missing}"
-    assert rec["stages_done"] == ["plan", "quality", "compile", "validate"]
+    assert rec["stages_done"] == ["plan", "quality", "compile", "validate", "report"]
+    assert rec["report_html_bytes"] > 0 and rec["report_seconds"] > 0
+    assert rec["report_load_seconds"] > 0 and "Chromium" in rec["report_load_note"]   # .ci/run installs it
     assert len(rec["plan_seconds_all"]) == rec["plan_repeats"] == 5
     assert set(rec["estimate"]) >= {"compute", "exchange", "sync", "cycles"}
     sim = rec["simulated"]
@@ -54,7 +56,8 @@ def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
     md = (out / "BENCH.md").read_text()
     assert "| figure | mlp_smoke_fp8 |" in md and "| target | tileplan | met | model floor | reference |" in md
     for label in ("plan time", "compile time", "planner peak RSS", "simulated: cycles", "estimate / simulated",
-                  "memory peak", "max abs error", "Spearman", "bounded search", "AMP floor", "model floor"):
+                  "memory peak", "max abs error", "Spearman", "bounded search", "AMP floor", "model floor",
+                  "HTML report: size"):
         assert label in md, label
     assert "not measured on hardware" in md and "63.5 s" in md and "614,700" in md
     assert "mlp_smoke_fp8" in proc.stdout and "wrote" in proc.stdout

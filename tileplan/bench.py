@@ -23,6 +23,11 @@ Stages:
   folder; compile time = that plan's time + lowering + package writing.
 - ``validate``: the package run on the bundled IPU model (``validate_package``):
   simulated cycles by phase, memory peak of the worst tile, max abs error.
+- ``report``: the validated package's HTML report written (``tileplan.report``): its size,
+  the time to write it, and the time headless Chromium takes to load the page until it marks
+  itself ready (``body[data-ready]``). The load time needs playwright (the test extra) and
+  Chromium (``$TILEPLAN_CHROMIUM``, default Debian's ``/usr/bin/chromium``); without them the
+  figure is left unmeasured and the record says why. The tower has no report stage.
 
 Cycles are the IPU model's (a cycle model of the hardware), not hardware
 measurements.
@@ -65,10 +70,11 @@ class Benchmark:
     quick_stages: tuple[str, ...] = ("plan", "quality", "compile", "validate")
     in_quick: bool = True         # False: too heavy for --quick's 5 minutes (recorded as skipped)
     cached: bool = False          # plan repeats share a fresh plan cache: the first is cold, the rest warm
+    reported: bool = True         # the full run writes and loads its HTML report
 
     @property
     def stages(self) -> tuple[str, ...]:
-        return ("plan", "quality", "compile", "validate")
+        return ("plan", "quality", "compile", "validate") + (("report",) if self.reported else ())
 
     def repeats(self, quick: bool) -> int:
         if self.small:
@@ -82,7 +88,8 @@ class Benchmark:
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("mlp_smoke_fp8", "ipu21-64", True, (60, 600)),
     Benchmark("mlp_fp16_small", "ipu21-64", True, (60, 600)),
-    Benchmark("siglip_mlp_fp8_b4", "ipu21", False, (200, 3600)),
+    Benchmark("siglip_mlp_fp8_b4", "ipu21", False, (200, 3600),      # its report: issue 15's page figures
+              quick_stages=("plan", "quality", "compile", "validate", "report")),
     Benchmark("gemm_4096_fp16", "ipu2", False, (150, 3600)),
     Benchmark("siglip_mlp_fp8_b1", "ipu21", False, (120, 3600), quick_stages=("plan", "quality")),
     Benchmark("decode_proj_fp16", "ipu21-64", True, (30, 600)),      # stationary weights (decode-shaped GEMM)
@@ -93,7 +100,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("siglip_layer_fp8_b4", "ipu21", False, (300, 3600), quick_stages=("plan",)),
     # The 27-layer SigLIP tower: repeated layers costed once, a plan cache (cold, then warm repeats).
     Benchmark("siglip_tower_fp8_b1", "ipu21", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
-              in_quick=False, cached=True),
+              in_quick=False, cached=True, reported=False),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 
@@ -111,6 +118,7 @@ FIGURES = (
     "validate_seconds", "simulated", "simulated_roofline_ratio", "memory_peak_bytes", "memory_peak_tile",
     "sram_bytes", "max_abs_error", "outputs_passed", "estimate_to_simulated",
     "plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries", "package_bytes",
+    "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note",
 )
 
 # The targets of DESIGN.md ("Benchmarks") and issue 6, and the reference figures beside them.
@@ -225,10 +233,11 @@ def _stages(bench: dict, work_dir: str, send) -> None:
     if "validate" not in stages:
         return
     from .lowering.package import load_package
-    from .sim.validate import validate_package
+    from .sim.validate import validate_package, write_validation
     send("stage", "validate")
     t0 = time.perf_counter()
-    v = validate_package(load_package(pkg_path))
+    pkg = load_package(pkg_path)
+    v = validate_package(pkg)
     prof = v.profile
     peak = prof.memory_peak
     send("figures", {
@@ -240,7 +249,45 @@ def _stages(bench: dict, work_dir: str, send) -> None:
         "max_abs_error": max((o["max_abs"] for o in v.outputs.values()), default=None),
         "outputs_passed": v.passed,
         "estimate_to_simulated": p.estimate.cycles / prof.cycles if prof.cycles else None})
+    write_validation(pkg, v)            # (the report's execution trace reads it)
     send("done", "validate")
+
+    if "report" not in stages:
+        return
+    from .report import render
+    send("stage", "report")
+    t0 = time.perf_counter()
+    html = render(pkg_path, Path(work_dir) / "report.html")
+    report_s = time.perf_counter() - t0
+    send("figures", {"report_seconds": report_s, "report_html_bytes": html.stat().st_size})
+    load_s, note = page_load_seconds(html)
+    send("figures", {"report_load_seconds": load_s, "report_load_note": note})
+    send("done", "report")
+
+
+def page_load_seconds(html: Path) -> tuple[float | None, str]:
+    """Seconds headless Chromium takes to open ``html`` until the page marks itself ready (its
+    scripts have drawn every view), and a note; ``None`` with the reason when playwright or
+    Chromium is missing (playwright is in the test extra, not a dependency of tileplan)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None, "not measured: playwright is not installed (pip install -e '.[test]')"
+    chromium = os.environ.get("TILEPLAN_CHROMIUM", "/usr/bin/chromium")
+    if not Path(chromium).exists():
+        return None, f"not measured: no Chromium at {chromium} (set TILEPLAN_CHROMIUM)"
+    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=args)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            t0 = time.perf_counter()
+            page.goto(html.resolve().as_uri(), wait_until="load")
+            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+            seconds = time.perf_counter() - t0
+        finally:
+            browser.close()
+    return seconds, f"headless Chromium ({Path(chromium).name}), load until body[data-ready]"
 
 
 def _worker(conn, bench: dict, work_dir: str) -> None:
@@ -461,6 +508,11 @@ def target_figures(results: dict) -> list[dict]:
         f"{tower} simulated cycles (the IPU model: modelled, not measured on hardware)",
         f"ipu-stack {REFERENCE['ipu_stack_siglip_tower_b1_cycles']:,} cycles, Poplar SDK {lo:,}-{hi:,} cycles, "
         "both measured on a C600", _get(results, tower, "model_floor_roofline_ratio"))
+    add("SigLIP b4 FP8 MLP report page (1472 tiles): size", _get(results, "siglip_mlp_fp8_b4", "report_html_bytes"),
+        10 * 2**20, "B", "siglip_mlp_fp8_b4 report_html_bytes (issue 15)", "")
+    add("SigLIP b4 FP8 MLP report page: load in headless Chromium",
+        _get(results, "siglip_mlp_fp8_b4", "report_load_seconds"), 3.0, "s",
+        "siglip_mlp_fp8_b4 report_load_seconds (issue 15)", "")
     add("SigLIP b4 FP8 MLP: planner peak memory", _get(results, "siglip_mlp_fp8_b4", "planner_peak_rss_bytes"),
         4 * 2**30, "B", "siglip_mlp_fp8_b4 planner_peak_rss_bytes (issue 6)", "")
     ratio, how = _cycles_ratio(results, "siglip_layer_fp8_b1")
@@ -589,6 +641,10 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
         row("coarse vs detailed Spearman (per GEMM)", _spearman),
         row("bounded search (16 paths) gap to optimum", _search),
         row("validate time (IPU model)", lambda r: _fmt_seconds(r["validate_seconds"])),
+        row("HTML report: size; write; load in headless Chromium",
+            lambda r: f"{_fmt_bytes(r['report_html_bytes'])}; {_fmt_seconds(r['report_seconds'])}; "
+            + (_fmt_seconds(r["report_load_seconds"]) if r.get("report_load_seconds") is not None
+               else r.get("report_load_note") or "—") if r.get("report_html_bytes") is not None else "—"),
         row("benchmark wall time / budget",
             lambda r: f"{_fmt_seconds(r['elapsed_seconds'])} / {r['budget_seconds']:.0f} s"
             if r["budget_seconds"] else "—"),
