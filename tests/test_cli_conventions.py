@@ -145,3 +145,20 @@ def test_a_progress_bar_only_draws_on_a_terminal(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tileplan.cli", "plan", str(SMOKE), "--jobs", "1", "--quiet"],
                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "100"})
     assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
+
+
+def test_pooled_catalogues_count_their_chunks_too():
+    """With a pool (jobs=2, two GEMMs on 1472 tiles) the workers' chunk ticks reach the caller, and
+    each catalogue ends complete; the plan is the one jobs=1 gives."""
+    from tileplan.graph.core import Graph, MatMul, Role, Tensor
+    from tileplan.graph.dtypes import DType
+    t = [Tensor("x", (96, 256), DType.FP16, Role.INPUT), Tensor("w1", (256, 384), DType.FP16, Role.PARAMETER),
+         Tensor("w2", (384, 256), DType.FP16, Role.PARAMETER)]
+    graph = Graph.build("two", t, [MatMul("up", ("x", "w1"), "h"), MatMul("down", ("h", "w2"), "y")])
+    calls: list[tuple[str, int, int]] = []
+    pooled = tileplan.plan(graph, "ipu21", jobs=2, progress=lambda op, d, total: calls.append((op, d, total)))
+    for op in ("up", "down"):
+        ticks = [(d, total) for name, d, total in calls if name == op]
+        assert max(total for _, total in ticks) > 2, ticks           # the chunks, not 0/1 then 1/1
+        assert ticks[-1][0] == ticks[-1][1], ticks                  # ends complete
+    assert pooled.picks == tileplan.plan(graph, "ipu21", jobs=1).picks

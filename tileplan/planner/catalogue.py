@@ -233,10 +233,16 @@ def _chunks(ctx, op, shape, bias: bool = False, combos=None, tick=None) -> list[
     return out
 
 
-def _worker_init() -> None:
+_PROGRESS_QUEUE = None      # in a pool worker: where its catalogue's progress goes (``worker_pool``)
+
+
+def _worker_init(progress=None) -> None:
     """A pool worker ignores SIGINT (the parent decides: a Ctrl-C reaches the whole process group),
     takes SIGTERM's default (the parent's handler raises an exception, which a worker must not
-    inherit), and on Linux dies with its parent even when the parent is killed outright."""
+    inherit), and on Linux dies with its parent even when the parent is killed outright.
+    ``progress``: the queue its catalogues' ``(op, done, total)`` ticks go to."""
+    global _PROGRESS_QUEUE
+    _PROGRESS_QUEUE = progress
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
@@ -246,9 +252,14 @@ def _worker_init() -> None:
         pass
 
 
-def worker_pool(workers: int) -> ProcessPoolExecutor:
-    """The catalogue's process pool (``stop_pool`` ends it on any exception)."""
-    return ProcessPoolExecutor(max_workers=workers, initializer=_worker_init)
+def worker_pool(workers: int, progress=None) -> ProcessPoolExecutor:
+    """The catalogue's process pool (``stop_pool`` ends it on any exception); ``progress``: a
+    queue of the pool's start method the workers send their catalogues' progress to."""
+    return ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(progress,))
+
+
+def _queued_progress(op: str, done: int, total: int) -> None:
+    _PROGRESS_QUEUE.put((op, done, total))
 
 
 def stop_pool(pool: ProcessPoolExecutor) -> None:
@@ -383,6 +394,8 @@ class Catalogues:
         from . import canon
         self.ctx, self.ops, self.cache = ctx, ops, cache
         self.pool = None
+        self.queue = None                      # the pool's progress ticks (a progress display only)
+        self.finished: set[str] = set()
         self.futures: dict = {}
         self.keys = {op.name: canon.op_key(ctx.graph, ctx.storage, op) for op in ops}
         self.source: dict[str, str] = {}       # op -> the op whose catalogue it reads
@@ -406,7 +419,10 @@ class Catalogues:
         if ctx.jobs > 1 and len(todo) > 1 and ctx.target.tiles >= POOL_MIN_TILES:
             shapes = {op.name: GemmShape.of(ctx.graph, op, ctx.target) for op in todo}
             size = {n: g.batch * g.M * g.N * g.K for n, g in shapes.items()}
-            self.pool = worker_pool(min(ctx.jobs, len(todo)))
+            if ctx.progress is not None:        # the workers' chunk counts, read in result()
+                import multiprocessing
+                self.queue = multiprocessing.get_context().Queue()
+            self.pool = worker_pool(min(ctx.jobs, len(todo)), self.queue)
             try:
                 for op in sorted(todo, key=lambda op: -size[op.name]):
                     self.futures[op.name] = self.pool.submit(_catalogue, ctx, op)
@@ -425,10 +441,9 @@ class Catalogues:
                 elif self.pool is None:
                     out[op.name] = gemm_candidates(ctx, op)
                 else:
-                    if ctx.progress is not None:
-                        ctx.progress(op.name, 0, 1)
-                    out[op.name], ctx.runner_ups[op.name] = self.futures[op.name].result()
+                    out[op.name], ctx.runner_ups[op.name] = self._wait(self.futures[op.name])
                 if ctx.progress is not None and (self.pool is not None or op.name in self.cached):
+                    self.finished.add(op.name)
                     ctx.progress(op.name, 1, 1)
                 if self.cache is not None and op.name not in self.cached:
                     self.cache.store(self.cache_keys[op.name], {
@@ -441,6 +456,7 @@ class Catalogues:
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
+        self._close_queue()
         for op in self.ops:
             src = self.source[op.name]
             if src == op.name:
@@ -452,11 +468,39 @@ class Catalogues:
                 ctx.progress(op.name, 1, 1)
         return {op.name: out[op.name] for op in self.ops}
 
+    def _wait(self, future):
+        """A pooled catalogue's result; meanwhile, the ticks the workers send are shown."""
+        import queue as _queue
+        while True:
+            try:
+                return future.result(timeout=0.1 if self.queue is not None else None)
+            except TimeoutError:
+                pass
+            finally:
+                self._drain(_queue.Empty)
+
+    def _drain(self, empty) -> None:
+        """Show the queued ticks (a late tick of a catalogue already shown finished is dropped)."""
+        while self.queue is not None:
+            try:
+                tick = self.queue.get_nowait()
+            except empty:
+                return
+            if tick[0] not in self.finished:
+                self.ctx.progress(*tick)
+
     def cancel(self) -> None:
         """Stop the pool at once (an exception, SIGINT or SIGTERM in the caller): no orphaned worker."""
         if self.pool is not None:
             stop_pool(self.pool)
             self.pool = None
+        self._close_queue()
+
+    def _close_queue(self) -> None:
+        if self.queue is not None:
+            self.queue.close()
+            self.queue.cancel_join_thread()
+            self.queue = None
 
 
 def _compact(cand: Candidate) -> Candidate:
@@ -469,6 +513,8 @@ def _compact(cand: Candidate) -> Candidate:
 def _catalogue(ctx, op: MatMul) -> tuple[list[Candidate], list[Candidate]]:
     """One GEMM's catalogue in a pool worker: in-process, returned without programs."""
     ctx.jobs = 1
+    if _PROGRESS_QUEUE is not None:
+        ctx.progress = _queued_progress
     kept = gemm_candidates(ctx, op)
     lost = ctx.runner_ups.get(op.name, [])
     for c in kept + lost:
