@@ -237,6 +237,22 @@ def test_expanded_softmax_over_the_last_axis_folds_into_one_softmax():
     assert [op.describe() for op in model.graph.ops] == ["softmax div(x) -> y"] and model.params == {}
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_expanded_softmax_over_a_leading_axis_folds_into_one_softmax_over_that_axis(axis):
+    m = make_model(softmax_nodes(), [("x", F32, [3, 4, 5])], [("y", F32, [3, 4, 5])],
+                   {"axes": np.array([axis], np.int64)}, opset=18)
+    (op,) = import_onnx(m).graph.ops
+    assert op.kind == "softmax" and op.axis == axis and op.inputs == ("x",) and op.output == "y"
+
+
+def test_expanded_softmax_whose_reductions_take_different_axes_stays_its_ops():
+    nodes = softmax_nodes()
+    nodes[3] = helper.make_node("ReduceSum", ["e", "axes2"], ["s"], name="sum")
+    m = make_model(nodes, [("x", F32, [3, 4, 5])], [("y", F32, [3, 4, 5])],
+                   {"axes": np.array([1], np.int64), "axes2": np.array([0], np.int64)}, opset=18)
+    assert "softmax" not in kinds(from_onnx(m))
+
+
 def test_expanded_softmax_whose_exp_is_read_elsewhere_stays_its_ops():
     nodes = softmax_nodes() + [helper.make_node("Neg", ["e"], ["z"], name="leak")]
     m = make_model(nodes, [("x", F32, [4, 8])], [("y", F32, [4, 8]), ("z", F32, [4, 8])],

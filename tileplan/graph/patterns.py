@@ -18,8 +18,8 @@ becomes):
   arrives as ``aten.gelu(approximate="tanh")`` already) -> ``GeLU(approximate="tanh")``.
 
 - ``softmax``: ``e = Exp(x - ReduceMax(x)); e / ReduceSum(e)``, the reductions over
-  the last axis keeping it (ONNX's Softmax function body; other axes arrive with
-  Transposes around it) -> ``Softmax(axis=-1)``.
+  one axis keeping it (ONNX's Softmax function body): the last, or another as the importers
+  write it (Transposes moving it last, the reduction, a Reshape) -> ``Softmax(axis)``.
 
 The GeLU rows become the fitted GeLU kernel: one pass instead of six to eight
 pointwise passes and their intermediates; the softmax row the row-wise softmax
@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .core import Add, Div, Erf, Exp, GeLU, Mul, Op, ReduceMax, ReduceSum, Softmax, Sub, Tanh
+from .core import Add, Div, Erf, Exp, GeLU, Mul, Op, ReduceMax, ReduceSum, Reshape, Softmax, Sub, Tanh, Transpose
 
 CONSTANT_RTOL = 2e-3        # relative tolerance when matching pattern constants
 
@@ -206,31 +206,60 @@ def _gelu_tanh(view: _View, tanh: Op) -> Match | None:
     return None
 
 
+def _axis_reduction(view: _View, t: str, cls: type[Op]) -> tuple[str, int, list[Op]] | None:
+    """``t`` as a keepdims reduction of one axis of some tensor: ``cls(x)`` over the last axis
+    (``(x, -1, ops)``), or the importers' form of another axis ``a`` (``importing.reduce_ops``):
+    Transposes moving ``a`` last, the reduction, a Reshape putting the unit axis back at ``a``
+    (``(x, a, ops)``). Every intermediate is private. None for anything else."""
+    op = view.producer.get(t)
+    if isinstance(op, cls):
+        return (op.inputs[0], -1, [op]) if op.keepdims else None
+    if not isinstance(op, Reshape) or not view.private(op.inputs[0]):
+        return None
+    red = view.producer.get(op.inputs[0])
+    if not isinstance(red, cls) or not red.keepdims:
+        return None
+    ops, cur, perm = [red, op], red.inputs[0], None
+    while isinstance(view.producer.get(cur), Transpose) and view.private(cur):
+        tr = view.producer[cur]
+        perm = tr.perm if perm is None else tuple(tr.perm[p] for p in perm)
+        ops.insert(0, tr)
+        cur = tr.inputs[0]
+    if perm is None:
+        return None
+    n, a = len(perm), perm[-1]
+    if list(perm[:-1]) != [d for d in range(n) if d != a] or len(op.shape) != n or op.shape[a] != 1:
+        return None
+    return cur, a, ops
+
+
 def _softmax(view: _View, exp: Op) -> Match | None:
-    """``e = Exp(x - ReduceMax(x)); e / ReduceSum(e)`` over the last axis (keepdims) -> Softmax."""
+    """``e = Exp(x - ReduceMax(x)); e / ReduceSum(e)``, both reductions over one axis (keepdims;
+    the last, or another in the importers' Transpose form) -> Softmax over that axis."""
     sub = view.producer.get(exp.inputs[0])
     if not isinstance(sub, Sub) or not view.private(sub.output):
         return None
     x, m = sub.inputs
-    rmax = view.producer.get(m)
-    if not isinstance(rmax, ReduceMax) or rmax.inputs[0] != x or not rmax.keepdims or not view.private(m):
+    high = _axis_reduction(view, m, ReduceMax) if view.private(m) else None
+    if high is None or high[0] != x:
         return None
     readers = view.consumers.get(exp.output, [])
     if len(readers) != 2 or exp.output in view.outputs:
         return None
-    rsum = next((r for r in readers if isinstance(r, ReduceSum)), None)
     div = next((r for r in readers if isinstance(r, Div)), None)
-    if rsum is None or div is None or not rsum.keepdims or div.inputs != (exp.output, rsum.output) \
-            or not view.private(rsum.output):
+    if div is None or div.inputs[0] != exp.output or not view.private(div.inputs[1]):
         return None
-    members = (rmax, sub, exp, rsum, div)
-    return Match(members, div, Softmax(div.name, (x,), div.output, axis=-1))
+    total = _axis_reduction(view, div.inputs[1], ReduceSum)
+    if total is None or total[0] != exp.output or total[1] != high[1] or total[2][0] not in readers:
+        return None
+    members = tuple(high[2] + [sub, exp] + total[2] + [div])
+    return Match(members, div, Softmax(div.name, (x,), div.output, axis=high[1]))
 
 
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("gelu-erf", Erf, _gelu_erf, "GeLU(approximate='erf')"),
     Pattern("gelu-tanh", Tanh, _gelu_tanh, "GeLU(approximate='tanh')"),
-    Pattern("softmax", Exp, _softmax, "Softmax(axis=-1)"),
+    Pattern("softmax", Exp, _softmax, "Softmax(axis)"),
 )
 
 
