@@ -135,6 +135,10 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
     add("cast_fp16_fp8", CastCall(halves.size, FP16, FP8), **{"in": halves})
     add("cast_fp16_fp8", CastCall(halves.size, FP16, FP8, out_scale=3), **{"in": halves})
     add("cast_convert", CastCall(halves.size, FP32, FP8, out_scale=-4), **{"in": halves.astype(np.float32)})
+    # saturate=False: every FP16 value, so 240..248 (to 240), 248 and up and the infinities (NaN)
+    add("cast_fp16_fp8", CastCall(halves.size, FP16, FP8, saturate=False), **{"in": halves})
+    add("cast_convert", CastCall(halves.size, FP32, FP8, out_scale=2, saturate=False),
+        **{"in": halves.astype(np.float32)})
     for out, scale in ((FP16, 0), (FP16, 5), (FP32, -3)):
         add("cast_convert", CastCall(256, FP8, out, in_scale=scale), **{"in": fp8_specials()})
     add("cast_convert", CastCall(256, FP8, FP8, in_scale=1, out_scale=-1), **{"in": fp8_specials()})

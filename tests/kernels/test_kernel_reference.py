@@ -249,3 +249,15 @@ def test_pack_matches_the_panel_loop_and_unpack_inverts_it(dt, grain):
 def test_copy_returns_the_same_bytes():
     x = np.arange(40, dtype=np.uint8)
     assert REG["copy_local"].reference(CopyCall(40), x).tobytes() == x.tobytes()
+
+
+def test_a_cast_without_saturation_gives_nan_past_240_as_ml_dtypes_does():
+    import ml_dtypes
+    from tileplan.kernels.calls import CastCall
+    from tileplan.kernels.reference import cast
+    x = np.array([239.0, 247.9, 248.0, -250.0, np.inf, 1e6, -1.0], np.float32)
+    got = cast(CastCall(x.size, DType.FP32, DType.FP8, saturate=False), x)
+    want = x.astype(ml_dtypes.float8_e4m3fnuz)
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    saturated = cast(CastCall(x.size, DType.FP32, DType.FP8), x).astype(np.float32)
+    assert list(saturated[2:6]) == [240.0, -240.0, 240.0, 240.0]

@@ -91,6 +91,7 @@ class Op:
     output: str
     kind: ClassVar[str] = "op"
     arity: ClassVar[int] = 1
+    saturate: ClassVar[bool] = True      # an FP8 result saturates to +-240 (a Cast may say NaN instead)
 
     def describe(self) -> str:
         return f"{self.kind} {self.name}({', '.join(self.inputs)}) -> {self.output}"
@@ -320,13 +321,17 @@ class GeLU(Unary):
 
 @dataclass(frozen=True)
 class Cast(Op):
+    """Convert to the output tensor's type (and FP8 scale). ``saturate=False``: FP8 values beyond
+    +-240 become NaN (ONNX ``saturate=0``) instead of +-240."""
+
+    saturate: bool = True
     kind: ClassVar[str] = "cast"
 
     def infer(self, ins):
         return ins[0].shape, ins[0].dtype
 
     def allowed_output_dtypes(self, ins):
-        return tuple(DType)
+        return tuple(DType) if self.saturate else (DType.FP8,)      # saturate=false: FP8 only
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float64)      # the rounding is the output tensor's type

@@ -52,16 +52,20 @@ _ITEMSIZE = {"fp32": 4, "fp16": 2, "fp8": 1}     # bytes per element, by DType v
 FP8_MAX = 240.0  # ml_dtypes.float8_e4m3fnuz max finite; IPU F143 saturation bound
 
 
-def quantise(values: np.ndarray, dtype: DType, scale: int = 0) -> np.ndarray:
+def quantise(values: np.ndarray, dtype: DType, scale: int = 0, saturate: bool = True) -> np.ndarray:
     """Round float values into ``dtype`` storage; FP8 divides by 2**scale and saturates.
 
     NaN stays NaN (FP8 NaN is 0x80). Infinities saturate for FP8 (F143 has none).
+    ``saturate=False`` (ONNX Cast's ``saturate=0``): an FP8 value that rounds past +-240
+    (magnitude 248 and up, infinities) becomes NaN instead, as ml_dtypes' conversion does.
     """
     x = np.asarray(values, dtype=np.float64)
     if dtype is DType.FP8:
         y = x * (2.0 ** -scale)
-        y = np.where(np.isnan(y), np.nan, np.clip(y, -FP8_MAX, FP8_MAX))
-        return y.astype(np.float32).astype(dtype.numpy)
+        if saturate:
+            y = np.where(np.isnan(y), np.nan, np.clip(y, -FP8_MAX, FP8_MAX))
+        with np.errstate(over="ignore", invalid="ignore"):
+            return y.astype(np.float32).astype(dtype.numpy)
     if dtype is DType.FP16:
         with np.errstate(over="ignore"):
             return x.astype(np.float16)

@@ -34,8 +34,8 @@ What maps to what:
 - ``Neg``, ``Sqrt``, ``Reciprocal``, ``Exp``, ``Tanh``, ``Erf``, ``Sigmoid`` -> the
   Unary ops; ``Gelu`` (opset 20) -> GeLU (``approximate="none"`` is the erf form,
   ``"tanh"`` the tanh form).
-- ``Cast`` to FLOAT, FLOAT16 or FLOAT8E4M3FNUZ -> Cast (FP8 casts saturate;
-  ``saturate=0`` is refused); ``CastLike(x, like)`` -> Cast to ``like``'s type.
+- ``Cast`` to FLOAT, FLOAT16 or FLOAT8E4M3FNUZ -> Cast (FP8 casts saturate to +-240;
+  ``saturate=0`` makes out-of-range values NaN); ``CastLike(x, like)`` -> Cast to ``like``'s type.
 - Nodes whose inputs are all float constants are evaluated at import with the
   ops' own ``reference()`` (``CastLike(Constant 0.5, x)``, ``Sqrt(Constant 2)``).
 - ``Identity`` and inference ``Dropout`` (ratio ignored; ``training_mode`` true or
@@ -611,9 +611,9 @@ def _lower_gelu(imp: _Importer, n: _Node) -> list[Op]:
 
 def _lower_cast(imp: _Importer, n: _Node) -> list[Op]:
     _dtype(n.attrs["to"], n.outputs[0])
-    if n.attrs.get("saturate", 1) == 0 and n.attrs["to"] == _FP8:
-        raise n.err("saturate=0 (out-of-range values become NaN); tileplan's FP8 casts saturate to +-240")
-    return [Cast(n.name, (n.inputs[0],), n.outputs[0])]
+    # saturate=0 only means something for FP8 (ONNX ignores it for other types).
+    saturate = n.attrs.get("saturate", 1) != 0 or n.attrs["to"] != _FP8
+    return [Cast(n.name, (n.inputs[0],), n.outputs[0], saturate=saturate)]
 
 
 def _lower_view(imp: _Importer, n: _Node) -> list[Op]:

@@ -32,7 +32,8 @@ give ``dtype`` and ``scale`` for its output inline (for example a matmul's FP32
 partials, or a cast's target type). A ``cast`` must say what it casts to: either
 ``dtype`` inline or its output declared in ``[tensors]``. Per-kind options:
 ``transpose_a``/``transpose_b`` (matmul, booleans), ``approximate = "tanh" | "erf"``
-(gelu, default ``tanh``).
+(gelu, default ``tanh``), ``saturate = false`` (cast to FP8: out-of-range values become NaN
+instead of +-240).
 
 Layouts (``layout = {...}`` on a tensor) pin the tensor's boundary layout:
 
@@ -274,6 +275,7 @@ OP_OPTIONS = {"matmul": {"transpose_a": _bool, "transpose_b": _bool},
               "transpose": {"perm": lambda v, where, key: _int_list(v, where, key)},
               "layernorm": {"epsilon": lambda v, where, key: _number(v, where, key)},
               "softmax": {"axis": _int},
+              "cast": {"saturate": _bool},
               **{k: {"keepdims": _bool} for k in ("reducesum", "reducemean", "reducemax")}}
 
 

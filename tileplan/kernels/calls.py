@@ -223,13 +223,15 @@ class CastCall:
     """Convert ``n`` elements. The value is ``stored * 2**in_scale``; into FP8 it
     is divided by ``2**out_scale`` and saturated to +-240 (NaN stays NaN, 0x80).
     Scales apply to FP8 sides only (as ``dtypes.quantise``/``dequantise``), so a
-    non-zero scale on an FP16/FP32 side is refused rather than ignored."""
+    non-zero scale on an FP16/FP32 side is refused rather than ignored. ``saturate=False``
+    (FP8 out only): values past +-240 become NaN instead."""
 
     n: int
     in_dtype: DType
     out_dtype: DType
     in_scale: int = 0
     out_scale: int = 0
+    saturate: bool = True
     primitive: ClassVar[str] = "cast"
     __str__ = describe
 
@@ -240,12 +242,14 @@ class CastCall:
               f"CastCall: in_scale {self.in_scale} given for a {self.in_dtype} input (scales are FP8 only)")
         check(self.out_scale == 0 or self.out_dtype is DType.FP8,
               f"CastCall: out_scale {self.out_scale} given for a {self.out_dtype} output (scales are FP8 only)")
+        check(self.saturate or self.out_dtype is DType.FP8,
+              f"CastCall: saturate=False given for a {self.out_dtype} output (FP8 only)")
 
     def operand_types(self) -> tuple[list[DType], list[DType]]:
         return [self.in_dtype], [self.out_dtype]
 
     def key(self) -> str:
-        return f"cast_{self.in_dtype}_{self.out_dtype}"
+        return f"cast_{self.in_dtype}_{self.out_dtype}" + ("" if self.saturate else "_nan")
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,11 @@ inline unsigned char f143_encode(float x) {{
   return code == 0 ? 0x00 : (unsigned char)(sign | code);
 }}
 
+// ONNX Cast saturate=0: magnitudes that round past 240 (248 and up, infinities) -> NaN.
+inline unsigned char f143_encode_nan(float x) {{
+  return std::fabs(x) >= 248.0f ? (unsigned char)0x80 : f143_encode(x);
+}}
+
 inline float load_f32(float x) {{ return x; }}
 inline float load_f32(half x) {{ return static_cast<float>(x); }}
 inline float load_f32(unsigned char x) {{ return f143_decode(x); }}
@@ -264,12 +269,14 @@ def cast_codelet(call, variant) -> CodeletSource:
     fields = (_vec("input", "in", call.in_dtype, call.n), _vec("output", "out", call.out_dtype, call.n),
               _param("n", call.n), _param("inScale", call.in_scale, "int"),
               _param("outScale", call.out_scale, "int"))
+    store = f"store_as<{call.out_dtype.cpp}>" if call.saturate else "f143_encode_nan"
     body = f"""    // value = stored * 2^inScale; stored out = value / 2^outScale (scales are 0 off FP8).
     for (unsigned i = workerId; i < n; i += workers) {{
       const float value = std::ldexp(load_f32(in[i]), inScale);
-      out[i] = store_as<{call.out_dtype.cpp}>(std::ldexp(value, -outScale));
+      out[i] = {store}(std::ldexp(value, -outScale));
     }}"""
-    return render(key, body, fields, f"cast {call.in_dtype} -> {call.out_dtype} with power-of-two scales")
+    what = "" if call.saturate else ", out-of-range values to NaN (no saturation)"
+    return render(key, body, fields, f"cast {call.in_dtype} -> {call.out_dtype} with power-of-two scales{what}")
 
 
 def _rearrange_codelet(call, variant, to_panels: bool) -> CodeletSource:

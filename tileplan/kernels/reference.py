@@ -166,7 +166,7 @@ def cast(call: CastCall, x: np.ndarray) -> np.ndarray:
     times a power of two exactly."""
     x2 = operand(x, call.in_dtype, call.n, "in")
     with np.errstate(over="ignore", invalid="ignore"):
-        y = quantise(dequantise(x2, call.in_dtype, call.in_scale), call.out_dtype, call.out_scale)
+        y = quantise(dequantise(x2, call.in_dtype, call.in_scale), call.out_dtype, call.out_scale, call.saturate)
     return _result(y, np.asarray(x).shape[:-1])
 
 

@@ -128,7 +128,7 @@ def pointwise_call(graph: Graph, op: Op, n: int):
 
 def _cast_call(op, src: Tensor, out: Tensor, n: int) -> CastCall:
     return CastCall(n, src.dtype, out.dtype, src.scale if src.dtype is DType.FP8 else 0,
-                    out.scale if out.dtype is DType.FP8 else 0)
+                    out.scale if out.dtype is DType.FP8 else 0, op.saturate)
 
 
 # One row per unary kernel family: op class -> its call on n elements (op, input, output, n).

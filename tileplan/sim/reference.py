@@ -61,7 +61,7 @@ def reference(graph: Graph, stored: dict[str, np.ndarray]) -> dict[str, np.ndarr
         out_t = graph.output_of(op)
         y = op.reference(*ins)
         y = np.asarray(y, dtype=np.float64).reshape(out_t.shape)
-        vals[op.output] = dequantise(quantise(y, out_t.dtype, out_t.scale), out_t.dtype, out_t.scale)
+        vals[op.output] = dequantise(quantise(y, out_t.dtype, out_t.scale, op.saturate), out_t.dtype, out_t.scale)
     return vals
 
 
