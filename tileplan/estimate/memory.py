@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .program import ComputeStep, ExchangeStep, Program, alias_root
+from ..program import ComputeStep, ExchangeStep, Program, alias_root
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,7 +29,7 @@ from ..kernels.calls import BiasGeLUCall, CastCall, GeLUCall
 from ..kernels.pointwise import BinaryCall, UnaryCall
 from ..layout import Imported, Intervals, WholeRows
 from ..layout.gemm_grid import Grid
-from ..estimate.program import Buffer, ComputeStep, Operand, Program
+from ..program import Buffer, ComputeStep, Operand, Program
 from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program
 from .candidates import Candidate, Fused, activation_inputs

@@ -22,7 +22,7 @@ A MatMul ``C = A @ B`` is seen as ``batch`` GEMMs ``C_b[M, N] = A_b[M, K] @ B_b[
 
 Preparation (A and B to their grid blocks, one exchange), AMP compute,
 reduction (exchange + compute) and the final conversion of C to its boundary
-layout are one fragment program (``estimate.program``), costed as one.
+layout are one fragment program (``tileplan.program``), costed as one.
 A grid whose per-tile operands exceed tile memory is rejected before anything
 is built (``coarse_rows`` marks it infeasible).
 """
@@ -45,7 +45,7 @@ from ..layout.gemm_grid import Grid, aligned_bounds, balanced_bounds
 from ..layout.owner_map import expand_ranges
 from ..layout.panels import panel_count, panels_fit
 from ..estimate.coarse import CoarseParts, amp_cycles, coarse_parts, cut_cycles, k_unit, reduction_bias_cycles
-from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
+from ..program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
 from ..graph.pins import ORDERS  # noqa: E402  ("bijl", "bilj", "bjli")
 

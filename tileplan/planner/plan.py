@@ -39,7 +39,7 @@ from ..errors import TileplanError
 from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program, scheduled
 from ..estimate.memory import buffer_tile_bytes
-from ..estimate.program import Buffer, Copy, ExchangeStep, Program
+from ..program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Graph, Role
 from ..layout import Imported, Intervals, Packed, PackedPanels
 from ..layout.gemm_grid import Grid

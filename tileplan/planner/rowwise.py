@@ -24,7 +24,7 @@ from ..kernels.rowreduce import RowReduceCall
 from ..kernels.softmax import SoftmaxCall
 from ..layout import WholeRows
 from ..estimate.detailed import cost_program
-from ..estimate.program import ComputeStep, Operand, Program
+from ..program import ComputeStep, Operand, Program
 from .candidates import Candidate, activation_inputs
 from .elementwise import replicated
 from .gemm import _vertex

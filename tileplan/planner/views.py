@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..estimate.detailed import cost_program, scheduled
-from ..estimate.program import ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
+from ..program import ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 from ..graph.core import Op
 from ..kernels.calls import CopyCall
 from ..layout import Permuted, WholeRows
