@@ -295,32 +295,13 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     return out
 
 
-_STEP_CYCLES: dict = {}      # id(step) -> (step, cycles): compute steps shared between candidate programs
-
-
-def compute_step_cycles(step: ComputeStep, tiles: int) -> int:
-    """The slowest tile of a compute set: per tile, the sum of its vertices' cycles."""
-    hit = _STEP_CYCLES.get(id(step))
-    if hit is not None and hit[0] is step:
-        return hit[1]
-    if not step.vertices:
-        return 0
-    t = np.fromiter((v.tile for v in step.vertices), dtype=np.int64, count=len(step.vertices))
-    c = np.fromiter((v.cycles for v in step.vertices), dtype=np.int64, count=len(step.vertices))
-    cycles = int(np.bincount(t, weights=c, minlength=tiles).max())
-    if len(_STEP_CYCLES) > 4096:
-        _STEP_CYCLES.clear()
-    _STEP_CYCLES[id(step)] = (step, cycles)
-    return cycles
-
-
 def cost_program(program: Program, target) -> Detailed:
     tiles = target.tiles
     compute = exchange = sync = moved = 0
     steps: list[StepCost] = []
     for step in program.steps:
         if isinstance(step, ComputeStep):
-            c = compute_step_cycles(step, tiles)
+            c = step.cycles
             compute += c
             steps.append(StepCost(step.name, "compute", c, 0, 0))
         elif isinstance(step, ExchangeStep):

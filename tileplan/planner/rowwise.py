@@ -80,7 +80,7 @@ def _candidate(ctx, op, lay) -> Candidate:
         rows = (e - s) // cols
         call = ROW_CALLS[type(op)](op, rows, cols, x.dtype)
         ins = (Operand(src.name, 0, rows * cols),) + tuple(Operand(b.name, 0, cols) for b in extra)
-        vertices.append(_vertex(t, call, ins, (Operand(dst.name, 0, rows * per_row),), target))
+        vertices.append(_vertex(t, call, ins, (Operand(dst.name, 0, rows * per_row),), ctx.caches))
     prog.steps.append(ComputeStep(f"{op.name}.rows", tuple(vertices)))
     d = cost_program(prog, target)
     by_name = {x.name: lay, **{n: replicated(g.tensors[n].shape, target.tiles) for n in op.inputs[1:]}}
