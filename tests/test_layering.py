@@ -1,8 +1,8 @@
 """DESIGN.md's dependency order, checked on the source: every import in tileplan/ (module level and
 inside functions) points down the layers, and no modules import each other in a cycle.
 
-    vocabulary (graph, target, layout; errors, _version, checked, atomic) <- kernels <- estimate <- planner <- lowering
-    <- sim <- report <- cli, bench, the top-level API (tileplan/__init__.py)
+    vocabulary (graph, target, layout; errors, _version, checked, atomic) <- kernels <- program <- estimate
+    <- planner <- lowering <- sim <- report <- cli, bench, the top-level API (tileplan/__init__.py)
 
 The model-file loaders (graph/toml.py, onnx.py, torch.py) build the vocabulary and may use targets
 and layouts: they sit in its layer."""

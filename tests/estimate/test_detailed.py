@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tileplan.estimate import detailed as D
-from tileplan.estimate.program import ExchangeStep, Program
+from tileplan.program import ExchangeStep, Program
 from tileplan.graph.loaders import load_model
 from tileplan.lowering.compile import program_cycles
 from tileplan.lowering.lower import lower
@@ -20,7 +20,7 @@ TARGET = load_target("ipu21-64")
 def full_expansion_cost(a, b, target):
     """The cost of a copy computed from its full fragment expansion (what lowering executes)."""
     prog = Program({a.name: a, b.name: b})
-    from tileplan.estimate.program import Copy
+    from tileplan.program import Copy
     tr, local = D.step_traffic(prog, ExchangeStep("copy", (Copy(a.name, b.name),)), target.tiles)
     send, recv = D.tile_exchange_cycles(tr, target)
     return send, recv, D.local_copy_cycles(local, target), int(tr.nbytes.sum()) if len(tr) else 0

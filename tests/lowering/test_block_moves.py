@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import tileplan.lowering.block_moves as block_moves
 from tileplan.estimate.detailed import plan_for, step_traffic
 from tileplan.estimate.exchange import fragments_to_transfers
-from tileplan.estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Program
+from tileplan.program import Buffer, ComputeStep, Copy, ExchangeStep, Program
 from tileplan.graph.dtypes import DType
 from tileplan.layout.gemm_grid import Grid
 from tileplan.lowering.block_moves import block_move

@@ -7,7 +7,7 @@ import pytest
 
 import tileplan.lowering.lower as lowering
 from tileplan.errors import TileplanError
-from tileplan.estimate.program import Buffer, Copy, ExchangeStep, Program
+from tileplan.program import Buffer, Copy, ExchangeStep, Program
 from tileplan.graph.dtypes import DType
 from tileplan.kernels import default_registry
 from tileplan.layout import Intervals, Packed

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tileplan.estimate.detailed import plan_for
-from tileplan.estimate.program import Buffer, Copy, ExchangeStep, Program
+from tileplan.program import Buffer, Copy, ExchangeStep, Program
 from tileplan.graph.core import Add, Graph, MatMul, Role, Tensor
 from tileplan.graph.dtypes import DType
 from tileplan.graph.loaders import load_model

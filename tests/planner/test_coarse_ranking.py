@@ -88,7 +88,7 @@ def test_the_coarse_model_prices_a_block_with_the_kernel_dispatch_picks():
 def test_no_plan_computes_a_gemm_faster_than_its_amp_floor(fixture):
     """The AMP floor (the fastest fitting grid's matmul step alone) is at most every detailed
     candidate's own matmul step."""
-    from tileplan.estimate.program import ComputeStep
+    from tileplan.program import ComputeStep
     from tileplan.planner.quality import amp_floor
     p = plan(load_model(FIXTURES / f"{fixture}.toml"), load_target("ipu21-64"), jobs=1)
     floor = amp_floor(p)

@@ -12,7 +12,7 @@ from tileplan.layout.gemm_grid import aligned_bounds
 from tileplan.planner.gemm import GemmChoice, GemmShape, build_program, grid_options
 from tileplan.planner.plan import parameter_storage
 from tileplan.estimate.coarse import coarse_parts
-from tileplan.estimate.program import Buffer
+from tileplan.program import Buffer
 from tileplan.target import load_target
 
 IPU21, IPU64 = load_target("ipu21"), load_target("ipu21-64")

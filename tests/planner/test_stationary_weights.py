@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from tileplan.estimate.detailed import scheduled
-from tileplan.estimate.program import ExchangeStep
+from tileplan.program import ExchangeStep
 from tileplan.graph.loaders import load_model
 from tileplan.layout.gemm_grid import Grid
 from tileplan.lowering.compile import compile_model

@@ -24,7 +24,7 @@ from ..layout.panels import panel_coords
 from .cost import Estimate
 from .exchange import Transfers, fragments_to_transfers, pair_aligned, tile_exchange_cycles, tile_sum
 from .memory import program_memory
-from .program import ComputeStep, ExchangeStep, Program
+from ..program import ComputeStep, ExchangeStep, Program
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def copy_cost(src, dst, target) -> "CopyCost | None":
 
 @functools.lru_cache(maxsize=4096)
 def _copy_cost(src_layout, dst_layout, src_shape, dst_shape, dtype, target):
-    from .program import Buffer, Copy
+    from ..program import Buffer, Copy
     for fast_path in (_replicated_grid_cost, _block_move_cost):
         fast = fast_path(src_layout, dst_layout, src_shape, dtype, target)
         if fast is not False:
@@ -177,7 +177,7 @@ def _block_move_cost(src_layout, dst_layout, shape, dtype, target):
     plan that ``step_traffic`` builds (one fragment per block row, millions for a big GEMM) merges
     back into exactly these runs, so pricing one fragment per block gives the same transfers."""
     from .blocks import block_move
-    from .program import Buffer
+    from ..program import Buffer
     if dtype is None:
         return False
     move = block_move(Buffer("s", src_layout, shape, dtype), Buffer("d", dst_layout, shape, dtype))
@@ -295,32 +295,13 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     return out
 
 
-_STEP_CYCLES: dict = {}      # id(step) -> (step, cycles): compute steps shared between candidate programs
-
-
-def compute_step_cycles(step: ComputeStep, tiles: int) -> int:
-    """The slowest tile of a compute set: per tile, the sum of its vertices' cycles."""
-    hit = _STEP_CYCLES.get(id(step))
-    if hit is not None and hit[0] is step:
-        return hit[1]
-    if not step.vertices:
-        return 0
-    t = np.fromiter((v.tile for v in step.vertices), dtype=np.int64, count=len(step.vertices))
-    c = np.fromiter((v.cycles for v in step.vertices), dtype=np.int64, count=len(step.vertices))
-    cycles = int(np.bincount(t, weights=c, minlength=tiles).max())
-    if len(_STEP_CYCLES) > 4096:
-        _STEP_CYCLES.clear()
-    _STEP_CYCLES[id(step)] = (step, cycles)
-    return cycles
-
-
 def cost_program(program: Program, target) -> Detailed:
     tiles = target.tiles
     compute = exchange = sync = moved = 0
     steps: list[StepCost] = []
     for step in program.steps:
         if isinstance(step, ComputeStep):
-            c = compute_step_cycles(step, tiles)
+            c = step.cycles
             compute += c
             steps.append(StepCost(step.name, "compute", c, 0, 0))
         elif isinstance(step, ExchangeStep):
@@ -352,7 +333,7 @@ def scheduled(program: Program, tiles: int) -> Program:
     """The program as lowering will schedule it: copies that move nothing are dropped (their
     destination aliases the source), and independent exchanges back to back share
     one superstep (``lowering.passes``: eliminate_noop_copies, group_exchanges)."""
-    from .program import group_exchange_steps
+    from ..program import group_exchange_steps
     aliases: dict[str, str] = {}
     steps = []
     for step in program.steps:

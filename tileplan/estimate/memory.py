@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .program import ComputeStep, ExchangeStep, Program, alias_root
+from ..program import ComputeStep, ExchangeStep, Program, alias_root
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,21 +46,6 @@ def _tile_bytes(layout, shape, dtype, tiles, alignment):
     return out
 
 
-_STEP_BUFFERS: dict = {}     # id(step) -> (step, names): compute steps are shared between programs
-
-
-def step_buffers(step: ComputeStep) -> tuple[str, ...]:
-    """The buffers a compute step's vertices read or write (sorted), memoised per step object."""
-    hit = _STEP_BUFFERS.get(id(step))
-    if hit is not None and hit[0] is step:
-        return hit[1]
-    names = tuple(sorted({o.buffer for v in step.vertices for o in v.ins + v.outs}))
-    if len(_STEP_BUFFERS) > 4096:
-        _STEP_BUFFERS.clear()
-    _STEP_BUFFERS[id(step)] = (step, names)
-    return names
-
-
 def buffer_lifetimes(program: Program) -> dict[str, tuple[int, int]]:
     """Buffer name -> (first step, last step) by use, before the kind rules."""
     first: dict[str, int] = {}
@@ -72,7 +57,7 @@ def buffer_lifetimes(program: Program) -> dict[str, tuple[int, int]]:
 
     for i, step in enumerate(program.steps):
         if isinstance(step, ComputeStep):
-            for name in step_buffers(step):
+            for name in step.buffers:
                 touch(name, i)
         elif isinstance(step, ExchangeStep):
             for c in step.copies:

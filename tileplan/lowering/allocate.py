@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import TileplanError
 from ..estimate.memory import alias_roots, buffer_lifetimes, buffer_tile_bytes
-from ..estimate.program import alias_root
+from ..program import alias_root
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import TileplanError
 from ..estimate.exchange import Transfers, fragments_to_transfers
-from ..estimate.program import ComputeStep, ExchangeStep, Program, alias_root
+from ..program import ComputeStep, ExchangeStep, Program, alias_root
 from ..kernels import NoVariantError, default_registry, dispatch
 from ..kernels.calls import CopyCall, PackCall, UnpackCall
 from .allocate import allocate

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..estimate.cost import Estimate
-from ..estimate.program import Program
+from ..program import Program
 from .select import Fused  # noqa: F401  (re-exported: candidates carry it)
 
 

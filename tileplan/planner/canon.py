@@ -177,7 +177,7 @@ def _with(obj, **changes):
 def rename_program(prog, rename: Renaming):
     """A fragment program with its buffer and step names mapped by ``rename`` (same steps, same
     vertices, same costs: what building it for the renamed op gives)."""
-    from ..estimate.program import ComputeStep, Copy, ExchangeStep, Program
+    from ..program import ComputeStep, Copy, ExchangeStep, Program
     if prog is None or rename.identity:
         return prog
     out = Program()

@@ -198,7 +198,7 @@ def fragment(ctx, op, shape, choice, combo, fusion=None):
         add, bias = fusion or bias_fusion(ctx, op)
         out, bias_buf = add.output, ctx.tensor_buffer(bias, None)
     return build_program(shape, choice, ctx.tensor_buffer(op.inputs[0], la), ctx.tensor_buffer(op.inputs[1], lb),
-                         ctx.tensor_buffer(out, lc), ctx.target, bias_buf)
+                         ctx.tensor_buffer(out, lc), ctx.target, bias_buf, ctx.caches)
 
 
 def _overflow(rows, shape, op, target) -> str:

@@ -29,10 +29,11 @@ from ..kernels.calls import BiasGeLUCall, CastCall, GeLUCall
 from ..kernels.pointwise import BinaryCall, UnaryCall
 from ..layout import Imported, Intervals, WholeRows
 from ..layout.gemm_grid import Grid
-from ..estimate.program import Buffer, ComputeStep, Operand, Program
+from ..program import Buffer, ComputeStep, Operand, Program
 from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program
 from .candidates import Candidate, Fused, activation_inputs
+from ..estimate.caches import Caches, shared as shared_caches
 from .gemm import _vertex
 
 
@@ -162,8 +163,10 @@ def _row_split(start: int, stop: int, cols: int):
 
 
 def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: Buffer, target,
-                  fused_gelu: GeLU | None = None) -> Program:
-    """One compute step: each tile's pieces of the output, from the same pieces of the inputs."""
+                  fused_gelu: GeLU | None = None, caches: Caches | None = None) -> Program:
+    """One compute step: each tile's pieces of the output, from the same pieces of the inputs
+    (kernels dispatched through ``caches``, default ``estimate.caches.shared(target)``)."""
+    caches = caches or shared_caches(target)
     prog = Program()
     for b in in_bufs + [out_buf]:
         prog.add_buffer(b)
@@ -185,7 +188,7 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
         if not isinstance(op, Binary):
             call = pointwise_call(graph, op, e - s)
             ins = tuple(Operand(b.name, o, e - s) for b in dense)
-            vertices.append(_vertex(t, call, ins, (Operand(out_buf.name, o, e - s),), target))
+            vertices.append(_vertex(t, call, ins, (Operand(out_buf.name, o, e - s),), caches))
             continue
         x = dense[0]
         if mode in ("dense", "scalar"):            # one run of every element
@@ -206,7 +209,7 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
                 ins.append(Operand(in_bufs[bidx].name, c0, width))
             else:                                  # col_broadcast: one value per output row
                 ins.append(Operand(in_bufs[bidx].name, (s + rel) // period, rows))
-            vertices.append(_vertex(t, call, tuple(ins), (Operand(out_buf.name, o + rel, rows * width),), target))
+            vertices.append(_vertex(t, call, tuple(ins), (Operand(out_buf.name, o + rel, rows * width),), caches))
     prog.steps.append(ComputeStep(f"{op.name}.compute", tuple(vertices)))
     return prog
 
@@ -278,7 +281,7 @@ def _elementwise(ctx, op, lay, acts, fused) -> Candidate:
     in_bufs = [ctx.tensor_buffer(n, l) for n, l in zip(op.inputs, in_lays)]
     out_name = fused.output if fused is not None else op.output
     out_buf = ctx.tensor_buffer(out_name, lay)
-    prog = build_program(g, op, lay, in_bufs, out_buf, ctx.target, fused_gelu=fused)
+    prog = build_program(g, op, lay, in_bufs, out_buf, ctx.target, fused_gelu=fused, caches=ctx.caches)
     d = cost_program(prog, ctx.target)
     transient = np.zeros(ctx.target.tiles, dtype=np.int64)
     if fused is not None:

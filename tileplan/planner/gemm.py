@@ -22,7 +22,7 @@ A MatMul ``C = A @ B`` is seen as ``batch`` GEMMs ``C_b[M, N] = A_b[M, K] @ B_b[
 
 Preparation (A and B to their grid blocks, one exchange), AMP compute,
 reduction (exchange + compute) and the final conversion of C to its boundary
-layout are one fragment program (``estimate.program``), costed as one.
+layout are one fragment program (``tileplan.program``), costed as one.
 A grid whose per-tile operands exceed tile memory is rejected before anything
 is built (``coarse_rows`` marks it infeasible).
 """
@@ -39,13 +39,13 @@ import numpy as np
 from ..errors import TileplanError
 from ..graph.core import Graph, MatMul
 from ..graph.dtypes import DType
-from ..kernels import dispatch
 from ..kernels.calls import MatMulCall, ReduceCall
 from ..layout.gemm_grid import Grid, aligned_bounds, balanced_bounds
 from ..layout.owner_map import expand_ranges
 from ..layout.panels import panel_count, panels_fit
+from ..estimate.caches import Caches, shared as shared_caches
 from ..estimate.coarse import CoarseParts, amp_cycles, coarse_parts, cut_cycles, k_unit, reduction_bias_cycles
-from ..estimate.program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
+from ..program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
 from ..graph.pins import ORDERS  # noqa: E402  ("bijl", "bilj", "bjli")
 
@@ -359,17 +359,17 @@ def _batch_groups(batch: int, gb: int) -> np.ndarray:
     return np.repeat(np.arange(gb), np.diff(balanced_bounds(batch, gb)))
 
 
-_CORE_CACHE: dict = {}       # (shape, choice, bias, id(target)) -> (target, core, reducer columns); a few entries
 _A, _B, _C = "<A>", "<B>", "<C>"   # placeholders for the boundary buffers in a cached core program
 
 
 def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer, c_buf: Buffer,
-                  target, bias_buf: Buffer | None = None) -> Program:
+                  target, bias_buf: Buffer | None = None, caches: Caches | None = None) -> Program:
     """The fragment program of one candidate: its boundary buffers around the grid's core.
 
     The core (grid buffers, vertices, internal exchanges) depends only on the GEMM
     and the choice, not on the boundary layouts, so it is built once and shared by
-    every boundary combination (the compute steps are the same objects).
+    every boundary combination (the compute steps are the same objects); ``caches`` (the planning
+    context's, default ``estimate.caches.shared(target)``) keeps it.
 
     With ``choice.bias``, ``bias_buf`` is the bias row's resident buffer (replicated:
     every tile holds the whole row, row-major from offset 0), which the reducers read,
@@ -377,7 +377,7 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
     """
     if choice.bias != (bias_buf is not None):
         raise ValueError(f"{g.op}: {choice} needs a bias buffer exactly when it adds the bias")
-    core, _ = _core(g, choice, target, bias_buf.name if bias_buf is not None else None)
+    core, _ = _core(g, choice, caches or shared_caches(target), bias_buf.name if bias_buf is not None else None)
     names = {_A: a_buf.name, _B: b_buf.name, _C: c_buf.name}
     prog = Program()
     for b in (a_buf, b_buf, c_buf) + ((bias_buf,) if bias_buf is not None else ()):
@@ -392,25 +392,19 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
     return prog
 
 
-def _core(g: GemmShape, choice: GemmChoice, target, bias: str | None) -> tuple[Program, tuple]:
-    """(core program, the (first column, columns) of each reducer vertex's block), cached. A choice
-    with the bias in its reduction is its plain choice's core with the reducers also reading the
-    bias (``_add_bias``): only the reduction step differs, the rest is shared."""
-    key = (g, choice, bias, id(target))
-    hit = _CORE_CACHE.get(key)
-    if hit is None or hit[0] is not target:
+def _core(g: GemmShape, choice: GemmChoice, caches: Caches, bias: str | None) -> tuple[Program, tuple]:
+    """(core program, the (first column, columns) of each reducer vertex's block), kept in ``caches``. A
+    choice with the bias in its reduction is its plain choice's core with the reducers also reading
+    the bias (``_add_bias``): only the reduction step differs, the rest is shared."""
+    def build():
         if choice.bias:
-            plain, cols = _core(g, dataclasses.replace(choice, bias=False), target, None)
-            built = (_add_bias(g, plain, cols, bias, target), cols)
-        else:
-            built = _build_core(g, choice, target)
-        if len(_CORE_CACHE) > 64:
-            _CORE_CACHE.clear()
-        hit = _CORE_CACHE[key] = (target, *built)
-    return hit[1], hit[2]
+            plain, cols = _core(g, dataclasses.replace(choice, bias=False), caches, None)
+            return _add_bias(g, plain, cols, bias, caches), cols
+        return _build_core(g, choice, caches)
+    return caches.core((g, choice, bias), build)
 
 
-def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str, target) -> Program:
+def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str, caches: Caches) -> Program:
     """The core of a choice that adds the bias in its reduction, from its plain choice's core: each
     reducer vertex also reads the bias columns of its block, ``cols[v] = (first column, columns)``,
     from the replicated bias buffer (every tile holds the whole row from offset 0) and adds them
@@ -424,14 +418,14 @@ def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str, target) -> P
                 hit = calls.get((v.call, n))
                 if hit is None:
                     call = dataclasses.replace(v.call, bias_cols=n)
-                    hit = calls[(v.call, n)] = (call,) + _kernel(call, target)
+                    hit = calls[(v.call, n)] = (call,) + caches.kernel(call)
                 red.append(Vertex(v.tile, hit[0], v.ins + (Operand(bias, c0, n),), v.outs, hit[1], hit[2]))
             step = ComputeStep(step.name, tuple(red))
         out.steps.append(step)
     return out
 
 
-def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tuple]:
+def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches) -> tuple[Program, tuple]:
     """The fragment program: prep exchange, AMP compute, reduction, output conversion; and the
     (first column, columns) of each reducer vertex's block (empty when ``gk == 1``).
 
@@ -443,6 +437,7 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tupl
     adds the chunk's product into the partials it wrote for the earlier chunks
     (an accumulating matmul, in place).
     """
+    target = caches.target
     prog = Program()
     T = tile_of(choice)
     gb, gm, gn, gk, sk = choice.gb, choice.gm, choice.gn, choice.gk, choice.sk
@@ -526,7 +521,7 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tupl
                             call = MatMulCall(m, n, k, g.in_dtype, ptype, "interleaved",
                                               "panels" if g.panels else "rows", scale, g.grain if g.panels else 0,
                                               acc)
-                            hit = calls[(m, n, k, acc)] = (call,) + _kernel(call, target)
+                            hit = calls[(m, n, k, acc)] = (call,) + caches.kernel(call)
                         out = Operand(OUT.name, int(out_off[blk, j, 0]), m * n)
                         ins = (Operand(A.name, int(a_off[ab * gm + i, q, ai]), m * k),
                                Operand(B.name, int(b_off[bb * nkb + q, j, bi]), k * n)) + ((out,) if acc else ())
@@ -557,7 +552,7 @@ def _build_core(g: GemmShape, choice: GemmChoice, target) -> tuple[Program, tupl
                 call = ReduceCall(h * n, gk, ptype, g.out_dtype, -g.c_scale, own=True)
                 own = Operand(OUT.name, int(out_off[ci * gk + p, j, 0]), h * n)
                 others = Operand(R.name, int(r_off[ci * gk + (1 if p == 0 else 0), j, 0]), (gk - 1) * h * n)
-                red.append(_vertex(t, call, (own, others), (Operand(Cg.name, int(c_off[ci, j, 0]), h * n),), target))
+                red.append(_vertex(t, call, (own, others), (Operand(Cg.name, int(c_off[ci, j, 0]), h * n),), caches))
                 cols.append((int(nb[j]), n))
         prog.steps.append(ComputeStep(f"{name}.reduce", tuple(red)))
 
@@ -604,23 +599,7 @@ def _grid_fields(grid: Grid) -> tuple:
     return grid.row_bounds, grid.col_bounds, grid.holders, grid.replicas, grid.grain
 
 
-_DISPATCH_CACHE: dict = {}   # id(target) -> (target, {call: (variant name, cycles)})
-
-
-def _kernel(call, target) -> tuple[str, int]:
-    """(variant name, cycles) of the kernel dispatch picks for ``call``, cached per target
-    (the target is hashed once per lookup table, not once per vertex)."""
-    per_target = _DISPATCH_CACHE.get(id(target))
-    if per_target is None or per_target[0] is not target:
-        per_target = _DISPATCH_CACHE[id(target)] = (target, {})
-    table = per_target[1]
-    hit = table.get(call)
-    if hit is None:
-        v = dispatch(call, target)
-        hit = table[call] = (v.name, v.cycles(call, target))
-    return hit
-
-
-def _vertex(tile, call, ins, outs, target) -> Vertex:
-    name, cycles = _kernel(call, target)
+def _vertex(tile, call, ins, outs, caches: Caches) -> Vertex:
+    """A vertex running the kernel variant dispatch picks for ``call`` (``caches.kernel``)."""
+    name, cycles = caches.kernel(call)
     return Vertex(tile, call, ins, outs, name, cycles)

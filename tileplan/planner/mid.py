@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..estimate.detailed import cost_program
-from ..estimate.program import Program
+from ..program import Program
 from ..graph.core import Role
 from . import elementwise as ew
 from .candidates import activation_inputs

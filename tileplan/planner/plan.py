@@ -36,10 +36,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import TileplanError
+from ..estimate.caches import Caches, shared as shared_caches
 from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program, scheduled
 from ..estimate.memory import buffer_tile_bytes
-from ..estimate.program import Buffer, Copy, ExchangeStep, Program
+from ..program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Graph, Role
 from ..layout import Imported, Intervals, Packed, PackedPanels
 from ..layout.gemm_grid import Grid
@@ -91,10 +92,14 @@ def buffer_name(tensor: str, layout) -> str:
 
 
 class Context:
-    """Shared state of one planning run: graph, target, storage, buffer factory, caches."""
+    """Shared state of one planning run: graph, target, storage, buffer factory, and ``caches`` (the
+    run's ``estimate.caches.Caches``: kernel dispatch and GEMM cores; default, this process's shared
+    one of the target)."""
 
-    def __init__(self, graph: Graph, target, jobs: int = 1, frontier_bound: int = 32, progress=None):
+    def __init__(self, graph: Graph, target, jobs: int = 1, frontier_bound: int = 32, progress=None,
+                 caches: Caches | None = None):
         self.graph, self.target, self.jobs = graph, target, jobs
+        self.caches = caches if caches is not None else shared_caches(target)
         self.frontier_bound = frontier_bound
         self.progress = progress
         self.storage = parameter_storage(graph, target)
@@ -204,19 +209,20 @@ class Plan:
 
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
          dp_paths: int | None = 16, progress=None, stationary: bool = True, pins=(), share: bool = True,
-         cache=None) -> Plan:
+         cache=None, caches: Caches | None = None) -> Plan:
     """Plan ``graph`` on ``target``: the catalogue of every op, whole-graph selection, the MidGraph
     and its detailed estimate. ``pins`` (``planner.pins.Pin``) restrict GEMMs to a grid; a pinned
     plan that differs from the planner's own choice records it (``Plan.pinned``). ``share``: ops
     with one planning problem (``canon.op_key``) are costed once and the others get re-targeted
     copies of their candidates (the same result as costing each; ``share=False`` is the
     reference). ``cache``: a ``planner.cache.PlanCache`` of GEMM catalogues (None: no cache); the
-    plan does not depend on what it holds."""
+    plan does not depend on what it holds. ``caches``: the in-memory memo tables of the run
+    (``estimate.caches.Caches``; None: this process's shared ones of the target); nor on those."""
     from . import canon
     from .pins import check_pins, pinned_candidates
     t0 = time.perf_counter()
     graph = canonical(graph)
-    ctx = Context(graph, target, jobs, frontier_bound, progress)
+    ctx = Context(graph, target, jobs, frontier_bound, progress, caches)
     pinned = check_pins(graph, [*graph.pins, *pins])
     for name, t in graph.tensors.items():
         if t.layout is not None:

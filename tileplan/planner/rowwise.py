@@ -24,7 +24,7 @@ from ..kernels.rowreduce import RowReduceCall
 from ..kernels.softmax import SoftmaxCall
 from ..layout import WholeRows
 from ..estimate.detailed import cost_program
-from ..estimate.program import ComputeStep, Operand, Program
+from ..program import ComputeStep, Operand, Program
 from .candidates import Candidate, activation_inputs
 from .elementwise import replicated
 from .gemm import _vertex
@@ -80,7 +80,7 @@ def _candidate(ctx, op, lay) -> Candidate:
         rows = (e - s) // cols
         call = ROW_CALLS[type(op)](op, rows, cols, x.dtype)
         ins = (Operand(src.name, 0, rows * cols),) + tuple(Operand(b.name, 0, cols) for b in extra)
-        vertices.append(_vertex(t, call, ins, (Operand(dst.name, 0, rows * per_row),), target))
+        vertices.append(_vertex(t, call, ins, (Operand(dst.name, 0, rows * per_row),), ctx.caches))
     prog.steps.append(ComputeStep(f"{op.name}.rows", tuple(vertices)))
     d = cost_program(prog, target)
     by_name = {x.name: lay, **{n: replicated(g.tensors[n].shape, target.tiles) for n in op.inputs[1:]}}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..estimate.detailed import cost_program, scheduled
-from ..estimate.program import ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
+from ..program import ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 from ..graph.core import Op
 from ..kernels.calls import CopyCall
 from ..layout import Permuted, WholeRows
@@ -79,7 +79,7 @@ def _row_permutation(ctx, op, lay) -> Candidate:
     dst = prog.add_buffer(ctx.tensor_buffer(y.name, lay))
     held = lay.owner_map(y.shape, y.dtype, target.tiles).elements_per_tile(target.tiles)
     vertices = tuple(_vertex(t, CopyCall(int(e) * y.dtype.itemsize), (Operand(src.name, 0, int(e)),),
-                             (Operand(dst.name, 0, int(e)),), target) for t, e in enumerate(held.tolist()) if e)
+                             (Operand(dst.name, 0, int(e)),), ctx.caches) for t, e in enumerate(held.tolist()) if e)
     prog.steps.append(ComputeStep(f"{op.name}.copy", vertices))
     return _candidate(ctx, op, staged, lay, prog, f"transpose {''.join(map(str, op.perm))}: rows exchanged, "
                                                  f"one local copy per tile")
@@ -132,7 +132,7 @@ def _matrix_transpose(ctx, op, lay: WholeRows) -> Candidate:
         at = int(offsets[b, j, 0])
         rows_out = b * D + d0 - first_row[t]
         vertices.append(_vertex(t, TransposeCall(T, d1 - d0, x.dtype), (Operand(src.name, at, T * (d1 - d0)),),
-                                (Operand(dst.name, rows_out * T, T * (d1 - d0)),), target))
+                                (Operand(dst.name, rows_out * T, T * (d1 - d0)),), ctx.caches))
     prog.steps.append(ComputeStep(f"{op.name}.transpose", tuple(vertices)))
     return _candidate(ctx, op, grid, lay, prog, f"transpose of the last two axes: [{T}, w] column blocks "
                                                f"exchanged, transposed on tile")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...estimate.memory import buffer_lifetimes, buffer_tile_bytes
-from ...estimate.program import ComputeStep
+from ...program import ComputeStep
 
 
 def run(state):

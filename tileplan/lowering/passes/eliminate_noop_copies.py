@@ -8,7 +8,7 @@ alias of its source. Exchange steps left empty disappear.
 
 from __future__ import annotations
 
-from ...estimate.program import ExchangeStep, Program
+from ...program import ExchangeStep, Program
 
 
 def run(state):

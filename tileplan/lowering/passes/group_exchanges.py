@@ -9,7 +9,7 @@ another (``eliminate_noop_copies`` runs first) counts as its root buffer.
 
 from __future__ import annotations
 
-from ...estimate.program import Program, group_exchange_steps
+from ...program import Program, group_exchange_steps
 
 
 def run(state):

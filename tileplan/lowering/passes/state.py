@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...estimate.program import Program
+from ...program import Program
 
 
 @dataclass

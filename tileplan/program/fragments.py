@@ -19,8 +19,11 @@ estimate and the simulated cycles differ only by what the low passes change.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ..graph.dtypes import DType
 
@@ -72,8 +75,27 @@ class ExchangeStep:
 
 @dataclass(frozen=True)
 class ComputeStep:
+    """One compute set. Its figures below are worked out once per step object, on first use, and kept
+    with it: candidate programs share their compute steps (a GEMM's core serves every boundary
+    combination), so each is costed once however many programs hold it."""
+
     name: str
     vertices: tuple[Vertex, ...]
+
+    @functools.cached_property
+    def buffers(self) -> tuple[str, ...]:
+        """The buffers its vertices read or write, sorted."""
+        return tuple(sorted({o.buffer for v in self.vertices for o in v.ins + v.outs}))
+
+    @functools.cached_property
+    def cycles(self) -> int:
+        """The slowest tile of the compute set: per tile, the sum of its vertices' cycles."""
+        if not self.vertices:
+            return 0
+        n = len(self.vertices)
+        t = np.fromiter((v.tile for v in self.vertices), dtype=np.int64, count=n)
+        c = np.fromiter((v.cycles for v in self.vertices), dtype=np.int64, count=n)
+        return int(np.bincount(t, weights=c).max())
 
 
 @dataclass
