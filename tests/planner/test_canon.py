@@ -120,3 +120,13 @@ def test_a_plan_with_shared_costing_is_byte_identical_to_one_costing_every_op(fi
     shared = json.dumps(plan_to_json(plan(g, target, share=True)), sort_keys=True)
     alone = json.dumps(plan_to_json(plan(g, target, share=False)), sort_keys=True)
     assert shared == alone
+
+
+def test_a_renaming_leaves_a_tensor_both_ops_share_alone_even_where_its_name_extends_the_op_name():
+    """The K GEMM reads the Q GEMM's cast (one cast for Q, K and V): mapping ``l.q`` to ``l.k`` must
+    not turn the shared ``l.q.x8`` into ``l.k.x8``."""
+    from tileplan.planner.canon import Renaming
+    rn = Renaming(["l.q", "l.q.x8", "l.q.w"], ["l.k", "l.q.x8", "l.k.w"])
+    assert rn("l.q.x8@Rows(1472)") == "l.q.x8@Rows(1472)"
+    assert rn("l.q.prep") == "l.k.prep" and rn("l.q.w") == "l.k.w" and rn("l.q.A") == "l.k.A"
+    assert Renaming(["a", "b"], ["a", "b"]).identity

@@ -61,3 +61,22 @@ def test_a_parameter_that_would_need_rearranging_is_refused_naming_the_op_and_te
     graph = Graph.build("bcast", tensors, [MatMul("mm", ("a", "w"), "c")])
     with pytest.raises(TileplanError, match=r"op 'mm' \(matmul\).*parameter 'w'"):
         plan(graph, TARGET)
+
+
+def test_ops_computing_the_same_thing_are_planned_once_and_the_graph_still_validates(tmp_path):
+    """Two casts of one tensor to FP8 (as the fixtures cast a LayerNorm output for Q and K): one
+    cast is planned, both GEMMs read it; a graph output is never merged away."""
+    from tileplan.graph.core import Cast
+    tensors = [Tensor("x", (24, 32), DType.FP16, Role.INPUT),
+               Tensor("x8a", (24, 32), DType.FP8), Tensor("x8b", (24, 32), DType.FP8),
+               Tensor("wa", (32, 16), DType.FP8, Role.PARAMETER), Tensor("wb", (32, 16), DType.FP8, Role.PARAMETER)]
+    ops = [Cast("ca", ("x",), "x8a"), Cast("cb", ("x",), "x8b"),
+           MatMul("ma", ("x8a", "wa"), "ya"), MatMul("mb", ("x8b", "wb"), "yb")]
+    graph = canonical(Graph.build("cse", tensors, ops))
+    assert [op.name for op in graph.ops] == ["ca", "ma", "mb"] and graph.op("mb").inputs == ("x8a", "wb")
+    assert "x8b" not in graph.tensors
+    kept = canonical(Graph.build("cse", tensors, ops, outputs=["x8a", "x8b", "ya", "yb"]))
+    assert [op.name for op in kept.ops] == ["ca", "cb", "ma", "mb"]
+    _, _, path = compile_model(Graph.build("cse", tensors, ops), TARGET, tmp_path / "pkg", jobs=1)
+    v = validate_package(load_package(path))
+    assert v.passed and set(v.outputs) == {"ya", "yb"}

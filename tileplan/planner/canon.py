@@ -144,18 +144,22 @@ class Renaming:
     longer name (the longest name wins; ``.`` joins a name to a suffix such as ``@layout``)."""
 
     def __init__(self, old: list[str], new: list[str]):
-        self.table = {o: n for o, n in zip(old, new) if o != n}
-        if self.table:
+        # Names both ops share stay in the table, mapped to themselves: a shared tensor ``l.q.x8``
+        # (one cast read by the Q, K and V GEMMs) is the longest match in ``l.q.x8@Rows``, so the
+        # shorter ``l.q`` -> ``l.k`` does not rename its prefix.
+        self.table = dict(zip(old, new))
+        self.changes = any(o != n for o, n in self.table.items())
+        if self.changes:
             alts = "|".join(re.escape(o) for o in sorted(self.table, key=len, reverse=True))
             self.pattern = re.compile(rf"(?<![\w.])(?:{alts})(?![\w])")
         self.memo: dict[str, str] = {}
 
     @property
     def identity(self) -> bool:
-        return not self.table
+        return not self.changes
 
     def __call__(self, s):
-        if s is None or not self.table:
+        if s is None or not self.changes:
             return s
         out = self.memo.get(s)
         if out is None:

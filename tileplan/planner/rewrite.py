@@ -20,6 +20,9 @@ packaged in model.json and validated; it computes exactly what the original does
   expanded: the axes one operand lacks fold into the other's rows or columns. A parameter that
   would need the rearrangement is refused (the host would store it rearranged; not built).
 
+- Ops that compute the same thing (kind, attributes, inputs, output type) are one op
+  (``_shared``): the later ones' readers read the first one's output.
+
 Each rule is a function of one op kind in ``RULES``, returning the ops that replace it (or None);
 ``canonical`` applies them in graph order.
 """
@@ -158,6 +161,30 @@ def _batch_broadcast(graph: Graph, op: MatMul, shapes: list[list[int]], original
 RULES = ((Softmax, _softmax_last), (Reduce, _keep_unit_axis), (MatMul, _matmul))
 
 
+def _shared(graph: Graph, ops: list, declared: dict[str, Tensor]) -> tuple[list, set[str]]:
+    """Ops that compute what an earlier op computes (the same kind, attributes and inputs, and an
+    output of the same shape, type and scale) dropped, their readers reading the earlier output:
+    the fixtures' and exporters' three casts of one LayerNorm output for Q, K and V become one.
+    A graph output is always kept. Returns the ops and the tensor names no op writes now."""
+    outputs = {t.name for t in graph.by_role(Role.OUTPUT)}
+    alias: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    kept = []
+    for op in ops:
+        if any(i in alias for i in op.inputs):
+            op = dataclasses.replace(op, inputs=tuple(alias.get(i, i) for i in op.inputs))
+        out = declared.get(op.output) or graph.tensors.get(op.output)
+        key = (type(op), op.inputs, tuple((f.name, repr(getattr(op, f.name))) for f in dataclasses.fields(op)
+                                          if f.name not in ("name", "inputs", "output")),
+               (out.shape, out.dtype, out.scale) if out is not None else None)
+        if out is not None and key in seen and op.output not in outputs:
+            alias[op.output] = seen[key]
+            continue
+        seen.setdefault(key, op.output)
+        kept.append(op)
+    return kept, set(alias)
+
+
 def canonical(graph: Graph) -> Graph:
     ops, declared = [], []
     for op in graph.ops:
@@ -168,9 +195,11 @@ def canonical(graph: Graph) -> Graph:
             declared.extend(x for x in rewritten if isinstance(x, Tensor))
         else:
             ops.append(op)
-    if len(ops) == len(graph.ops):
+    changed = len(ops) != len(graph.ops)
+    ops, gone = _shared(graph, ops, {t.name: t for t in declared})
+    if not changed and not gone:
         return graph
-    tensors = list(graph.tensors.values()) + declared
+    tensors = [t for t in list(graph.tensors.values()) + declared if t.name not in gone]
     outputs = [t.name for t in graph.by_role(Role.OUTPUT)]
     out = Graph.build(graph.name, tensors, ops, outputs=outputs, target=graph.target, pins=graph.pins)
     out.imported = dict(graph.imported)          # what the importer converted travels with the graph
