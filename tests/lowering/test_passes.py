@@ -35,7 +35,7 @@ from tileplan.sim.validate import validate_package
 from tileplan.target import load_target
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-ALL_PASSES = [name for name, *_ in PASSES]
+ALL_PASSES = [p.name for p in PASSES]
 TARGET = load_target("ipu21-64")
 
 
