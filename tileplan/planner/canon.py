@@ -228,8 +228,7 @@ def retarget(cand, rename: Renaming, op_name: str, keep_program: bool = True, la
 
 def retarget_runner_up(r, rename: Renaming, op_name: str):
     """A runner-up re-targeted like its candidate (``retarget``, program dropped) and its reason renamed."""
-    from .candidates import RunnerUp
-    return RunnerUp(retarget(r.candidate, rename, op_name, False), rename(r.why))
+    return dataclasses.replace(r, candidate=retarget(r.candidate, rename, op_name, False), why=rename(r.why))
 
 
 class _Chain:
