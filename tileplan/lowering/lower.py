@@ -31,8 +31,10 @@ from .passes.state import LoweringState
 from .tile_program import BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
 
 
-def lower(program: Program, target, *, registry=None, passes=None) -> LoweringState:
-    """Lower a whole-graph program; returns the state holding ``tile_program`` and the pass log."""
+def lower(program: Program, target, *, registry=None, passes=None, block_moves: bool = True) -> LoweringState:
+    """Lower a whole-graph program; returns the state holding ``tile_program`` and the pass log.
+    ``passes``: the names of the low passes to run (default all, in ``PASSES`` order);
+    ``block_moves``: the expansion's own option (``expand``), whichever passes run."""
     registry = registry or default_registry()
     chosen = PASSES if passes is None else [p for p in PASSES if p.name in passes]
     state = LoweringState(program, target)
@@ -41,7 +43,8 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
             state = p.run(state)
     check_rearrangements(state.program, target, registry, state.plans)
     alloc = allocate(state.program, target, state.aliases, state.sizes)
-    state.tile_program = expand(state.program, alloc, target, registry, state.aliases, plans=state.plans)
+    state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=block_moves,
+                                plans=state.plans)
     state.plans = CopyPlans(target.tiles)       # expanded: do not keep the copy plans alive
     spans = _tile_spans(state.program, state.tile_program)
     for info in state.tile_program.buffers:
