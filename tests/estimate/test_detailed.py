@@ -86,3 +86,13 @@ def test_moves_nothing_agrees_with_the_fragment_plan(fixture):
                     assert D.moves_nothing(a, b, TARGET.tiles) == expected, (cp, c.desc)
                     answers.append(expected)
     assert len(answers) >= 20 and not all(answers)
+
+
+@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "residual_block", "encoder_layer_small"])
+def test_the_scheduled_program_is_what_the_cycle_changing_low_passes_make(fixture):
+    """``scheduled`` runs eliminate_noop_copies and group_exchanges as lowering does: same steps, same aliases."""
+    p = plan(load_model(FIXTURES / f"{fixture}.toml"), TARGET)
+    state = lower(p.mid.program, TARGET, passes=["eliminate_noop_copies", "group_exchanges"])
+    s = D.scheduled(p.mid.program, TARGET.tiles)
+    assert s.steps == state.program.steps and s.aliases == state.aliases
+    assert any(line.startswith("eliminate_noop_copies") for line in state.log)

@@ -35,7 +35,7 @@ from tileplan.sim.validate import validate_package
 from tileplan.target import load_target
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-ALL_PASSES = [name for name, *_ in PASSES]
+ALL_PASSES = [p.name for p in PASSES]
 TARGET = load_target("ipu21-64")
 
 
@@ -211,9 +211,10 @@ def test_omit_padding_allocates_prime_sized_pieces_exactly_and_every_access_stay
 # ---- merge_transfers -------------------------------------------------------------------------
 
 def test_merge_transfers_sends_contiguous_fragments_as_one_transfer():
+    # Row by row (no block moves), so the fragments the pass joins are all there to see.
     graph, p = fixture_plan("mlp_smoke_fp8")
-    with_pass = lower(p.mid.program, TARGET)
-    without_pass = lower(p.mid.program, TARGET, passes=without("merge_transfers"))
+    with_pass = lower(p.mid.program, TARGET, block_moves=False)
+    without_pass = lower(p.mid.program, TARGET, passes=without("merge_transfers"), block_moves=False)
     merged = [re.match(r"merge_transfers: [\w.+]+: (\d+) fragments -> (\d+) transfers", line) for line in with_pass.log]
     merged = [m for m in merged if m]
     assert merged and int(merged[0].group(2)) < int(merged[0].group(1))
@@ -240,3 +241,16 @@ def test_a_program_lowered_without_any_pass_computes_the_same_bits(fixture):
     assert plain.log == [] and plain.tile_program.passes == []
     assert optimised.tile_program.passes == ALL_PASSES
     assert_same_outputs(graph, TARGET, optimised, plain)
+
+
+def test_the_expansion_does_not_depend_on_the_passes_that_follow_it():
+    # Block moves (one transfer per block) are the expansion's own: with or without merge_transfers
+    # listed, every block is one contiguous transfer, and the program computes the same bits.
+    graph, p = fixture_plan("mlp_smoke_fp8")
+    with_pass = lower(p.mid.program, TARGET)
+    without_pass = lower(p.mid.program, TARGET, passes=without("merge_transfers"))
+    rows = lambda state: sum(len(x.transfers) for x in exchanges(state))   # noqa: E731
+    row_by_row = lower(p.mid.program, TARGET, passes=without("merge_transfers"), block_moves=False)
+    assert rows(without_pass) < rows(row_by_row)
+    assert rows(with_pass) <= rows(without_pass)
+    assert_same_outputs(graph, TARGET, with_pass, without_pass)

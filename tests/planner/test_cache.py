@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tileplan.graph.loaders import load_model
-from tileplan.planner.cache import PlanCache
+from tileplan.planner.cache import FORMAT, PlanCache
 from tileplan.planner.plan import plan
 from tileplan.planner.planjson import plan_to_json
 from tileplan.target import load_target
@@ -81,7 +81,7 @@ def test_an_entry_that_would_build_other_objects_is_refused(tmp_path):
         def __reduce__(self):
             return (os.system, ("echo pwned",))
 
-    head = f"tileplan-plan-cache 1 key={json.dumps(key, sort_keys=True)}\n".encode()
+    head = f"{FORMAT} key={json.dumps(key, sort_keys=True)}\n".encode()
     tmp_path.mkdir(exist_ok=True)
     cache.file_of(key).write_bytes(head + zlib.compress(pickle.dumps({"key": key, "x": Evil()})))
     lines = []

@@ -330,23 +330,15 @@ def cost_program(program: Program, target) -> Detailed:
 
 
 def scheduled(program: Program, tiles: int) -> Program:
-    """The program as lowering will schedule it: copies that move nothing are dropped (their
-    destination aliases the source), and independent exchanges back to back share
-    one superstep (``lowering.passes``: eliminate_noop_copies, group_exchanges)."""
-    from ..program import group_exchange_steps
+    """The program as lowering will schedule it: the program-stage low passes that change its cycles,
+    run by the same functions, in the pass list's order: ``eliminate_noop_copies``
+    (``program.alias_noop_copies``: copies that move nothing are dropped, their destination aliases
+    the source) then ``group_exchanges`` (``program.group_exchange_steps``: independent exchanges
+    back to back share one superstep). The other program-stage passes change memory only
+    (``donate_cast_buffer``, ``omit_padding``): the estimate's memory stays the conservative bound."""
+    from ..program import alias_noop_copies, group_exchange_steps
     aliases: dict[str, str] = {}
-    steps = []
-    for step in program.steps:
-        if isinstance(step, ExchangeStep):
-            keep = []
-            for cp in step.copies:
-                if cp.dst not in aliases and moves_nothing(program.buffers[cp.src], program.buffers[cp.dst], tiles):
-                    aliases[cp.dst] = cp.src
-                else:
-                    keep.append(cp)
-            if keep:
-                steps.append(ExchangeStep(step.name, tuple(keep)))
-        else:
-            steps.append(step)
+    steps, _ = alias_noop_copies(program.steps, program.buffers, aliases,
+                                 lambda src, dst: moves_nothing(src, dst, tiles))
     steps, _ = group_exchange_steps(steps, aliases)
     return Program(dict(program.buffers), steps, aliases)

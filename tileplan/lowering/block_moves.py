@@ -15,7 +15,10 @@ passes at a small fraction of the work:
   two rows of the step read the same source bytes for the same tile (then the
   row order could matter). Rows of a block move read their source buffer's
   bytes once, so ``expand`` takes this path only when no other copy of the
-  step reads the same memory, and only when ``merge_transfers`` will run.
+  step reads the same memory.
+- Each block is one contiguous run in both memories, so one transfer per block
+  is a correct program by itself: ``expand`` makes it whether or not
+  ``merge_transfers`` follows (no expansion depends on a later pass).
 - On-tile runs are merged as they are made (``merge=True``, as
   ``step_traffic`` does), with the same argument.
 - The pass log counts the row-by-row fragments; ``row_fragments`` counts them

@@ -31,18 +31,19 @@ from .passes.state import LoweringState
 from .tile_program import BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
 
 
-def lower(program: Program, target, *, registry=None, passes=None) -> LoweringState:
-    """Lower a whole-graph program; returns the state holding ``tile_program`` and the pass log."""
+def lower(program: Program, target, *, registry=None, passes=None, block_moves: bool = True) -> LoweringState:
+    """Lower a whole-graph program; returns the state holding ``tile_program`` and the pass log.
+    ``passes``: the names of the low passes to run (default all, in ``PASSES`` order);
+    ``block_moves``: the expansion's own option (``expand``), whichever passes run."""
     registry = registry or default_registry()
-    chosen = PASSES if passes is None else [p for p in PASSES if p[0] in passes]
+    chosen = PASSES if passes is None else [p for p in PASSES if p.name in passes]
     state = LoweringState(program, target)
-    for name, stage, fn, _why in chosen:
-        if stage == "program":
-            state = fn(state)
+    for p in chosen:
+        if p.stage == "program":
+            state = p.run(state)
     check_rearrangements(state.program, target, registry, state.plans)
     alloc = allocate(state.program, target, state.aliases, state.sizes)
-    merged = any(p[0] == "merge_transfers" for p in chosen)
-    state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=merged,
+    state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=block_moves,
                                 plans=state.plans)
     state.plans = CopyPlans(target.tiles)       # expanded: do not keep the copy plans alive
     spans = _tile_spans(state.program, state.tile_program)
@@ -50,10 +51,10 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
         root = alias_root(info.name, state.aliases)
         info.alias_of = root if root != info.name else None
         info.span = spans[info.name]
-    for name, stage, fn, _why in chosen:
-        if stage == "tiles":
-            state = fn(state)
-    state.tile_program.passes = [p[0] for p in chosen]
+    for p in chosen:
+        if p.stage == "tiles":
+            state = p.run(state)
+    state.tile_program.passes = [p.name for p in chosen]
     return state
 
 
@@ -101,10 +102,11 @@ def check_rearrangements(program: Program, target, registry, plans=None) -> None
 
 
 def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | None = None,
-           block_moves: bool = False, plans=None) -> TileProgram:
+           block_moves: bool = True, plans=None) -> TileProgram:
     """The tile program of ``program`` placed by ``alloc``. ``block_moves``: copies between grids of the
-    same blocks become one exchange row per block (``lowering.block_moves``); only equivalent once
-    ``merge_transfers`` has joined the rows, so only when that pass runs."""
+    same blocks become one exchange row per block (``lowering.block_moves``: each block is one
+    contiguous run in both memories); what the expansion makes does not depend on which passes
+    follow. ``block_moves=False``: every copy row by row (the reference the tests compare with)."""
     tiles = target.tiles
     plans = plans or CopyPlans(tiles)
     index = {n: i for i, n in enumerate(alloc.names)}

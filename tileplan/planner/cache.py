@@ -30,7 +30,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
-FORMAT = "tileplan-plan-cache 1"
+FORMAT = "tileplan-plan-cache 2"        # 2: runner-ups are RunnerUp records
 SUFFIX = ".entry"
 
 

@@ -1,13 +1,16 @@
 """``Candidate``: one implementation of one op, with its costs and its story.
 
 A candidate keeps its boundary layouts, a one-line description, its coarse and
-detailed estimates, the fragment program it was costed from, its transient
-per-tile bytes, and (filled by the catalogue) why it did not survive, so that
-``tileplan report`` can say why a runner-up lost without recomputing.
+detailed estimates, the fragment program it was costed from (or how to make it)
+and its transient per-tile bytes. It is immutable: a changed candidate (re-targeted
+to another op, its weights stored in its grid) is a new one. The candidates a
+catalogue drops are ``RunnerUp`` records, each with the reason it lost, so that
+``tileplan report`` can say why without recomputing.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +21,7 @@ from ..program import Program
 from .select import Fused  # noqa: F401  (re-exported: candidates carry it)
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class Candidate:
     op: str
     ins: tuple                    # layouts of the activation inputs, in input order
@@ -33,7 +36,6 @@ class Candidate:
     absorbed: bool = False        # an op whose work another does (a GeLU in its bias Add, a bias Add
                                   # in its GEMM's reduction)
     choice: Any = None            # GemmChoice for GEMMs
-    lost: str = ""                # why it was dropped (runner-ups only)
     boundary: tuple | None = None # GEMMs: (A layout, B layout, C layout) of its chunk (None: private storage)
     detailed: bool = True
     weights: Any = None           # GEMMs: B's storage when the candidate keeps its weights in its grid
@@ -41,10 +43,25 @@ class Candidate:
     template: Any = None          # (program, renaming): the program of an op with the same planning
                                   # problem and how to rename it (``canon.retarget``), made on demand
 
+    @functools.cached_property
+    def renamed_program(self) -> Program | None:
+        """The program of its ``template``, renamed on first use and kept with it."""
+        from .canon import rename_program
+        src, rename = self.template
+        return rename_program(src, rename)
+
     def __str__(self) -> str:
         names = "AB"
         ins = " ".join(f"{names[i] if i < 2 else i}:{lay}" for i, lay in enumerate(self.ins))
         return f"{ins + ' ' if ins else ''}{self.desc} -> {self.out}"
+
+
+@dataclass(frozen=True, eq=False)
+class RunnerUp:
+    """A candidate the catalogue dropped (``lost``: coarse-only, or detailed and dominated), and why."""
+
+    candidate: Candidate
+    why: str
 
 
 @dataclass(frozen=True)

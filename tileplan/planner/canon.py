@@ -212,7 +212,7 @@ def rename_program(prog, rename: Renaming):
 
 def retarget(cand, rename: Renaming, op_name: str, keep_program: bool = True, lazy: bool = False):
     """A candidate of one op re-targeted to another op with the same ``op_key``: names mapped in
-    its fused op, description and reason lost. Its program: renamed now, or with ``lazy`` when
+    its fused op and description. Its program: renamed now, or with ``lazy`` when
     ``catalogue.program_of`` first asks for it (``Candidate.template``: only the picked ones are
     renamed), or with ``keep_program=False`` dropped, for ``program_of`` to rebuild from its grid
     choice (GEMMs)."""
@@ -226,8 +226,13 @@ def retarget(cand, rename: Renaming, op_name: str, keep_program: bool = True, la
     elif keep_program and cand.template is not None:
         src, first = cand.template
         template = (src, _Chain(first, rename))
-    return dc.replace(cand, op=op_name, fused=rename(cand.fused), desc=rename(cand.desc), lost=rename(cand.lost),
+    return dc.replace(cand, op=op_name, fused=rename(cand.fused), desc=rename(cand.desc),
                       program=program, template=template)
+
+
+def retarget_runner_up(r, rename: Renaming, op_name: str):
+    """A runner-up re-targeted like its candidate (``retarget``, program dropped) and its reason renamed."""
+    return dataclasses.replace(r, candidate=retarget(r.candidate, rename, op_name, False), why=rename(r.why))
 
 
 class _Chain:

@@ -39,7 +39,7 @@ from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program
 from ..graph.core import MatMul
 from . import elementwise as ew
-from .candidates import Candidate, Fused
+from .candidates import Candidate, Fused, RunnerUp
 from .frontier import frontier
 from .gemm import GemmShape, build_program, coarse_rows, coarse_table
 
@@ -143,8 +143,9 @@ def _select(ctx, op, shape, combo, figures=None, table=None, bias: bool = False)
         for i in _fastest(group, rows.cycles, RUNNERS_UP).tolist():
             choice = rows.choice(shape, i)
             coarse = Estimate(compute=int(rows.cycles[i]), total_memory=int(rows.memory[i]))
-            chunk.runners.append(Candidate(op.name, chunk.ins, chunk.out, str(choice), coarse, coarse, None,
-                                           np.zeros(0, dtype=np.int64), choice=choice, detailed=False, lost=why))
+            chunk.runners.append(RunnerUp(Candidate(op.name, chunk.ins, chunk.out, str(choice), coarse, coarse,
+                                                    None, np.zeros(0, dtype=np.int64), choice=choice,
+                                                    detailed=False), why))
     return chunk
 
 
@@ -346,7 +347,7 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
                                        fused=fusion[0].name if ch.bias else None))
         results.append((survivors, ch.runners, None))
     kept: list[Candidate] = []
-    lost: list[Candidate] = []
+    lost: list[RunnerUp] = []
     errors = []
     for survivors, runners, err in results:
         if err:
@@ -363,9 +364,9 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
             if i in chosen:
                 kept.append(c)
             else:
-                c.lost = (f"detailed {c.estimate.cycles:,} cycles, {c.estimate.total_memory:,} B: dominated by "
-                          f"{best.desc} ({best.estimate.cycles:,} cycles)") if best else "dropped"
-                lost.append(c)
+                lost.append(RunnerUp(c, (f"detailed {c.estimate.cycles:,} cycles, {c.estimate.total_memory:,} B: "
+                                         f"dominated by {best.desc} ({best.estimate.cycles:,} cycles)")
+                                     if best else "dropped"))
         lost.extend(runners)
     if not kept:
         raise TileplanError(errors[0] if errors else f"op {op.name!r}: no GEMM candidate")
@@ -414,7 +415,7 @@ class Catalogues:
                 if got is not None:
                     rn = canon.Renaming(got["names"], canon.op_names(ctx.graph, op))
                     self.cached[op.name] = ([canon.retarget(c, rn, op.name, False) for c in got["kept"]],
-                                            [canon.retarget(c, rn, op.name, False) for c in got["lost"]])
+                                            [canon.retarget_runner_up(r, rn, op.name) for r in got["lost"]])
         todo = [op for op in self.reps if op.name not in self.cached]
         if ctx.jobs > 1 and len(todo) > 1 and ctx.target.tiles >= POOL_MIN_TILES:
             shapes = {op.name: GemmShape.of(ctx.graph, op, ctx.target) for op in todo}
@@ -449,7 +450,7 @@ class Catalogues:
                     self.cache.store(self.cache_keys[op.name], {
                         "names": canon.op_names(ctx.graph, op),
                         "kept": [_compact(c) for c in out[op.name]],
-                        "lost": [_compact(c) for c in ctx.runner_ups.get(op.name, [])]})
+                        "lost": [_compact_runner_up(r) for r in ctx.runner_ups.get(op.name, [])]})
         except BaseException:
             self.cancel()
             raise
@@ -463,7 +464,7 @@ class Catalogues:
                 continue
             rn = canon.Renaming(canon.op_names(ctx.graph, ctx.graph.op(src)), canon.op_names(ctx.graph, op))
             out[op.name] = [canon.retarget(c, rn, op.name, False) for c in out[src]]
-            ctx.runner_ups[op.name] = [canon.retarget(c, rn, op.name, False) for c in ctx.runner_ups.get(src, [])]
+            ctx.runner_ups[op.name] = [canon.retarget_runner_up(r, rn, op.name) for r in ctx.runner_ups.get(src, [])]
             if ctx.progress is not None:
                 ctx.progress(op.name, 1, 1)
         return {op.name: out[op.name] for op in self.ops}
@@ -510,40 +511,44 @@ def _compact(cand: Candidate) -> Candidate:
     return dataclasses.replace(cand, program=None)
 
 
-def _catalogue(ctx, op: MatMul) -> tuple[list[Candidate], list[Candidate]]:
+def _compact_runner_up(r: RunnerUp) -> RunnerUp:
+    return RunnerUp(_compact(r.candidate), r.why)
+
+
+def _catalogue(ctx, op: MatMul) -> tuple[list[Candidate], list[RunnerUp]]:
     """One GEMM's catalogue in a pool worker: in-process, returned without programs."""
     ctx.jobs = 1
     if _PROGRESS_QUEUE is not None:
         ctx.progress = _queued_progress
     kept = gemm_candidates(ctx, op)
-    lost = ctx.runner_ups.get(op.name, [])
-    for c in kept + lost:
-        c.program = None
-    return kept, lost
+    return [_compact(c) for c in kept], [_compact_runner_up(r) for r in ctx.runner_ups.get(op.name, [])]
 
 
 def program_of(ctx, cand: Candidate):
     """A candidate's fragment program: a GEMM's rebuilt when it came back from a pool worker (or the
     cache, or another op's catalogue) without it; a re-targeted candidate's renamed from its
-    template (``canon.retarget``)."""
-    if cand.program is None and cand.template is not None:
-        from .canon import rename_program
-        src, rename = cand.template
-        cand.program = rename_program(src, rename)
-        cand.template = None
-    if cand.program is None and cand.choice is not None:
-        # GEMMs with one planning problem and one grid choice (a tower's projections) build the
-        # program once; the others rename it.
-        from . import canon
-        g = ctx.graph
-        op = g.op(cand.op)
-        memo = ctx.__dict__.setdefault("_fragments", {})
-        key = (canon.op_key(g, ctx.storage, op), cand.choice, cand.boundary)
-        hit = memo.get(key)
-        if hit is None:
-            cand.program = fragment(ctx, op, GemmShape.of(g, op, ctx.target), cand.choice, cand.boundary)
-            memo[key] = (op, cand.program)
-        else:
-            src, prog = hit
-            cand.program = canon.rename_program(prog, canon.Renaming(canon.op_names(g, src), canon.op_names(g, op)))
-    return cand.program
+    template (``canon.retarget``, ``Candidate.renamed_program``). Rebuilt programs are kept in the
+    context by what they depend on (op key, op, grid choice, boundary layouts)."""
+    if cand.program is not None:
+        return cand.program
+    if cand.template is not None:
+        return cand.renamed_program
+    if cand.choice is None:
+        return None
+    # GEMMs with one planning problem and one grid choice (a tower's projections) build the
+    # program once; the others rename it.
+    from . import canon
+    g = ctx.graph
+    op = g.op(cand.op)
+    memo = ctx.__dict__.setdefault("_fragments", {})
+    key = (canon.op_key(g, ctx.storage, op), cand.choice, cand.boundary)
+    hit = memo.get(key)
+    if hit is None:
+        prog = fragment(ctx, op, GemmShape.of(g, op, ctx.target), cand.choice, cand.boundary)
+        hit = memo[key] = (op, prog, {op.name: prog})
+    src, prog, by_op = hit
+    own = by_op.get(op.name)
+    if own is None:
+        own = by_op[op.name] = canon.rename_program(prog, canon.Renaming(canon.op_names(g, src),
+                                                                         canon.op_names(g, op)))
+    return own

@@ -29,12 +29,11 @@ from ..kernels.calls import BiasGeLUCall, CastCall, GeLUCall
 from ..kernels.pointwise import BinaryCall, UnaryCall
 from ..layout import Imported, Intervals, WholeRows
 from ..layout.gemm_grid import Grid
-from ..program import Buffer, ComputeStep, Operand, Program
+from ..program import Buffer, ComputeStep, Operand, Program, Vertex
 from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program
 from .candidates import Candidate, Fused, activation_inputs
 from ..estimate.caches import Caches, shared as shared_caches
-from .gemm import _vertex
 
 
 def activation_layouts(t: Tensor, tiles: int) -> list:
@@ -184,11 +183,20 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
     period = out_t.cols
     if mode == "row_broadcast":
         period = graph.inputs_of(op)[bidx].size
+    made: dict = {}            # piece shape -> (call, variant, cycles): tiles with equal pieces share one call
+
+    def vertex(t, key, make, ins, outs):
+        hit = made.get(key)
+        if hit is None:
+            call = make()
+            hit = made[key] = (call,) + caches.kernel(call)
+        return Vertex(t, hit[0], ins, outs, hit[1], hit[2])
+
     for t, s, e, o in zip(tile.tolist(), start.tolist(), stop.tolist(), offset.tolist()):
         if not isinstance(op, Binary):
-            call = pointwise_call(graph, op, e - s)
             ins = tuple(Operand(b.name, o, e - s) for b in dense)
-            vertices.append(_vertex(t, call, ins, (Operand(out_buf.name, o, e - s),), caches))
+            vertices.append(vertex(t, e - s, lambda: pointwise_call(graph, op, e - s), ins,
+                                   (Operand(out_buf.name, o, e - s),)))
             continue
         x = dense[0]
         if mode in ("dense", "scalar"):            # one run of every element
@@ -197,9 +205,9 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
             runs = _row_split(s, e, period)
         for rows, width, c0, rel in runs:
             if fused_gelu is not None:
-                call = BiasGeLUCall(rows, width, out_t.dtype, fused_gelu.approximate)
+                make = lambda: BiasGeLUCall(rows, width, out_t.dtype, fused_gelu.approximate)  # noqa: E731
             else:
-                call = BinaryCall(rows, width, out_t.dtype, mode, op.kind, swap=bidx == 0)
+                make = lambda: BinaryCall(rows, width, out_t.dtype, mode, op.kind, swap=bidx == 0)  # noqa: E731
             ins = [Operand(x.name, o + rel, rows * width)]
             if bidx is None:
                 ins.append(Operand(dense[1].name, o + rel, rows * width))
@@ -209,7 +217,7 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
                 ins.append(Operand(in_bufs[bidx].name, c0, width))
             else:                                  # col_broadcast: one value per output row
                 ins.append(Operand(in_bufs[bidx].name, (s + rel) // period, rows))
-            vertices.append(_vertex(t, call, tuple(ins), (Operand(out_buf.name, o + rel, rows * width),), caches))
+            vertices.append(vertex(t, (rows, width), make, tuple(ins), (Operand(out_buf.name, o + rel, rows * width),)))
     prog.steps.append(ComputeStep(f"{op.name}.compute", tuple(vertices)))
     return prog
 

@@ -71,8 +71,8 @@ class MidGraph:
             elif not cand.absorbed:
                 where[op.output] = [out_layout]
             from .catalogue import program_of
-            nodes.append(MidNode("op", op.name, op.name, cand, op.output, None, out_layout, program_of(ctx, cand),
-                                 cand.estimate))
-            if cand.program is not None:
-                program.extend(cand.program)
+            prog = program_of(ctx, cand)
+            nodes.append(MidNode("op", op.name, op.name, cand, op.output, None, out_layout, prog, cand.estimate))
+            if prog is not None:
+                program.extend(prog)
         return cls(nodes, program, where)

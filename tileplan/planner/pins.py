@@ -21,7 +21,6 @@ cycles, and the reports show both.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 from ..errors import TileplanError
@@ -67,9 +66,10 @@ def check_pins(graph, pins: list[Pin], where: str = "--pin") -> dict[str, Pin]:
 def pinned_candidates(ctx, op, pin: Pin, cands: list, runner_ups: list) -> list:
     """The candidates of a pinned GEMM: those its catalogue costed that match, else the pinned grid
     built and costed in every boundary combination and open form; an error says why none fits."""
-    found = [c for c in cands + runner_ups if c.detailed and c.choice is not None and pin.matches(c.choice)]
+    found = [c for c in cands + [r.candidate for r in runner_ups]
+             if c.detailed and c.choice is not None and pin.matches(c.choice)]
     if found:
-        return [dataclasses.replace(c, lost="") for c in found]
+        return found
     from ..estimate.cost import Estimate
     from ..estimate.detailed import cost_program
     from ..kernels import NoVariantError

@@ -46,7 +46,7 @@ from ..layout import Imported, Intervals, Packed, PackedPanels
 from ..layout.gemm_grid import Grid
 from ..layout.panels import panels_fit
 from . import elementwise as ew
-from .candidates import Candidate, Fused, Storage, activation_inputs
+from .candidates import Candidate, Fused, RunnerUp, Storage, activation_inputs
 from .families import family_of
 from .catalogue import Catalogues
 from .mid import MidGraph
@@ -105,7 +105,7 @@ class Context:
         self.storage = parameter_storage(graph, target)
         self._conv: dict = {}
         self._bytes: dict = {}
-        self.runner_ups: dict[str, list[Candidate]] = {}    # filled by the catalogue, per GEMM
+        self.runner_ups: dict[str, list[RunnerUp]] = {}     # filled by the catalogue, per GEMM
 
     def __getstate__(self) -> dict:
         """What a catalogue worker receives: everything but the progress callback (a closure of the
@@ -196,7 +196,7 @@ class Plan:
     roofline: float
     plan_seconds: float = 0.0
     solver: str = "dp"
-    runner_ups: dict[str, list[Candidate]] = field(default_factory=dict)   # per GEMM: the losers and why
+    runner_ups: dict[str, list[RunnerUp]] = field(default_factory=dict)    # per GEMM: the losers and why
     selection: Any = None         # the solver's select.Solution (its objective: candidate + conversion cycles)
     storage: dict = field(default_factory=dict)   # parameter storage as planned (``parameter_storage``
                                                   # plus stationary weights)
@@ -347,7 +347,7 @@ def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: d
                 or g.tensors[b].layout is not None or len(g.consumers.get(b, [])) != 1:
             return None
         shape = GemmShape.of(g, op, target)
-        same = [c for c in cands[op.name] + ctx.runner_ups.get(op.name, [])
+        same = [c for c in cands[op.name] + [r.candidate for r in ctx.runner_ups.get(op.name, [])]
                 if c.detailed and c.choice is not None and c.boundary == cand.boundary and c.fused == cand.fused]
         same.sort(key=lambda c: (c is not cand, c.estimate.cycles))
         grids = [(c, grid) for c in same if (grid := stationary_b(shape, c.choice)) is not None]
@@ -369,8 +369,7 @@ def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: d
         prog = canon.rename_program(prog, canon.Renaming(canon.op_names(g, src), canon.op_names(g, op)))
         moved = dataclasses.replace(c, desc=f"{c.desc}, {b} stored in the grid", estimate=d.estimate, program=prog,
                                     weights=trial.storage[b].layout, template=None,
-                                    transient=transient_of(ctx, d, c.choice, c.boundary, bias_fusion(ctx, op)),
-                                    lost="")
+                                    transient=transient_of(ctx, d, c.choice, c.boundary, bias_fusion(ctx, op)))
         return op, moved, c, trial.storage[b]
 
     def attempt(state, moves):
@@ -394,9 +393,9 @@ def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: d
         if est.cycles < detailed.estimate.cycles and est.total_memory <= target.usable_bytes \
                 and est.interleaved <= target.interleaved_bytes:
             for op, moved, c, storage in moves:
-                if c in trial_ctx.runner_ups.get(op.name, []):
+                if any(r.candidate is c for r in trial_ctx.runner_ups.get(op.name, [])):
                     trial_ctx.runner_ups = {**trial_ctx.runner_ups,
-                                            op.name: [r for r in trial_ctx.runner_ups[op.name] if r is not c]}
+                                            op.name: [r for r in trial_ctx.runner_ups[op.name] if r.candidate is not c]}
             return trial_ctx, trial_cands, trial_picks, trial_mid, trial_cost
         return None
 

@@ -26,7 +26,7 @@ Contents:
 - ``runner_ups`` per GEMM: the candidates that lost, best first, with coarse and
   (when they reached it) detailed cycles and memory, and why they lost: kept
   candidates the whole-graph selection did not pick, then the catalogue's
-  runner-ups (``Candidate.lost``).
+  runner-ups (``candidates.RunnerUp``: each with why it lost).
 """
 
 from __future__ import annotations
@@ -118,14 +118,16 @@ def runner_ups(plan, op: str, limit: int = RUNNER_UPS) -> list[dict]:
     kept = sorted((c for c in plan.candidates[op] if c is not chosen),
                   key=lambda c: (c.estimate.cycles, c.estimate.total_memory, str(c)))
     lost = plan.runner_ups.get(op, [])
-    detailed = sorted((c for c in lost if c.detailed), key=lambda c: (c.estimate.cycles, str(c)))
-    coarse = sorted((c for c in lost if not c.detailed), key=lambda c: (c.coarse.cycles, str(c)))
+    detailed = sorted((r for r in lost if r.candidate.detailed),
+                      key=lambda r: (r.candidate.estimate.cycles, str(r.candidate)))
+    coarse = sorted((r for r in lost if not r.candidate.detailed),
+                    key=lambda r: (r.candidate.coarse.cycles, str(r.candidate)))
     out, seen = [], {chosen.desc}
-    for c in kept + detailed + coarse:
+    for c, why in [(c, None) for c in kept] + [(r.candidate, r.why) for r in detailed + coarse]:
         if c.desc in seen:
             continue
         seen.add(c.desc)
-        out.append(_loser(c, _selection_loss(c, chosen) if c in kept else c.lost))
+        out.append(_loser(c, _selection_loss(c, chosen) if why is None else why))
         if len(out) == limit:
             break
     return out

@@ -53,7 +53,7 @@ def detailed_survivors(plan, default_storage: bool = False) -> dict[str, list]:
     out = {}
     for op, cands in plan.candidates.items():
         if cands and cands[0].choice is not None:
-            out[op] = [c for c in cands + plan.runner_ups.get(op, [])
+            out[op] = [c for c in cands + [r.candidate for r in plan.runner_ups.get(op, [])]
                        if c.detailed and not (default_storage and c.weights is not None)]
     return out
 

@@ -129,6 +129,32 @@ def alias_root(name: str, aliases: dict[str, str]) -> str:
     return name
 
 
+def alias_noop_copies(steps: list, buffers: dict[str, Buffer], aliases: dict[str, str],
+                      moves_nothing) -> tuple[list, list[str]]:
+    """Drop every copy that moves nothing (``moves_nothing(src, dst)``: every element stays on its
+    tile at its offset) and make its destination an alias of its source in ``aliases`` (updated in
+    place); exchange steps left empty disappear. Returns the new steps and one log line per alias.
+
+    The low pass ``eliminate_noop_copies`` and the planner's whole-graph estimate
+    (``estimate.detailed.scheduled``) both run this, with one test of "moves nothing"
+    (``estimate.detailed.moves_nothing``)."""
+    out, log = [], []
+    for step in steps:
+        if not isinstance(step, ExchangeStep):
+            out.append(step)
+            continue
+        keep = []
+        for cp in step.copies:
+            if cp.dst not in aliases and moves_nothing(buffers[cp.src], buffers[cp.dst]):
+                aliases[cp.dst] = cp.src
+                log.append(f"eliminate_noop_copies: {cp.dst} aliases {cp.src}")
+            else:
+                keep.append(cp)
+        if keep:
+            out.append(ExchangeStep(step.name, tuple(keep)))
+    return out, log
+
+
 def group_exchange_steps(steps: list, aliases: dict[str, str]) -> tuple[list, list[str]]:
     """Merge each exchange step into the one before it when no compute lies between them and
     they are independent: no copy of the second reads memory the first writes, or writes memory
