@@ -100,6 +100,8 @@ class _Builder:
         self.op_tables: list[str] = []           # [[ops]] tables
         self.pool: list[T] = []                  # activations (fp16/fp32) ops may read
         self.tensors: dict[str, T] = {}
+        self.roles: dict[str, str] = {}
+        self.produced: list[T] = []
         self.uses: Counter = Counter()
         self.kinds: Counter = Counter()
         self.features: Counter = Counter()
@@ -118,6 +120,7 @@ class _Builder:
         self.declared.append(f'{t.name} = {{ shape = {_toml(list(t.shape))}, dtype = "{t.dtype}", '
                              f'role = "{role}"{scale} }}')
         self.tensors[t.name] = t
+        self.roles[t.name] = role
         if role == "input":
             self.inputs.append(t.name)
             self.pool.append(t)
@@ -139,13 +142,16 @@ class _Builder:
         for t in ins:
             self.uses[t.name] += 1
         self.tensors[out.name] = out
+        self.produced.append(out)
         if out.dtype != "fp8":
             self.pool.append(out)
         return out
 
     def out(self, like: T, shape=None, dtype=None, mag=None, lo=None) -> T:
-        return T(self.fresh("t"), tuple(like.shape if shape is None else shape), dtype or like.dtype,
-                 like.mag if mag is None else mag, lo)
+        """An op output shaped like ``like`` (an FP8 view of an FP8 tensor keeps its scale)."""
+        dtype = dtype or like.dtype
+        return T(self.fresh("t"), tuple(like.shape if shape is None else shape), dtype,
+                 like.mag if mag is None else mag, lo, like.scale if dtype == like.dtype == "fp8" else 0)
 
     # ---- choices ------------------------------------------------------------------------------
 
@@ -166,7 +172,7 @@ class _Builder:
             return t
         options = {"dtype": dtype} | ({"scale": scale} if scale else {})
         out = self.out(t, dtype=dtype, lo=t.lo)
-        out.scale = scale
+        out.scale = scale if dtype == "fp8" else 0
         if scale:
             self.features["fp8 scale"] += 1
         return self.emit("cast", [t], out, **options)
@@ -269,6 +275,10 @@ class _Builder:
             if same and r < 0.5:
                 self.features["two branches joined"] += 1
                 return self.rng.choice(same)
+            if r < 0.5:                        # a branch of a itself joined back (x * sigmoid(x))
+                self.features["two branches joined"] += 1
+                kind = self.rng.choice(("sigmoid", "tanh", "relu", "neg"))
+                return self.emit(kind, [a], self.out(a, mag=1.0 if kind in ("sigmoid", "tanh") else a.mag))
         if form == "col" and r < 0.4:
             kind = self.rng.choice(REDUCE)
             self.features["column from a reduction of the same tensor"] += 1
@@ -321,9 +331,12 @@ class _Builder:
         t = self.pick()
         if t is None:
             return False
-        if self.rng.random() < 0.5:            # through FP8 and back
+        if self.rng.random() < 0.5:            # through FP8 and back (or out of the graph in FP8)
             t8 = self.cast(t, "fp8", self.fp8_scale(t))
-            self.cast(t8, self.rng.choice(("fp16", "fp32")))
+            if self.rng.random() < 0.8:
+                self.cast(t8, self.rng.choice(("fp16", "fp32")))
+            else:
+                self.features["fp8 output"] += 1
         else:
             self.cast(t, "fp32" if t.dtype == "fp16" else "fp16")
         return True
@@ -393,6 +406,14 @@ class _Builder:
             shape, mag = tuple(batch) + (m, n), a.mag
             if math.prod(shape) > MAX_ELEMENTS:
                 return False
+            if batch and self.rng.random() < 0.3:      # the batch folded into rows by a Reshape (FP8 too)
+                x = operand(a)
+                rows = (math.prod(batch) * m, k)
+                x = self.emit("reshape", [x], self.out(x, shape=rows, lo=x.lo), shape=list(rows))
+                self.features[f"{x.dtype} view"] += 1
+                shape = rows[:1] + (n,)
+                ins = [x, weight((k, n))]
+                return self.finish_matmul(ins, shape, mag, options, types, compute, out_dtype)
             if self.rng.random() < 0.3:
                 options["transpose_b"] = True
                 ins = [operand(a), weight((n, k))]
@@ -415,6 +436,16 @@ class _Builder:
             (x, y), shape, mag = pair
             ins = [operand(x)] * 2 if x is y else [operand(x), operand(y)]
             self.features["activation x activation"] += 1
+        return self.finish_matmul(ins, shape, mag, options, types, compute, out_dtype)
+
+    def finish_matmul(self, ins, shape, mag, options, types, compute, out_dtype) -> bool:
+        if options.get("transpose_b") and self.roles.get(ins[1].name) != "parameter" and self.rng.random() < 0.3:
+            b = ins[1]                                 # the key transposed explicitly (FP8 too)
+            n = len(b.shape)
+            perm = list(range(n - 2)) + [n - 1, n - 2]
+            ins[1] = self.emit("transpose", [b], self.out(b, shape=tuple(b.shape[p] for p in perm)), perm=perm)
+            del options["transpose_b"]
+            self.features[f"{b.dtype} view"] += 1
         if len(shape) >= 3:
             self.features["batched matmul"] += 1
         out = T(self.fresh("t"), shape, out_dtype, mag)
@@ -486,7 +517,7 @@ class _Builder:
                 t = self.tensors[name]
                 self.emit("relu", [t], self.out(t))
         consumed = set(self.uses)
-        produced = [t for t in self.pool if t.name.startswith("t")]
+        produced = self.produced
         outputs = [t.name for t in produced if t.name not in consumed]
         read = [t.name for t in produced if t.name in consumed]
         if read and rng.random() < 0.3:                # an output that other ops also read
