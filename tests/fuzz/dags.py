@@ -357,7 +357,9 @@ class _Builder:
             for f in _factors(s[-1]):                             # split the last axis (heads)
                 options.append(s[:-1] + [f, s[-1] // f])
         options.append(s[:-2] + [s[-2] * s[-1]])                  # merge the last two
-        options = [o for o in options if len(o) >= 1 and o[-1] <= 512]
+        options = [o for o in options if o[-1] <= 512]
+        if not options:
+            return False
         shape = self.rng.choice(options)
         self.emit("reshape", [t], self.out(t, shape=tuple(shape), lo=t.lo), shape=shape)
         return True
