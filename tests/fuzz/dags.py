@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import random
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,10 +41,12 @@ import numpy as np
 ODD = (3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39)
 SIZES = ODD + (4, 8, 12, 16, 24, 32, 40)          # mostly odd, some even
 TILES = (7, 16, 64)
+LAYOUT_PINS = 0.25                                 # the share of graph inputs with a pinned layout
 MAX_ELEMENTS = 4096                                # per tensor: the IPU model runs 50 cases in seconds
 UNARY = ("neg", "sqrt", "reciprocal", "exp", "tanh", "erf", "sigmoid", "relu", "gelu")
 BINARY = ("add", "sub", "mul", "div", "max")
 REDUCE = ("reducesum", "reducemean", "reducemax")
+ROWWISE = ("layernorm", "softmax") + REDUCE
 
 
 @dataclass
@@ -96,18 +98,20 @@ class _Builder:
     def __init__(self, seed: int):
         self.seed = seed
         self.rng = random.Random(seed)
-        self.declared: list[str] = []            # [tensors] lines
+        self.declared: list[tuple] = []          # (tensor, its [tensors] line, its pinned layout)
         self.op_tables: list[str] = []           # [[ops]] tables
         self.pool: list[T] = []                  # activations (fp16/fp32) ops may read
         self.tensors: dict[str, T] = {}
         self.roles: dict[str, str] = {}
         self.produced: list[T] = []
+        self.readers: dict[str, set[str]] = defaultdict(set)
         self.uses: Counter = Counter()
         self.kinds: Counter = Counter()
         self.features: Counter = Counter()
         self.inputs: list[str] = []
         self.counter = 0
         self.dtype = self.rng.choice(("fp16", "fp16", "fp32"))
+        self.tiles = self.rng.choice(TILES)
 
     # ---- naming and emission ----------------------------------------------------------------
 
@@ -117,14 +121,44 @@ class _Builder:
 
     def declare(self, t: T, role: str) -> T:
         scale = f", scale = {t.scale}" if t.scale else ""
-        self.declared.append(f'{t.name} = {{ shape = {_toml(list(t.shape))}, dtype = "{t.dtype}", '
-                             f'role = "{role}"{scale} }}')
+        layout = self.layout(t) if role == "input" and self.rng.random() < LAYOUT_PINS else None
+        self.declared.append((t, f'{t.name} = {{ shape = {_toml(list(t.shape))}, dtype = "{t.dtype}", '
+                                 f'role = "{role}"{scale}', layout))
         self.tensors[t.name] = t
         self.roles[t.name] = role
         if role == "input":
             self.inputs.append(t.name)
             self.pool.append(t)
         return t
+
+    def layout(self, t: T) -> str:
+        """A pinned boundary layout for a graph input: whole rows or intervals over some of the
+        tiles, or explicit element ranges (a random partition over random tiles)."""
+        kind = self.rng.choice(("rows", "intervals", "explicit"))
+        owners = self.rng.randint(1, self.tiles)
+        rows = (f'kind = "rows", owners = {owners}',)
+        if kind == "rows":
+            return rows + rows + ("rows",)
+        if kind == "intervals":
+            return (f'kind = "intervals", owners = {owners}, align = {self.rng.choice((8, 16))}',) + rows + (kind,)
+        cuts = sorted(self.rng.sample(range(1, t.size), min(t.size - 1, self.rng.randint(0, 2 * self.tiles))))
+        bounds = [0] + cuts + [t.size]
+        ivs = [[self.rng.randrange(self.tiles), a, b] for a, b in zip(bounds, bounds[1:])]
+        return (f'kind = "explicit", intervals = {_toml(ivs)}',) + rows + (kind,)
+
+    def declarations(self) -> list[str]:
+        """The [tensors] lines. A row-wise op needs whole rows: an input it reads keeps a rows pin
+        (tileplan refuses intervals there, naming the op: a documented limitation)."""
+        lines = []
+        for t, line, layout in self.declared:
+            if layout is not None:
+                pin, rows, kind = layout
+                if kind != "rows" and self.readers[t.name] & set(ROWWISE):
+                    pin, kind = rows, "rows"
+                self.features[f"pinned {kind} layout"] += 1
+                line += f", layout = {{ {pin} }}"
+            lines.append(line + " }")
+        return lines
 
     def input(self, shape, dtype=None) -> T:
         return self.declare(T(self.fresh("x"), tuple(shape), dtype or self.dtype), "input")
@@ -141,6 +175,7 @@ class _Builder:
         self.kinds[kind] += 1
         for t in ins:
             self.uses[t.name] += 1
+            self.readers[t.name].add(kind)
         self.tensors[out.name] = out
         self.produced.append(out)
         if out.dtype != "fp8":
@@ -530,11 +565,11 @@ class _Builder:
         self.features["fan-out tensors"] = sum(1 for n, u in self.uses.items() if u > 1)
         self.features["max rank"] = max(len(t.shape) for t in self.tensors.values())
         self.features["odd dimensions"] = sum(1 for t in self.tensors.values() for d in t.shape if d % 2 and d > 1)
-        tiles = rng.choice(TILES)
+        tiles = self.tiles
         model = "\n".join([
             "[model]", f'name = "fuzz_{self.seed}"',
             f'description = "tests/fuzz/dags.py seed {self.seed}: {sum(self.kinds.values())} ops"',
-            f"outputs = {_toml(outputs)}", "", "[tensors]", *self.declared, "", *(
+            f"outputs = {_toml(outputs)}", "", "[tensors]", *self.declarations(), "", *(
                 t + "\n" for t in self.op_tables)])
         target = (f'inherits = "ipu21"\nname = "fuzz{tiles}"\ndescription = "a {tiles}-tile slice of the C600 '
                   f'(the fuzz test)"\ntiles = {tiles}\n')
