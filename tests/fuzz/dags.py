@@ -1,12 +1,14 @@
 """Seeded random model graphs for the fuzz test: every op kind tileplan plans, as TOML model files.
 
 ``generate(seed)`` returns a ``Case``: the model file's text (what a user would write, read back
-through ``tileplan.load_model``), a small target's text (7, 16 or 64 tiles, inheriting ``ipu21``)
-and the count of every op kind and feature the graph holds. The same seed gives the same text.
+through ``tileplan.load_model``), a small target's text (7, 16 or 64 tiles, inheriting ``ipu21``),
+the selection solver to plan it with (``dp``, one case in five ``cpsat``) and the count of every op
+kind and feature the graph holds. The same seed gives the same text.
 
 What the graphs hold: fan-out (a tensor read by several ops, an output that is also read), several
-inputs and outputs, 2-, 3- and 4-D activations (batch dimensions, attention-style heads), MatMuls
-with a parameter on either side, transposed operands and activation x activation products
+inputs and outputs (a quarter of the inputs with a pinned layout: whole rows, intervals or
+explicit element ranges over random tiles), 2-, 3- and 4-D activations (batch dimensions,
+attention-style heads), MatMuls with a parameter on either side, transposed operands and activation x activation products
 (``q k^T``, batched), FP8 MatMuls with power-of-two scales on both operands, FP16 MatMuls with
 FP32 partials, every broadcast form the Pointwise family plans (dense, scalar, a row ``[N]``, a
 trailing ``[..., P, N]``, a column ``[..., M, 1]``, either way round), casts between FP32, FP16 and
@@ -22,7 +24,9 @@ about 3 (a ``tanh`` first when larger), and tensors that grew large are squashed
 What the generator does not make, because tileplan refuses it with an error naming the op (the
 documented limitations, README "The model format"): a broadcast where both operands broadcast, or
 a column ``[M, 1]`` repeated over a batch; a MatMul whose operands both broadcast their batch; a
-Transpose moving the last axis together with others; bf16; FP8 operands of pointwise ops.
+Transpose moving the last axis together with others; an input pinned to intervals or explicit
+ranges that a row-wise op reads (it needs whole rows: such an input is pinned to rows instead);
+bf16; FP8 operands of pointwise ops.
 
 Run ``python tests/fuzz/dags.py SEED`` to print a case's model file (``--target`` for its target).
 """
@@ -72,6 +76,7 @@ class Case:
     model: str                     # the TOML model file
     target: str                    # the TOML target file (inherits ipu21)
     tiles: int
+    solver: str                    # the selection solver: "dp" (the default) or "cpsat"
     kinds: Counter = field(default_factory=Counter)      # op kind -> count
     features: Counter = field(default_factory=Counter)   # feature -> count
 
@@ -573,7 +578,9 @@ class _Builder:
                 t + "\n" for t in self.op_tables)])
         target = (f'inherits = "ipu21"\nname = "fuzz{tiles}"\ndescription = "a {tiles}-tile slice of the C600 '
                   f'(the fuzz test)"\ntiles = {tiles}\n')
-        return Case(self.seed, model, target, tiles, self.kinds, self.features)
+        solver = "cpsat" if rng.random() < 0.2 else "dp"
+        self.features[f"solver {solver}"] += 1
+        return Case(self.seed, model, target, tiles, solver, self.kinds, self.features)
 
 
 def _factors(n: int) -> list[int]:

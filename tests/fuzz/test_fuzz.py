@@ -31,9 +31,9 @@ def test_a_random_graph_compiles_validates_and_its_estimate_is_the_simulated_cyc
     case = generate(seed)
     model, target = case.write(tmp_path)
     graph = tileplan.load_model(model, target)
-    pkg = tileplan.compile(graph, tmp_path / "pkg", target=target)
+    pkg = tileplan.compile(graph, tmp_path / "pkg", target=target, solver=case.solver)
     v = tileplan.validate(pkg, write=False)
-    where = f"seed {seed} ({case.tiles} tiles): {model}"
+    where = f"seed {seed} ({case.tiles} tiles, solver {case.solver}): {model}"
     assert v.outputs and set(v.outputs) == {t for t in json.loads(case_outputs(case))}, where
     for name, figures in v.outputs.items():
         assert figures["passed"] and figures["nonfinite"] == 0, (where, name, figures)
@@ -60,7 +60,8 @@ def test_the_fifty_cases_hold_every_op_kind_and_the_features_the_issue_names():
     for feature in ("fan-out tensors", "several inputs", "several outputs", "3-D or 4-D tensors", "batched matmul",
                     "activation x activation", "fp8 scale", "odd dimensions", "output also read",
                     "broadcast dense", "broadcast scalar", "broadcast row", "broadcast col", "broadcast trailing",
-                    "matmul fp8", "matmul fp16", "matmul fp32", "softmax axis other"):
+                    "matmul fp8", "matmul fp16", "matmul fp32", "softmax axis other", "fp8 view",
+                    "pinned rows layout", "pinned intervals layout", "pinned explicit layout", "solver cpsat"):
         assert features[feature] >= 3, (feature, features)
 
 
