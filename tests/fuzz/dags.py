@@ -9,7 +9,7 @@ What the graphs hold: fan-out (a tensor read by several ops, an output that is a
 inputs and outputs (a quarter of the inputs with a pinned layout: whole rows, intervals or
 explicit element ranges over random tiles), 2-, 3- and 4-D activations (batch dimensions,
 attention-style heads), MatMuls with a parameter on either side, transposed operands and activation x activation products
-(``q k^T``, batched), FP8 MatMuls with power-of-two scales on both operands, FP16 MatMuls with
+(``q k^T``, batched, batches broadcast both ways), FP8 MatMuls with power-of-two scales on both operands, FP16 MatMuls with
 FP32 partials, every broadcast form the Pointwise family plans (dense, scalar, a row ``[N]``, a
 trailing ``[..., P, N]``, a column ``[..., M, 1]``, either way round), casts between FP32, FP16 and
 FP8, Reshapes, Transposes, LayerNorm, Softmax over any axis and the reductions with and without
@@ -23,10 +23,10 @@ about 3 (a ``tanh`` first when larger), and tensors that grew large are squashed
 
 What the generator does not make, because tileplan refuses it with an error naming the op (the
 documented limitations, README "The model format"): a broadcast where both operands broadcast, or
-a column ``[M, 1]`` repeated over a batch; a MatMul whose operands both broadcast their batch; a
-Transpose moving the last axis together with others; an input pinned to intervals or explicit
-ranges that a row-wise op reads (it needs whole rows: such an input is pinned to rows instead);
-bf16; FP8 operands of pointwise ops.
+a column ``[M, 1]`` repeated over a batch; a parameter a batch-broadcasting MatMul would have
+to rearrange; a Transpose moving the last axis together with others; an input pinned to
+intervals or explicit ranges that a row-wise op reads (it needs whole rows: such an input is
+pinned to rows instead); bf16; FP8 operands of pointwise ops.
 
 Run ``python tests/fuzz/dags.py SEED`` to print a case's model file (``--target`` for its target).
 """
@@ -520,7 +520,11 @@ class _Builder:
             shape = _batch_of(batch, list(b.shape[:-2])) + (m, b.shape[-2])
             return (a, b), shape, math.sqrt(k) * a.mag * b.mag / 5
         n = self.size()
-        b_batch = self.rng.choice([list(batch), []] + ([list(batch)] if batch else [[self.size(5)]]))
+        # B's batch: A's, none, or one that broadcasts against A's both ways ([3, 1] with [1, 2]).
+        both = [self.rng.choice((d, 1)) if d > 1 else self.rng.choice((1, 2, 3)) for d in batch]
+        b_batch = self.rng.choice([list(batch), [], both] + ([list(batch)] if batch else [[self.size(5)]]))
+        if b_batch == both and both != list(batch):
+            self.features["matmul batch broadcast"] += 1
         shape = _batch_of(batch, b_batch) + (m, n)
         if math.prod(shape) > MAX_ELEMENTS or math.prod(b_batch) * k * n > MAX_ELEMENTS:
             return None
@@ -593,7 +597,7 @@ def _batch_ok(a: list[int], b: list[int]) -> bool:
 
 
 def _batch_of(a: list[int], b: list[int]) -> tuple[int, ...]:
-    return tuple(a) if len(a) >= len(b) else tuple(b)
+    return tuple(int(d) for d in np.broadcast_shapes(tuple(a), tuple(b)))
 
 
 def generate(seed: int) -> Case:
