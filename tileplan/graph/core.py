@@ -109,6 +109,12 @@ class Op:
     def flops(self, ins: list[Tensor], out: Tensor) -> int:
         return out.size
 
+    def output_scale(self, ins: list[Tensor]) -> int | None:
+        """The FP8 scale the output must carry (None: its own, declared or 0). A relabelling or a
+        rearrangement of the elements (Reshape, Transpose) keeps its input's stored bytes, so it
+        keeps its scale too."""
+        return None
+
     def reference(self, *ins: np.ndarray) -> np.ndarray:
         """float64 semantics on float64 operands (the values the inputs' types hold); the caller
         rounds the result to the output tensor's type."""
@@ -462,6 +468,9 @@ class Reshape(Op):
     shape: tuple[int, ...] = ()
     kind: ClassVar[str] = "reshape"
 
+    def output_scale(self, ins):
+        return ins[0].scale
+
     def __post_init__(self):
         shape = _int_tuple(self, "shape")
         if not shape or any(d <= 0 for d in shape):
@@ -490,6 +499,9 @@ class Transpose(Op):
 
     perm: tuple[int, ...] = ()
     kind: ClassVar[str] = "transpose"
+
+    def output_scale(self, ins):
+        return ins[0].scale
 
     def __post_init__(self):
         _int_tuple(self, "perm")
@@ -585,10 +597,14 @@ class Graph:
             ins = [table[i] for i in op.inputs]
             shape, dtype = op.infer(ins)
             declared = table.get(op.output)
+            scale = op.output_scale(ins)
             if declared is None:
                 role = Role.INTERMEDIATE
-                table[op.output] = Tensor(op.output, tuple(shape), dtype, role)
+                table[op.output] = Tensor(op.output, tuple(shape), dtype, role, scale or 0)
                 continue
+            if scale is not None and declared.scale != scale:
+                raise op.err(f"output {op.output!r} is declared with scale {declared.scale}; it keeps the "
+                             f"elements of {op.inputs[0]!r} and so its scale {scale}")
             if tuple(declared.shape) != tuple(shape):
                 raise op.err(f"output {op.output!r} is declared with shape {list(declared.shape)} "
                              f"but the op gives {list(shape)}")

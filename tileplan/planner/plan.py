@@ -207,6 +207,18 @@ class Plan:
         return self.estimate.cycles / self.roofline if self.roofline else float("nan")
 
 
+def _pinned_layouts(graph: Graph) -> Graph:
+    """The graph with each pinned layout a ``tileplan.layout`` object: a model file's pins arrive as
+    the loader's specs (``graph.toml.LayoutSpec``), which say what to build (``to_layout``)."""
+    specs = {n: t for n, t in graph.tensors.items() if hasattr(t.layout, "to_layout")}
+    if not specs:
+        return graph
+    tensors = dict(graph.tensors)
+    for n, t in specs.items():
+        tensors[n] = dataclasses.replace(t, layout=t.layout.to_layout())
+    return dataclasses.replace(graph, tensors=tensors)
+
+
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
          dp_paths: int | None = 16, progress=None, stationary: bool = True, pins=(), share: bool = True,
          cache=None, caches: Caches | None = None) -> Plan:
@@ -221,7 +233,7 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     from . import canon
     from .pins import check_pins, pinned_candidates
     t0 = time.perf_counter()
-    graph = canonical(graph)
+    graph = _pinned_layouts(canonical(graph))
     ctx = Context(graph, target, jobs, frontier_bound, progress, caches)
     pinned = check_pins(graph, [*graph.pins, *pins])
     for name, t in graph.tensors.items():

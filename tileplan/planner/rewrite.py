@@ -19,6 +19,8 @@ packaged in model.json and validated; it computes exactly what the original does
   (``<op>.bcast_a*``, ``<op>.bcast_b*``) and of the result (``<op>.bcast_c*``). Nothing is
   expanded: the axes one operand lacks fold into the other's rows or columns. A parameter that
   would need the rearrangement is refused (the host would store it rearranged; not built).
+- A Cast that changes neither the type nor the FP8 scale (ONNX's Cast to the type it has) is a
+  relabelling: a Reshape to its own shape, under the Cast's name (no kernel converts nothing).
 
 - Ops that compute the same thing (kind, attributes, inputs, output type) are one op
   (``_shared``): the later ones' readers read the first one's output.
@@ -33,7 +35,7 @@ import dataclasses
 import math
 
 from ..errors import TileplanError
-from ..graph.core import Graph, MatMul, Reduce, Reshape, Role, Softmax, Tensor, Transpose
+from ..graph.core import Cast, Graph, MatMul, Reduce, Reshape, Role, Softmax, Tensor, Transpose
 
 
 def _softmax_last(graph: Graph, op: Softmax) -> list | None:
@@ -158,7 +160,14 @@ def _batch_broadcast(graph: Graph, op: MatMul, shapes: list[list[int]], original
     return made
 
 
-RULES = ((Softmax, _softmax_last), (Reduce, _keep_unit_axis), (MatMul, _matmul))
+def _identity_cast(graph: Graph, op: Cast) -> list | None:
+    src, dst = graph.tensors[op.inputs[0]], graph.tensors[op.output]
+    if (src.dtype, src.scale) != (dst.dtype, dst.scale):
+        return None
+    return [Reshape(op.name, op.inputs, op.output, shape=dst.shape)]
+
+
+RULES = ((Softmax, _softmax_last), (Reduce, _keep_unit_axis), (MatMul, _matmul), (Cast, _identity_cast))
 
 
 def _shared(graph: Graph, ops: list, declared: dict[str, Tensor]) -> tuple[list, set[str]]:
@@ -186,16 +195,16 @@ def _shared(graph: Graph, ops: list, declared: dict[str, Tensor]) -> tuple[list,
 
 
 def canonical(graph: Graph) -> Graph:
-    ops, declared = [], []
+    ops, declared, changed = [], [], False
     for op in graph.ops:
         rule = next((fn for kind, fn in RULES if isinstance(op, kind)), None)
         rewritten = rule(graph, op) if rule is not None else None
         if rewritten:
             ops.extend(x for x in rewritten if not isinstance(x, Tensor))
             declared.extend(x for x in rewritten if isinstance(x, Tensor))
+            changed = True
         else:
             ops.append(op)
-    changed = len(ops) != len(graph.ops)
     ops, gone = _shared(graph, ops, {t.name: t for t in declared})
     if not changed and not gone:
         return graph
