@@ -89,15 +89,18 @@ SPLIT_PARTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)   # column pieces per row tried
 SPLIT_KEEP = 2                                  # SplitRows fragments kept per op (the fastest)
 
 
-def row_layouts(t, tiles: int, op=None) -> list:
-    """The row layouts a row-wise op may read: whole rows over every tile and, for an op with a
-    split chain whose rows are fewer than the tiles, ``split_layouts`` (or the pinned layout)."""
-    splits = op is not None and type(op) in SPLIT_CHAINS
-    if t.layout is not None:
-        if isinstance(t.layout, WholeRows) or (splits and isinstance(t.layout, SplitRows)):
-            return [t.layout]
-        return []
-    return [WholeRows(tiles)] + (split_layouts(t.shape, tiles) if splits else [])
+def row_layouts(x, y, tiles: int, op) -> list:
+    """The row layouts a row-wise op may run on (input and output alike): whole rows over every
+    tile and, for an op with a split chain whose rows are fewer than the tiles, ``split_layouts``;
+    or the layout the model file pins on its input or output (none when the two pins differ or
+    the pin does not keep the rows' statistics reachable)."""
+    splits = type(op) in SPLIT_CHAINS
+    pins = list(dict.fromkeys(t.layout for t in (x, y) if t.layout is not None))
+    if pins:
+        lay = pins[0]
+        ok = len(pins) == 1 and (isinstance(lay, WholeRows) or (splits and isinstance(lay, SplitRows)))
+        return [lay] if ok else []
+    return [WholeRows(tiles)] + (split_layouts(x.shape, tiles) if splits else [])
 
 
 def split_layouts(shape, tiles: int) -> list[SplitRows]:
@@ -116,9 +119,7 @@ def candidates(ctx, op) -> list[Candidate]:
     if isinstance(op, Softmax) and op.axis not in (-1, len(x.shape) - 1):
         raise op.err(f"softmax over axis {op.axis} reaches the planner; it runs over the last axis")
     out, split = [], []
-    for lay in row_layouts(x, target.tiles, op):
-        if y.layout is not None and y.layout != lay:
-            continue
+    for lay in row_layouts(x, y, target.tiles, op):
         if isinstance(lay, SplitRows):
             split.append(_split_candidate(ctx, op, lay))
         else:
@@ -127,8 +128,8 @@ def candidates(ctx, op) -> list[Candidate]:
     split.sort(key=lambda c: (c.estimate.cycles, c.estimate.total_memory))
     out += split if pinned else split[:SPLIT_KEEP]
     if not out:
-        raise op.err(f"a row-wise op needs whole rows; the pinned layout of {x.name!r} or {y.name!r} does not "
-                     "keep rows whole")
+        raise op.err(f"a row-wise op needs whole rows (or, for LayerNorm and Softmax, split rows); the pinned "
+                     f"layouts of {x.name!r} and {y.name!r} differ or do not keep rows whole")
     return out
 
 

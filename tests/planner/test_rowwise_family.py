@@ -1,0 +1,106 @@
+"""The Rowwise family's layouts: ``WholeRows``, and ``SplitRows`` where whole rows leave tiles idle
+(partials on each piece, an exchange of FP32 partials within each row's tiles, combine, apply).
+Graphs with few long rows choose ``SplitRows``, compile, validate against float64 and their
+detailed estimate equals the simulated cycles."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tileplan.estimate.program import ComputeStep, ExchangeStep
+from tileplan.graph.core import Graph, LayerNorm, ReduceSum, Role, Softmax, Tensor
+from tileplan.graph.dtypes import DType
+from tileplan.layout import SplitRows, WholeRows
+from tileplan.lowering.compile import compile_model
+from tileplan.lowering.package import load_package
+from tileplan.planner.plan import plan
+from tileplan.sim.validate import validate_package
+from tileplan.target import load_target
+
+TARGET = load_target("ipu21-64")
+FP16, FP32 = DType.FP16, DType.FP32
+
+
+def _norm_softmax(rows: int, cols: int, dtype=FP16, pinned=None) -> Graph:
+    tensors = [Tensor("x", (rows, cols), dtype, Role.INPUT), Tensor("g", (cols,), dtype, Role.PARAMETER),
+               Tensor("b", (cols,), dtype, Role.PARAMETER)]
+    if pinned is not None:
+        tensors.append(Tensor("h", (rows, cols), dtype, layout=pinned))
+    ops = [LayerNorm("ln", ("x", "g", "b"), "h"), Softmax("sm", ("h",), "y")]
+    return Graph.build("norm_softmax", tensors, ops)
+
+
+def _run(graph: Graph, tmp_path):
+    p, _, path = compile_model(graph, TARGET, tmp_path / "pkg", jobs=1)
+    pkg = load_package(path)
+    v = validate_package(pkg)
+    estimate = json.loads((pkg.path / "report.json").read_text())["estimate"]["cycles"]
+    return p, v, estimate
+
+
+def _picked(p, name):
+    return p.candidates[name][p.picks[name]]
+
+
+@pytest.mark.parametrize("dtype", [FP16, FP32])
+def test_few_long_rows_choose_split_rows_and_validate_with_estimate_equal_to_simulated(tmp_path, dtype):
+    p, v, estimate = _run(_norm_softmax(4, 2048, dtype), tmp_path)
+    for name in ("ln", "sm"):
+        assert isinstance(_picked(p, name).out, SplitRows), str(_picked(p, name))
+    whole = next(c for c in p.candidates["ln"] if isinstance(c.out, WholeRows))
+    assert _picked(p, "ln").estimate.cycles < whole.estimate.cycles
+    figures = v.outputs["y"]
+    assert figures["passed"] and figures["nonfinite"] == 0, figures
+    assert estimate == v.profile.cycles
+
+
+def test_a_split_row_runs_partials_exchange_combine_apply_and_moves_partials_only_within_its_tiles():
+    p = plan(_norm_softmax(4, 2048), TARGET)
+    cand = _picked(p, "ln")
+    lay = cand.out
+    steps = cand.program.steps
+    assert [type(s) for s in steps] == [ComputeStep, ExchangeStep, ComputeStep, ComputeStep]
+    assert [s.vertices[0].call.primitive for s in steps if isinstance(s, ComputeStep)] == \
+        ["row_moments", "moments_combine", "layernorm_apply"]
+    groups, parts = lay.split((4, 2048))
+    assert len(steps[0].vertices) == groups * parts
+    # FP32 (n, mean, M2) of every piece reaches the row's other parts - 1 tiles: 12 bytes a row each.
+    rows = 4 // groups
+    assert cand.estimate.bytes_moved == groups * parts * (parts - 1) * rows * 3 * 4
+
+
+def test_rows_that_reach_every_tile_keep_whole_rows():
+    p = plan(_norm_softmax(128, 256), TARGET)
+    for name in ("ln", "sm"):
+        assert all(isinstance(c.out, WholeRows) for c in p.candidates[name])
+
+
+def test_reductions_keep_whole_rows():
+    x = Tensor("x", (4, 2048), FP16, Role.INPUT)
+    p = plan(Graph.build("rsum", [x], [ReduceSum("s", ("x",), "y")]), TARGET)
+    assert all(isinstance(c.out, WholeRows) for c in p.candidates["s"])
+
+
+def test_a_pinned_split_rows_layout_is_kept_and_validates(tmp_path):
+    pin = SplitRows(2, 8)
+    p, v, estimate = _run(_norm_softmax(6, 512, pinned=pin), tmp_path)
+    assert [c.out for c in p.candidates["ln"]] == [pin]
+    assert v.outputs["y"]["passed"] and estimate == v.profile.cycles
+
+
+def test_split_layernorm_matches_the_whole_row_kernel_to_fp32_rounding():
+    from tileplan.kernels import layernorm as ln
+    rng = np.random.default_rng(0)
+    x = (rng.normal(3.0, 0.5, (2, 96))).astype(np.float16)
+    gamma, beta = rng.normal(size=96).astype(np.float16), rng.normal(size=96).astype(np.float16)
+    whole = ln.layernorm(ln.LayerNormCall(2, 96, FP16), x.reshape(-1), gamma, beta).reshape(2, 96)
+    pieces = [x[:, :40], x[:, 40:]]
+    partials = np.concatenate([ln.moments(ln.RowMomentsCall(2, c.shape[1], FP16), c.reshape(-1)) for c in pieces])
+    stats = ln.combine(ln.MomentsCombineCall(2, 2), partials)
+    split = np.concatenate([ln.apply(ln.LayerNormApplyCall(2, c.shape[1], FP16), c.reshape(-1), stats,
+                                     gamma[a:a + c.shape[1]], beta[a:a + c.shape[1]]).reshape(2, -1)
+                            for c, a in zip(pieces, (0, 40))], axis=1)
+    assert np.abs(split.astype(np.float32) - whole.astype(np.float32)).max() <= 2 ** -8 * np.abs(whole).max()
