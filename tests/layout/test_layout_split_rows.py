@@ -65,7 +65,9 @@ def test_narrow_rows_get_fewer_parts_and_few_rows_fewer_groups():
        dtype=st.sampled_from([FP16, FP32]))
 def test_split_rows_covers_every_element_once_without_empty_pieces(rows, cols, owners, parts, dtype):
     lay = SplitRows(owners, parts)
-    if np.prod(lay.split((rows, cols))) > IPU.tiles:
+    if lay.split((rows, cols))[1] < 2:
+        with pytest.raises(LayoutError, match="do not make 2 pieces"):
+            lay.verify((rows, cols), dtype, IPU)
         return
     om = lay.verify((rows, cols), dtype, IPU)
     assert (held(om) == 1).all()
@@ -74,22 +76,26 @@ def test_split_rows_covers_every_element_once_without_empty_pieces(rows, cols, o
     assert (lay.col_bounds((rows, cols))[1:-1] % 8 == 0).all()
 
 
-def test_the_gathered_partials_hold_each_groups_pieces_part_major_on_all_its_tiles():
+def test_each_tile_receives_the_other_parts_of_its_rows_in_part_order():
     lay = SplitRows(2, 3)
     shape, width = (5, 48), 3
-    own, gathered = lay.partials(shape, width)
+    own, others = lay.partials(shape, width)
     pshape = (5, 3 * width)
-    own_om, gat_om = (x.owner_map(pshape, FP32, 8) for x in (own, gathered))
-    assert (held(own_om) == 1).all() and gat_om.replicas == 3 and (held(gat_om) == 3).all()
-    # Group 0 has rows 0..2 on tiles 0, 1, 2: each of them holds the three parts, part-major.
-    for t in (0, 1, 2):
-        on = gat_om.intervals_on(t)
-        runs = sorted(zip(on.offset.tolist(), on.start.tolist(), on.stop.tolist()))
-        # part p of row r at offset (p * 3 + r) * width: element r * 9 + p * 3
-        assert [(s, e) for _, s, e in runs] == [(r * 9 + p * 3, r * 9 + p * 3 + 3) for p in range(3) for r in range(3)]
-    # The exchange: each piece's partials go to the other tiles of its group, never elsewhere.
-    plan = plan_copy(own_om, gat_om, 4)
-    group = lambda t: t // 3  # noqa: E731
-    assert all(group(a) == group(b) for a, b in zip(plan.src_tile.tolist(), plan.dst_tile.tolist()))
+    own_om, oth_om = (x.owner_map(pshape, FP32, 8) for x in (own, others))
+    assert (held(own_om) == 1).all() and oth_om.replicas == 2 and (held(oth_om) == 2).all()
+    # Group 0 has rows 0..2 on tiles 0, 1, 2; tile 1 holds parts 0 and 2 of them, part-major.
+    on = oth_om.intervals_on(1)
+    runs = sorted(zip(on.offset.tolist(), on.start.tolist(), on.stop.tolist()))
+    # part p of row r starts at element r * 9 + p * 3
+    assert [(s, e) for _, s, e in runs] == [(r * 9 + p * 3, r * 9 + p * 3 + 3) for p in (0, 2) for r in range(3)]
+    # The exchange: each piece's partials go to the other tiles of its group only, nothing stays on a tile.
+    plan = plan_copy(own_om, oth_om, 4)
+    src, dst = plan.src_tile, plan.dst_tile
+    assert ((src // 3) == (dst // 3)).all() and (src != dst).all()
     stats = lay.row_stats(shape, 2).owner_map((5, 2), FP32, 8)
     assert stats.replicas == 3 and (held(stats) == 3).all()
+
+
+def test_rows_too_narrow_for_two_pieces_are_refused():
+    with pytest.raises(LayoutError, match="do not make 2 pieces"):
+        SplitRows(4, 2).verify((4, 8), FP16, IPU)

@@ -15,10 +15,11 @@ piece is empty.
 
 The two-stage kernels of a split row exchange FP32 partials within each row group. The layout
 says where they live (``partials``): each tile's partials ``[rows_i, width]`` as block ``(i, j)``
-of a ``[rows, parts * width]`` tensor, and the gathered copy, every block of group ``i`` replicated
-on all the group's tiles, stacked part-major (``[parts, rows_i, width]``: what the combine kernels
-read); ``row_stats`` places the combined ``[rows_i, width]`` statistics on every tile of the group.
-These are ``Blocks`` layouts, private to the op (never offered at a boundary).
+of a ``[rows, parts * width]`` tensor, and the exchanged copy: every block of group ``i`` on the
+group's other ``parts - 1`` tiles, stacked in part order (``[parts - 1, rows_i, width]``, what the
+combine kernels read beside the tile's own part, so nothing is copied on a tile); ``row_stats``
+places the combined ``[rows_i, width]`` statistics on every tile of the group. These are
+``Blocks`` layouts, private to the op (never offered at a boundary).
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ class SplitRows(Layout):
         return _blocks(self, tuple(shape))
 
     def partials(self, shape, width: int) -> tuple[Blocks, Blocks]:
-        """(each tile's partials, the gathered partials) for a ``[rows, parts * width]`` FP32 tensor
-        of per-piece statistics: see the module docstring."""
+        """(each tile's partials, the other parts' partials on each tile) for a ``[rows, parts *
+        width]`` FP32 tensor of per-piece statistics: see the module docstring."""
         return _partials(self, tuple(shape), int(width))
 
     def row_stats(self, shape, width: int) -> Blocks:
@@ -100,6 +101,12 @@ class SplitRows(Layout):
         return _row_stats(self, tuple(shape), int(width))
 
     # ---- Layout ----------------------------------------------------------------------
+
+    def _shape_problem(self, shape):
+        if self.split(shape)[1] < 2:
+            return (f"rows of {shape[-1]} columns do not make 2 pieces of {COLUMN_UNIT}-element units "
+                    "(keep them whole: WholeRows)")
+        return None
 
     def _build(self, shape, dtype: DType, tiles: int):
         return self.blocks(shape)._build(shape, dtype, tiles)
@@ -118,8 +125,10 @@ def _partials(lay: SplitRows, shape, width: int) -> tuple[Blocks, Blocks]:
     rb = tuple(lay.row_bounds(shape).tolist())
     cb = tuple(range(0, (p + 1) * width, width))
     own = Blocks(rb, cb, grid[:, :, None])
-    gathered = Blocks(rb, cb, np.broadcast_to(grid[:, None, :], (g, p, p)))
-    return own, gathered
+    if p < 2:
+        raise LayoutError(f"{lay}: a tensor of shape {list(shape)} has one piece per row: no partials to exchange")
+    others = np.stack([np.delete(grid, j, axis=1) for j in range(p)], axis=1)     # [g, p, p - 1]
+    return own, Blocks(rb, cb, others)
 
 
 @functools.lru_cache(maxsize=64)

@@ -10,10 +10,11 @@ A row-wise op needs all of a row's statistics. Two layouts keep them reachable:
   than tiles (729 tokens on 1472 tiles) reaches the idle ones. Four supersteps (``SPLIT_CHAINS``:
   one row per op): the partial FP32 statistics of each piece (``RowMomentsCall``,
   ``SoftmaxPartialCall``); an exchange of the partials within each row's tiles (a copy between
-  the layout's two ``partials`` grids, costed and lowered as every copy is, ``estimate.exchange``);
-  the combine on every tile of the row (``MomentsCombineCall``, ``SoftmaxCombineCall``: each tile
-  merges all of its rows' partials, in part order, so every tile has the same statistics); the
-  apply on each piece (``LayerNormApplyCall``, ``SoftmaxApplyCall``). Offered only where whole
+  the layout's two ``partials`` grids, costed and lowered as every copy is, ``estimate.exchange``:
+  each tile receives the other parts, and keeps its own where its partial kernel wrote it); the
+  combine on every tile of the row (``MomentsCombineCall``, ``SoftmaxCombineCall`` with ``own``:
+  each tile merges its own part and the others in part order, so every tile has the same
+  statistics); the apply on each piece (``LayerNormApplyCall``, ``SoftmaxApplyCall``). Offered only where whole
   rows leave tiles idle (fewer rows than tiles); the parts tried are ``SPLIT_PARTS`` (as many row
   groups as fit), and the ``SPLIT_KEEP`` fastest fragments are kept for selection, which compares
   them with ``WholeRows``, conversions included. Reductions keep whole rows.
@@ -70,7 +71,8 @@ class SplitChain:
     width: int           # FP32 values per row of a piece's partials
     stats: int           # FP32 values per row of the combined statistics
     partial: Callable    # (op, rows, cols, dtype) -> call: x piece -> partials [rows, width]
-    combine: Callable    # (op, rows, parts) -> call: partials [parts, rows, width] -> stats [rows, stats]
+    combine: Callable    # (op, rows, parts, own) -> call: own part [rows, width], the others [parts - 1,
+                         # rows, width] -> stats [rows, stats]
     apply: Callable      # (op, rows, cols, dtype) -> call: x piece, stats, parameter slices -> y piece
 
 
@@ -78,11 +80,11 @@ class SplitChain:
 SPLIT_CHAINS = {
     LayerNorm: SplitChain(ln.STAT_WIDTH, ln.ROW_STATS,
                           lambda op, rows, cols, dtype: ln.RowMomentsCall(rows, cols, dtype),
-                          lambda op, rows, parts: ln.MomentsCombineCall(rows, parts, op.epsilon),
+                          lambda op, rows, parts, own: ln.MomentsCombineCall(rows, parts, op.epsilon, own),
                           lambda op, rows, cols, dtype: ln.LayerNormApplyCall(rows, cols, dtype)),
     Softmax: SplitChain(sm.ROW_STATS, sm.ROW_STATS,
                         lambda op, rows, cols, dtype: sm.SoftmaxPartialCall(rows, cols, dtype),
-                        lambda op, rows, parts: sm.SoftmaxCombineCall(rows, parts),
+                        lambda op, rows, parts, own: sm.SoftmaxCombineCall(rows, parts, own),
                         lambda op, rows, cols, dtype: sm.SoftmaxApplyCall(rows, cols, dtype)),
 }
 SPLIT_PARTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)   # column pieces per row tried
@@ -168,25 +170,26 @@ def _split_candidate(ctx, op, lay: SplitRows) -> Candidate:
     params = [prog.add_buffer(ctx.tensor_buffer(n, rep[n])) for n in op.inputs[1:]]
     dst = prog.add_buffer(ctx.tensor_buffer(y.name, lay))
     _, parts = lay.split(x.shape)
-    own_lay, gathered_lay = lay.partials(x.shape, chain.width)
+    own_lay, others_lay = lay.partials(x.shape, chain.width)
     pshape = (x.rows, parts * chain.width)
     own = prog.add_buffer(Buffer(f"{op.name}.partials@{lay}", own_lay, pshape, DType.FP32))
-    gathered = prog.add_buffer(Buffer(f"{op.name}.gathered@{lay}", gathered_lay, pshape, DType.FP32))
+    others = prog.add_buffer(Buffer(f"{op.name}.others@{lay}", others_lay, pshape, DType.FP32))
     stats = prog.add_buffer(Buffer(f"{op.name}.stats@{lay}", lay.row_stats(x.shape, chain.stats),
                                    (x.rows, chain.stats), DType.FP32))
     partial, combine, apply = [], [], []
-    for t, _, _, rows, cols, c0 in zip(*(a.tolist() for a in lay.pieces(x.shape))):
+    for t, _, part, rows, cols, c0 in zip(*(a.tolist() for a in lay.pieces(x.shape))):
         piece = Operand(src.name, 0, rows * cols)
+        mine = Operand(own.name, 0, rows * chain.width)
         row_stats = Operand(stats.name, 0, rows * chain.stats)
-        partial.append(_vertex(t, chain.partial(op, rows, cols, x.dtype), (piece,),
-                               (Operand(own.name, 0, rows * chain.width),), ctx.caches))
-        combine.append(_vertex(t, chain.combine(op, rows, parts),
-                               (Operand(gathered.name, 0, parts * rows * chain.width),), (row_stats,), ctx.caches))
+        partial.append(_vertex(t, chain.partial(op, rows, cols, x.dtype), (piece,), (mine,), ctx.caches))
+        combine.append(_vertex(t, chain.combine(op, rows, parts, part),
+                               (mine, Operand(others.name, 0, (parts - 1) * rows * chain.width)), (row_stats,),
+                               ctx.caches))
         apply.append(_vertex(t, chain.apply(op, rows, cols, x.dtype),
                              (piece, row_stats) + tuple(Operand(b.name, c0, cols) for b in params),
                              (Operand(dst.name, 0, rows * cols),), ctx.caches))
     prog.steps += [ComputeStep(f"{op.name}.partial", tuple(partial)),
-                   ExchangeStep(f"{op.name}.partials", (Copy(own.name, gathered.name),)),
+                   ExchangeStep(f"{op.name}.partials", (Copy(own.name, others.name),)),
                    ComputeStep(f"{op.name}.combine", tuple(combine)),
                    ComputeStep(f"{op.name}.apply", tuple(apply))]
     d = cost_program(prog, target)
