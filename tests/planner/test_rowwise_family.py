@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from tileplan.estimate.program import ComputeStep, ExchangeStep
+from tileplan.program import ComputeStep, ExchangeStep
 from tileplan.graph.core import Add, Graph, LayerNorm, ReduceSum, Role, Softmax, Tensor
 from tileplan.graph.dtypes import DType
 from tileplan.layout import SplitRows, Stored, WholeRows
