@@ -144,3 +144,20 @@ def test_nothing_converts_into_a_stored_value():
     assert problem.convert("h", rows, Stored(rows))[0] == INF
     assert problem.convert("h", Stored(rows), Stored(rows))[0] == 0
     assert problem.convert("h", Stored(rows), rows)[0] == 0
+
+
+@pytest.mark.parametrize("graph", [_norm_softmax(4, 2048), _residual_norm(64, 144), _residual_norm(4, 2048)],
+                         ids=["split", "fused", "fused-split"])
+def test_no_row_wise_candidate_and_no_plan_beats_the_model_floor(graph):
+    from tileplan.planner.quality import model_floor
+    floor = model_floor(graph, TARGET)
+    p = plan(graph, TARGET)
+    assert floor["cycles"] <= p.estimate.cycles
+    for name, cands in p.candidates.items():
+        for c in cands:
+            if not c.desc.startswith("fused into"):
+                assert c.estimate.cycles >= floor["ops"][name]["cycles"], (name, str(c))
+    # The fused pass is at least the Add's and the LayerNorm's shares together.
+    for c in p.candidates.get("res", []):
+        if isinstance(c.out, Stored):
+            assert c.estimate.cycles >= floor["ops"]["res"]["cycles"] + floor["ops"]["ln"]["cycles"]

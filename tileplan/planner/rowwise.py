@@ -300,6 +300,50 @@ def written_by_add(ctx, op) -> list[Candidate]:
     if add is None or fusable_norm(g, add) is not op or activation_inputs(ctx.storage, op) != [x.name]:
         return []
     lays = [c.out.base for c in residual_candidates(ctx, add)]
-    return [Candidate(op.name, (Stored(lay),), lay, f"layernorm on {lay}, done by the residual Add's fused pass",
+    return [Candidate(op.name, (Stored(lay),), lay, f"fused into the residual Add's pass on {lay}",
                       Estimate(), Estimate(), Program(), np.zeros(ctx.target.tiles, dtype=np.int64))
             for lay in lays]
+
+
+# ---- the family's share of the model floor -------------------------------------------------
+
+def fusable_producer(graph, storage, op):
+    """The residual Add whose pass may do ``op``'s work (``written_by_add``), or None."""
+    if not isinstance(op, LayerNorm):
+        return None
+    x = graph.inputs_of(op)[0]
+    add = graph.producers.get(x.name)
+    if add is None or fusable_norm(graph, add) is not op or activation_inputs(storage, op) != [x.name]:
+        return None
+    return add
+
+
+def _cycles(call, target) -> int:
+    from ..kernels import dispatch
+    return dispatch(call, target).cycles(call, target)
+
+
+def floor_cycles(graph, op, target, fused: bool = False) -> int:
+    """A lower bound on every candidate of ``op`` (``quality.rowwise_op_floor``): the fewest cycles,
+    over the layouts ``row_layouts`` offers, of its kernels on the fullest tile: whole rows
+    ``ceil(rows / tiles)`` a tile; split rows the partial, combine and apply of the largest piece
+    plus the partials exchange's sync (each step's slowest tile is at least the fullest piece's).
+    ``fused``: the residual Add + LayerNorm pass instead (``residual_candidates``)."""
+    x, y = graph.inputs_of(op)[0], graph.output_of(op)
+    best = None
+    for lay in row_layouts(x, y, target.tiles, op):
+        if isinstance(lay, SplitRows):
+            chain = SPLIT_CHAINS[type(op)]
+            g, p = lay.split(x.shape)
+            rows, cols = int(np.diff(lay.row_bounds(x.shape)).max()), int(np.diff(lay.col_bounds(x.shape)).max())
+            partial = ln.RowMomentsCall(rows, cols, x.dtype, residual=True) if fused \
+                else chain.partial(op, rows, cols, x.dtype)
+            cycles = (_cycles(partial, target) + _cycles(chain.combine(op, rows, p, 0), target)
+                      + _cycles(chain.apply(op, rows, cols, x.dtype), target) + target.sync_cycles)
+        else:
+            rows = -(-x.rows // min(lay.owners, target.tiles))
+            call = LayerNormCall(rows, x.shape[-1], x.dtype, op.epsilon, residual=True) if fused \
+                else ROW_CALLS[type(op)](op, rows, x.shape[-1], x.dtype)
+            cycles = _cycles(call, target)
+        best = cycles if best is None else min(best, cycles)
+    return best
