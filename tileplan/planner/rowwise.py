@@ -72,8 +72,6 @@ ROW_CALLS = {
 }
 
 
-
-
 @dataclass(frozen=True)
 class SplitChain:
     """The two-stage kernels of a row-wise op whose rows may be split over tiles."""
