@@ -171,7 +171,7 @@ def _finish(ctx, op, lay, prog, add, desc: str) -> Candidate:
                          f"{op.kind} on {lay}{desc}", d.estimate, d.estimate, prog, transient)
     transient = transient + ctx.tile_bytes(op.output, lay)
     return Candidate(add.name, tuple(lay for _ in activation_inputs(ctx.storage, add)), Stored(lay),
-                     f"add + layernorm (the residual Add fused into the LayerNorm after it) on {lay}{desc}",
+                     f"add + layernorm on {lay}{desc}",
                      d.estimate, d.estimate, prog, transient)
 
 
