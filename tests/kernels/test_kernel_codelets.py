@@ -209,6 +209,11 @@ def rowwise_cases(rng, add) -> None:
     parts = [reg["softmax_partial_rows_fp16"].reference(SoftmaxPartialCall(rows, w, FP16), 3 * p - 150)
              for w, p in zip(widths, pieces)]
     add("softmax_combine", SoftmaxCombineCall(rows, 3), "exp", partials=np.concatenate(parts))
+    # The same with the tile's own part (1) apart: mine, then the others in part order.
+    add("moments_combine", MomentsCombineCall(rows, 3, eps=1e-5, own=1), mine=moments[1],
+        partials=np.concatenate([moments[0], moments[2]]))
+    add("softmax_combine", SoftmaxCombineCall(rows, 3, own=1), "exp", mine=parts[1],
+        partials=np.concatenate([parts[0], parts[2]]))
 
 
 def test_every_codelet_matches_its_numpy_semantics(tmp_path):

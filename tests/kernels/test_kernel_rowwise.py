@@ -364,3 +364,25 @@ def test_every_registered_primitive_has_a_call_class_tile_programs_can_read_back
     for call in (LayerNormCall(3, 1152, FP16, eps=1e-6, residual=True), MomentsCombineCall(7, 3, 0.0),
                  SoftmaxApplyCall(8, 729, FP32), RowReduceCombineCall(5, 2, 90, FP16, "mean")):
         assert call_from_json(call_to_json(call)) == call
+
+
+@pytest.mark.parametrize("own", [0, 1, 2])
+def test_a_combine_with_its_own_part_apart_gives_the_bits_of_one_with_every_part(own):
+    rng = np.random.default_rng(own)
+    pieces = [rng.normal(40.0, 2.0, (4, w)).astype(np.float16) for w in (24, 16, 40)]
+    reg = default_registry()
+    m = [reg["row_moments_rows_fp16"].reference(RowMomentsCall(4, p.shape[1], FP16), p.reshape(-1)) for p in pieces]
+    s = [reg["softmax_partial_rows_fp16"].reference(SoftmaxPartialCall(4, p.shape[1], FP16), p.reshape(-1))
+         for p in pieces]
+    for combine, parts in ((lambda **k: MomentsCombineCall(4, 3, **k), m), (lambda **k: SoftmaxCombineCall(4, 3, **k), s)):
+        whole = reg[combine().primitive].reference(combine(), np.concatenate(parts))
+        others = np.concatenate([p for i, p in enumerate(parts) if i != own])
+        apart = reg[combine().primitive].reference(combine(own=own), parts[own], others)
+        assert apart.tobytes() == whole.tobytes()
+
+
+def test_a_combine_refuses_an_own_part_outside_its_parts():
+    with pytest.raises(TileplanError, match="own must be -1 or a part index in \\[0, 2\\)"):
+        MomentsCombineCall(4, 2, own=2)
+    with pytest.raises(TileplanError, match="own must be"):
+        SoftmaxCombineCall(4, 1, own=0)

@@ -141,23 +141,27 @@ class RowMomentsCall:
 @dataclass(frozen=True)
 class MomentsCombineCall:
     """Merge ``parts`` partials ``[parts, rows, 3]`` FP32 of each row into ``[rows, 2]`` FP32
-    ``(mean, rstd)``, ``rstd = 1 / sqrt(M2 / n + eps)``."""
+    ``(mean, rstd)``, ``rstd = 1 / sqrt(M2 / n + eps)``. Inputs ``partials``; or, with ``own`` (a
+    part index), ``mine`` ``[rows, 3]`` (that part, computed on this tile) and ``partials`` ``[parts
+    - 1, rows, 3]`` (the others in part order): the merge is the same, in part order."""
 
     rows: int
     parts: int
     eps: float = 1e-5
+    own: int = -1                     # -1: all parts in `partials`; else this tile's part, in `mine`
     primitive: ClassVar[str] = "moments_combine"
     __str__ = describe
 
     def __post_init__(self):
         rw.positive(self, rows=self.rows, parts=self.parts)
         rw.epsilon(self, self.eps)
+        rw.own_part(self, self.own, self.parts)
 
     def operand_types(self) -> tuple[list[DType], list[DType]]:
-        return [FP32], [FP32]
+        return [FP32] * (2 if self.own >= 0 else 1), [FP32]
 
     def key(self) -> str:
-        return "moments_combine_fp32"
+        return "moments_combine_fp32" + ("_own" if self.own >= 0 else "")
 
 
 @dataclass(frozen=True)
@@ -303,10 +307,15 @@ def moments(call: RowMomentsCall, x: np.ndarray, r: np.ndarray | None = None):
     return out
 
 
-def combine(call: MomentsCombineCall, partials: np.ndarray) -> np.ndarray:
-    """``stats`` ``[rows * 2]`` FP32 from ``partials`` ``[parts * rows * 3]`` FP32."""
-    p = operand(partials, FP32, call.parts * call.rows * STAT_WIDTH, "partials")
-    stats = merge_moments(p.reshape(-1, call.parts, call.rows, STAT_WIDTH), call.eps)
+def combine(call: MomentsCombineCall, *ins: np.ndarray) -> np.ndarray:
+    """``stats`` ``[rows * 2]`` FP32 from ``partials`` ``[parts * rows * 3]`` FP32 (or, with ``own``,
+    ``mine`` ``[rows * 3]`` and ``partials`` ``[(parts - 1) * rows * 3]``)."""
+    mine, partials = ins if call.own >= 0 else (None, *ins)
+    others = operand(partials, FP32, (call.parts - (call.own >= 0)) * call.rows * STAT_WIDTH, "partials")
+    if mine is not None:
+        mine = operand(mine, FP32, call.rows * STAT_WIDTH, "mine")
+    p = rw.with_own(others, mine, call.own, call.parts, call.rows, STAT_WIDTH)
+    stats = merge_moments(p, call.eps)
     return _result(stats.reshape(-1, call.rows * ROW_STATS), np.asarray(partials).shape[:-1])
 
 
@@ -385,16 +394,19 @@ def moments_codelet(call: RowMomentsCall, variant: Variant, schedule: str) -> Co
 
 def combine_codelet(call: MomentsCombineCall, variant: Variant) -> CodeletSource:
     key = codelet_key(variant.name, call)
-    fields = (_vec("input", "partials", FP32, call.parts * call.rows * STAT_WIDTH),
-              _vec("output", "stats", FP32, call.rows * ROW_STATS),
-              _param("rows", call.rows), _param("parts", call.parts),
-              _param("eps", float(np.float32(call.eps)), "float"))
-    body = """    // partials[p][row] = (n, mean, M2), part-major; Chan's update in part order.
+    own = call.own >= 0
+    fields = (((_vec("input", "mine", FP32, call.rows * STAT_WIDTH),) if own else ())
+              + (_vec("input", "partials", FP32, (call.parts - own) * call.rows * STAT_WIDTH),
+                 _vec("output", "stats", FP32, call.rows * ROW_STATS),
+                 _param("rows", call.rows), _param("parts", call.parts))
+              + ((_param("own", call.own),) if own else ())
+              + (_param("eps", float(np.float32(call.eps)), "float"),))
+    body = rw.cpp_get_part(STAT_WIDTH, own) + """
+    // part p of row: (n, mean, M2), part-major; Chan's update in part order.
     for (unsigned row = workerId; row < rows; row += workers) {
-      float n = partials[3 * row], mean = partials[3 * row + 1], m2 = partials[3 * row + 2];
+      float n = get(0, row, 0), mean = get(0, row, 1), m2 = get(0, row, 2);
       for (unsigned p = 1; p < parts; ++p) {
-        const unsigned at = 3 * (p * rows + row);
-        const float nb = partials[at], meanB = partials[at + 1], m2B = partials[at + 2];
+        const float nb = get(p, row, 0), meanB = get(p, row, 1), m2B = get(p, row, 2);
         const float nt = n + nb;
         const float d = meanB - mean;
         mean = mean + d * (nb / nt);
@@ -404,7 +416,8 @@ def combine_codelet(call: MomentsCombineCall, variant: Variant) -> CodeletSource
       stats[2 * row] = mean;
       stats[2 * row + 1] = 1.0f / std::sqrt(m2 / n + eps);
     }"""
-    return render(key, body, fields, "merge (n, mean, M2) partials of each row into (mean, rstd), FP32")
+    what = " (this tile's part apart)" if own else ""
+    return render(key, body, fields, f"merge (n, mean, M2) partials{what} of each row into (mean, rstd), FP32")
 
 
 def apply_codelet(call: LayerNormApplyCall, variant: Variant, schedule: str) -> CodeletSource:

@@ -114,7 +114,27 @@ def epsilon(call: object, eps: object) -> None:
           f"{type(call).__name__}: eps must be a finite number >= 0, got {eps!r}")
 
 
+def own_part(call: object, own: object, parts: int) -> None:
+    """``own`` of a combine call: -1 (every part in one operand) or the index of a part in ``[0, parts)``,
+    with at least two parts (the others arrive in their own operand)."""
+    check(isinstance(own, int) and not isinstance(own, bool) and (own == -1 or (parts >= 2 and 0 <= own < parts)),
+          f"{type(call).__name__}: own must be -1 or a part index in [0, {parts}) with parts >= 2, got {own!r}")
+
+
 # ---- FP32 row arithmetic (numpy semantics) ----------------------------------------------
+
+
+def with_own(others: np.ndarray, mine: np.ndarray | None, own: int, parts: int, rows: int,
+             width: int) -> np.ndarray:
+    """The part-major partials ``[batch, parts, rows, width]`` of a combine: ``others`` alone when
+    ``own`` is -1, else ``mine`` ``[batch, rows * width]`` put back at part ``own`` among the
+    ``parts - 1`` others."""
+    if own < 0:
+        return others.reshape(-1, parts, rows, width)
+    if mine is None:
+        raise ValueError(f"a combine with own part {own} needs that part's partials")
+    rest = others.reshape(-1, parts - 1, rows, width)
+    return np.insert(rest, own, mine.reshape(-1, rows, width), axis=1)
 
 F32 = np.float32
 
@@ -157,5 +177,17 @@ CPP_SCHEDULE = """    // Rows [0, wholeRows): whole rows, row r on worker r % wo
     for (unsigned row = workerId; row < wholeRows; row += workers) doRow(row, 0, cols);
 """ + CPP_PIECE + """
     for (unsigned row = wholeRows; row < rows; ++row) doRow(row, c0, c1);"""
+
+def cpp_get_part(width: int, own: bool) -> str:
+    """C++ lambda ``get(p, row, k)``: value ``k`` of part ``p``'s partials of ``row`` in a combine's
+    operands: all parts in ``partials`` (part-major); with ``own``, part ``own`` from ``mine`` and the
+    others from ``partials`` (part order, the own one left out)."""
+    if not own:
+        return (f"    auto get = [&](unsigned p, unsigned row, unsigned k) -> float {{\n"
+                f"      return partials[{width} * (p * rows + row) + k];\n    }};")
+    return (f"    auto get = [&](unsigned p, unsigned row, unsigned k) -> float {{\n"
+            f"      return p == own ? float(mine[{width} * row + k])\n"
+            f"                      : float(partials[{width} * ((p - (p > own ? 1 : 0)) * rows + row) + k]);\n    }};")
+
 
 CPP_NAN_MAX = "(v > m || v != v) && m == m ? v : m"   # NaN-propagating running maximum

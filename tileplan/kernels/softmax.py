@@ -114,21 +114,25 @@ class SoftmaxPartialCall:
 @dataclass(frozen=True)
 class SoftmaxCombineCall:
     """Merge ``parts`` partials ``[parts, rows, 2]`` FP32 of each row into ``[rows, 2]`` FP32
-    ``(M, S)``."""
+    ``(M, S)``. Inputs ``partials``; or, with ``own`` (a part index), ``mine`` ``[rows, 2]`` (that
+    part, computed on this tile) and ``partials`` ``[parts - 1, rows, 2]`` (the others in part
+    order): the merge is the same, in part order."""
 
     rows: int
     parts: int
+    own: int = -1                     # -1: all parts in `partials`; else this tile's part, in `mine`
     primitive: ClassVar[str] = "softmax_combine"
     __str__ = describe
 
     def __post_init__(self):
         rw.positive(self, rows=self.rows, parts=self.parts)
+        rw.own_part(self, self.own, self.parts)
 
     def operand_types(self) -> tuple[list[DType], list[DType]]:
-        return [FP32], [FP32]
+        return [FP32] * (2 if self.own >= 0 else 1), [FP32]
 
     def key(self) -> str:
-        return "softmax_combine_fp32"
+        return "softmax_combine_fp32" + ("_own" if self.own >= 0 else "")
 
 
 @dataclass(frozen=True)
@@ -215,9 +219,13 @@ def partial(call: SoftmaxPartialCall, x: np.ndarray) -> np.ndarray:
     return _result(stats.reshape(-1, call.rows * ROW_STATS), np.asarray(x).shape[:-1])
 
 
-def combine(call: SoftmaxCombineCall, partials: np.ndarray) -> np.ndarray:
-    p = operand(partials, FP32, call.parts * call.rows * ROW_STATS, "partials")
-    stats = merge_stats(p.reshape(-1, call.parts, call.rows, ROW_STATS))
+def combine(call: SoftmaxCombineCall, *ins: np.ndarray) -> np.ndarray:
+    """``stats`` ``[rows * 2]`` from ``partials`` (or, with ``own``, ``mine`` and the other parts)."""
+    mine, partials = ins if call.own >= 0 else (None, *ins)
+    others = operand(partials, FP32, (call.parts - (call.own >= 0)) * call.rows * ROW_STATS, "partials")
+    if mine is not None:
+        mine = operand(mine, FP32, call.rows * ROW_STATS, "mine")
+    stats = merge_stats(rw.with_own(others, mine, call.own, call.parts, call.rows, ROW_STATS))
     return _result(stats.reshape(-1, call.rows * ROW_STATS), np.asarray(partials).shape[:-1])
 
 
@@ -273,17 +281,20 @@ def partial_codelet(call: SoftmaxPartialCall, variant: Variant, schedule: str) -
 
 def combine_codelet(call: SoftmaxCombineCall, variant: Variant) -> CodeletSource:
     key = codelet_key(variant.name, call)
-    fields = (_vec("input", "partials", FP32, call.parts * call.rows * ROW_STATS),
-              _vec("output", "stats", FP32, call.rows * ROW_STATS),
-              _param("rows", call.rows), _param("parts", call.parts))
-    body = f"""    // partials[p][row] = (m, s), part-major.
+    own = call.own >= 0
+    fields = (((_vec("input", "mine", FP32, call.rows * ROW_STATS),) if own else ())
+              + (_vec("input", "partials", FP32, (call.parts - own) * call.rows * ROW_STATS),
+                 _vec("output", "stats", FP32, call.rows * ROW_STATS),
+                 _param("rows", call.rows), _param("parts", call.parts))
+              + ((_param("own", call.own),) if own else ()))
+    body = rw.cpp_get_part(ROW_STATS, own) + f"""
+    // part p of row: (m, s), part-major.
     for (unsigned row = workerId; row < rows; row += workers) {{
-      float m = partials[2 * row];
-      for (unsigned p = 1; p < parts; ++p) {{ const float v = partials[2 * (p * rows + row)]; m = {rw.CPP_NAN_MAX}; }}
+      float m = get(0, row, 0);
+      for (unsigned p = 1; p < parts; ++p) {{ const float v = get(p, row, 0); m = {rw.CPP_NAN_MAX}; }}
       float s = 0.0f;
       for (unsigned p = 0; p < parts; ++p) {{
-        const unsigned at = 2 * (p * rows + row);
-        s += partials[at + 1] * {CPP_EXP.format(arg="partials[at] - m")};
+        s += get(p, row, 1) * {CPP_EXP.format(arg="get(p, row, 0) - m")};
       }}
       stats[2 * row] = m;
       stats[2 * row + 1] = s;

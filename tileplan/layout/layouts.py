@@ -22,6 +22,7 @@ Conventions the planner relies on:
 | ``Packed(g, k)`` | ``Packed(g,k)`` | stream of AMP panel rows (``g`` columns), cut in ``k`` chunks |
 | ``Explicit(ivs)`` | ``Explicit(n)`` | (tile, start, stop) intervals pinned by the model file |
 | ``Imported(base)`` | ``Imp(base)`` | a host input; as ``base`` (``Imported.linear(k)``: ``Iv(k,a8)``) |
+| ``Stored(base)`` | ``Stored(base)`` | as ``base``, written by a producer fused with its consumer |
 | ``Blocks(rb, cb, t)`` | ``Blocks(4x2 r3)`` | a GEMM's private 2-D block grid (DESIGN's ``Grid``), replicated |
 """
 
@@ -385,6 +386,44 @@ class Imported(Layout):
     def effective(self, shape, dtype):
         eff = self.base.effective(shape, dtype)
         return self if eff == self.base else Imported(eff)
+
+    def _unit(self, shape, dtype):
+        return self.base._unit(shape, dtype)
+
+    def _shape_problem(self, shape):
+        return self.base._shape_problem(shape)
+
+    def _dtype_problem(self, shape, dtype):
+        return self.base._dtype_problem(shape, dtype)
+
+    def _build(self, shape, dtype, tiles):
+        return self.base.owner_map(shape, dtype, tiles)
+
+
+@dataclass(frozen=True)
+class Stored(Layout):
+    """A value stored in ``base`` by an op whose pass also wrote its consumer's output there: a
+    residual Add fused into the LayerNorm after it writes the sum (which the residual stream still
+    reads) and the norm. Everything delegates to ``base``, so a conversion out of it is one out of
+    ``base``; selection lets nothing convert into it (``planner.select``), so the consumer's
+    candidate that reads it (and does no work) is only chosen with the fused producer."""
+
+    base: Layout
+
+    def __post_init__(self):
+        if not isinstance(self.base, Layout) or not self.base.boundary or isinstance(self.base, Stored):
+            raise LayoutError(f"Stored: the base must be a boundary layout, got {self.base}")
+
+    def __str__(self) -> str:
+        return f"Stored({self.base})"
+
+    @property
+    def local_format(self) -> str:
+        return self.base.local_format
+
+    @property
+    def index_space(self) -> str:
+        return self.base.index_space
 
     def _unit(self, shape, dtype):
         return self.base._unit(shape, dtype)

@@ -76,8 +76,13 @@ def _pointwise_storage(graph: Graph, op: Op, idx: int, t: Tensor, target) -> Sto
     return None
 
 
+def _pointwise_candidates(ctx, op) -> list:
+    """Elementwise candidates, and a residual Add's fused Add + LayerNorm ones (``planner.rowwise``)."""
+    return ew.candidates(ctx, op) + rowwise.residual_candidates(ctx, op)
+
+
 GEMM = Family("Gemm", True, _gemm_storage)
-POINTWISE = Family("Pointwise", False, _pointwise_storage, ew.candidates)
+POINTWISE = Family("Pointwise", False, _pointwise_storage, _pointwise_candidates)
 VIEW = Family("View", False, _no_storage, views.view_candidates)
 ROWWISE = Family("Rowwise", False, _rowwise_storage, rowwise.candidates)
 TRANSPOSE = Family("Transpose", False, _no_storage, views.transpose_candidates)

@@ -252,11 +252,17 @@ def transpose_op_floor(graph, op, target, storage, fused_adds) -> dict:
 
 
 def rowwise_op_floor(graph, op, target, storage, fused_adds) -> dict:
-    """A row-wise op's share: its kernel on the fullest tile's whole rows, ``ceil(rows / tiles)``."""
-    from .rowwise import ROW_CALLS
-    x = graph.inputs_of(op)[0]
-    call = ROW_CALLS[type(op)](op, -(-x.rows // target.tiles), x.shape[-1], x.dtype)
-    return {"cycles": dispatch(call, target).cycles(call, target)}
+    """A row-wise op's share: its kernels on the fullest tile, whole or split rows
+    (``rowwise.floor_cycles``); a LayerNorm a residual Add may fuse into at most the fused pass less
+    the Add's share (the pair costs at least the fused pass)."""
+    from .rowwise import floor_cycles, fusable_producer
+    cycles = floor_cycles(graph, op, target)
+    add = fusable_producer(graph, storage, op)
+    if add is not None:
+        rest = floor_cycles(graph, op, target, fused=True) - pointwise_op_floor(graph, add, target, storage,
+                                                                                 fused_adds)["cycles"]
+        cycles = min(cycles, max(0, rest))
+    return {"cycles": cycles}
 
 
 FLOORS = {"Rowwise": rowwise_op_floor, "Gemm": gemm_op_floor, "Pointwise": pointwise_op_floor,     # family name -> its share

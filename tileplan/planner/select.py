@@ -32,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import TileplanError
+from ..layout import Stored
 
 INF = float("inf")
 
@@ -86,7 +87,7 @@ class Problem:
     def convert(self, tensor: str, src, dst) -> tuple[float, np.ndarray | None]:
         if src == dst:
             return 0, None
-        if isinstance(src, Fused) or isinstance(dst, Fused):
+        if isinstance(src, Fused) or isinstance(dst, (Fused, Stored)):
             return INF, None
         return self.conversion(tensor, src, dst)
 

@@ -23,6 +23,12 @@ LEGEND: list[tuple[str, str, str]] = [
     ("layout", "Grid(RxC rN pG)", "a GEMM's private block grid: R row blocks x C column blocks, each block on N tiles "
                                   "(replicas); pG: the blocks are in AMP panels of G columns"),
     ("layout", "Blocks(RxC rN)", "the same block grid as a boundary layout"),
+    ("layout", "SplitRows(gxp)", "rows in g groups, each row cut in p column pieces on p neighbouring tiles "
+                                 "(piece j of group i on tile i*p + j); a row-wise op exchanges FP32 partials "
+                                 "within each row's tiles"),
+    ("layout", "Stored(L)", "stored in L by an op that also did its consumer's work (a residual Add fused into "
+                            "the LayerNorm after it: the sum and the norm); the consumer reads it and costs "
+                            "nothing"),
     ("grid", "grid BxMxNxK", "a GEMM split over B batch groups x M row blocks x N column blocks x K blocks "
                              "(B omitted when 1); tiles used = the product"),
     ("grid", "bijl", "tile order: the last letter varies fastest over physical tiles; bijl puts the K partners "
