@@ -16,15 +16,29 @@ import threading
 from pathlib import Path
 from typing import Annotated, Optional
 
-import typer
-from rich.console import Console
-from rich.table import Table
 
-from .report.terminal import NO_ROOFLINE, roofline_ratio_text
-from .errors import TileplanError
-from .graph.core import Graph, MatMul, Role
-from .graph.dtypes import DType
-from .target import Target, load_target, preset_names
+def _interrupted_while_starting(signum, frame):
+    """SIGINT or SIGTERM before ``main()`` installs its handlers (the second or so the command line
+    spends importing numpy, ml_dtypes and the rest): nothing exists yet to clean up, so the same
+    one line and exit status as an interrupted command, not a KeyboardInterrupt traceback."""
+    print(f"error: interrupted by {signal.Signals(signum).name}; no partial output left", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
+if (__name__ == "__main__" or Path(sys.argv[0]).name == "tileplan") \
+        and threading.current_thread() is threading.main_thread():
+    for _sig in (signal.SIGINT, signal.SIGTERM):      # only as the command line, never as a library
+        signal.signal(_sig, _interrupted_while_starting)
+
+import typer  # noqa: E402  (after the handlers: the heavy imports start here)
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from .report.terminal import NO_ROOFLINE, roofline_ratio_text  # noqa: E402
+from .errors import TileplanError  # noqa: E402
+from .graph.core import Graph, MatMul, Role  # noqa: E402
+from .graph.dtypes import DType  # noqa: E402
+from .target import Target, load_target, preset_names  # noqa: E402
 
 DEFAULT_TARGET = "ipu21"
 

@@ -139,3 +139,23 @@ def test_the_next_compile_removes_the_temporary_folder_of_a_killed_one(tmp_path,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_command_line_is_still_starting_gives_the_one_line_not_a_traceback(tmp_path, sig):
+    """0.3 s in, the CLI is still importing numpy and the rest (or, on a fast machine, planning):
+    either way one ``error: interrupted`` line and 128 + the signal."""
+    proc = subprocess.Popen([sys.executable, "-m", "tileplan.cli", "compile", str(MODEL), "-o", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd=tmp_path)
+    try:
+        time.sleep(0.3)
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 128 + sig and len(lines) == 1, err.decode()
+    assert lines[0].startswith(f"error: interrupted by {sig.name}")
+    assert not (tmp_path / "out").exists()
