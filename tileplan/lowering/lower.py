@@ -28,7 +28,7 @@ from .allocate import allocate
 from .block_moves import BlockMove, CopyPlans
 from .passes import PASSES
 from .passes.state import LoweringState
-from .tile_program import BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
+from .tile_program import ArrayPool, BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
 
 
 def lower(program: Program, target, *, registry=None, passes=None) -> LoweringState:
@@ -43,7 +43,7 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
     alloc = allocate(state.program, target, state.aliases, state.sizes)
     merged = any(p[0] == "merge_transfers" for p in chosen)
     state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=merged,
-                                plans=state.plans)
+                                plans=state.plans, pool=state.pool)
     state.plans = CopyPlans(target.tiles)       # expanded: do not keep the copy plans alive
     spans = _tile_spans(state.program, state.tile_program)
     for info in state.tile_program.buffers:
@@ -54,6 +54,7 @@ def lower(program: Program, target, *, registry=None, passes=None) -> LoweringSt
         if stage == "tiles":
             state = fn(state)
     state.tile_program.passes = [p[0] for p in chosen]
+    state.pool = ArrayPool()                    # a fresh one: the old index keeps replaced tables alive
     return state
 
 
@@ -101,12 +102,14 @@ def check_rearrangements(program: Program, target, registry, plans=None) -> None
 
 
 def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | None = None,
-           block_moves: bool = False, plans=None) -> TileProgram:
+           block_moves: bool = False, plans=None, pool: ArrayPool | None = None) -> TileProgram:
     """The tile program of ``program`` placed by ``alloc``. ``block_moves``: copies between grids of the
     same blocks become one exchange row per block (``lowering.block_moves``); only equivalent once
-    ``merge_transfers`` has joined the rows, so only when that pass runs."""
+    ``merge_transfers`` has joined the rows, so only when that pass runs. ``pool``: equal tables
+    become one array (``tile_program.ArrayPool``; a tower's layers share theirs)."""
     tiles = target.tiles
     plans = plans or CopyPlans(tiles)
+    pool = pool or ArrayPool()
     index = {n: i for i, n in enumerate(alloc.names)}
     infos = []
     for n in alloc.names:
@@ -117,15 +120,17 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
     steps = []
     for step in program.steps:
         if isinstance(step, ComputeStep):
-            steps.append(ComputeSet(step.name, _groups(program, step.vertices, alloc, index)))
+            steps.append(ComputeSet(step.name, _groups(program, step.vertices, alloc, index, pool)))
         else:
             ex, local, fragments = _step_traffic(program, step, tiles, index, aliases or {}, block_moves, plans)
             local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index, plans)])
-            tr = _absolute(ex, alloc)
+            tr = pool.transfers(_absolute(ex, alloc))
+            del ex
             if len(tr):
                 steps.append(Exchange(step.name, tr, fragments if fragments != len(tr) else None))
             if len(local):
-                steps.append(ComputeSet(step.name + ".local", _copy_groups(_absolute(local, alloc), target, registry)))
+                steps.append(ComputeSet(step.name + ".local", _copy_groups(_absolute(local, alloc), target, registry,
+                                                                           pool)))
     io_maps = {}
     for n in alloc.names:
         b = program.buffers[n]
@@ -210,7 +215,7 @@ def _absolute(tr, alloc):
     return Transfers(tr.group, tr.src_tile, zero, src, tr.dst_tile, zero, dst, tr.nbytes)
 
 
-def _groups(program, vertices, alloc, index) -> list[VertexGroup]:
+def _groups(program, vertices, alloc, index, pool) -> list[VertexGroup]:
     item = {n: b.dtype.itemsize for n, b in program.buffers.items()}
     buckets: dict = defaultdict(list)
     for v in vertices:
@@ -226,7 +231,7 @@ def _groups(program, vertices, alloc, index) -> list[VertexGroup]:
         outs = _operand_addresses([v.outs for v in vs], tiles, alloc, index, item)
         size = lambda o: o.count * item[o.buffer]  # noqa: E731
         groups.append(VertexGroup(call, variant, vs[0].cycles, tuple(size(o) for o in vs[0].ins),
-                                  tuple(size(o) for o in vs[0].outs), tiles, ins, outs))
+                                  tuple(size(o) for o in vs[0].outs), pool(tiles), pool(ins), pool(outs)))
     return groups
 
 
@@ -243,13 +248,13 @@ def _operand_addresses(operands, tiles, alloc, index, item) -> np.ndarray:
     return base + off
 
 
-def _copy_groups(runs, target, registry) -> list[VertexGroup]:
+def _copy_groups(runs, target, registry, pool) -> list[VertexGroup]:
     groups = []
     for n in np.unique(runs.nbytes).tolist():
         sel = np.flatnonzero(runs.nbytes == n)
         call = CopyCall(int(n))
         v = dispatch(call, target, registry=registry)
         groups.append(VertexGroup(call, v.name, v.cycles(call, target), (int(n),), (int(n),),
-                                  runs.src_tile[sel].astype(np.int32), runs.src_off[sel][:, None],
-                                  runs.dst_off[sel][:, None]))
+                                  pool(runs.src_tile[sel], np.int32), pool(runs.src_off[sel][:, None], np.int64),
+                                  pool(runs.dst_off[sel][:, None], np.int64)))
     return groups
