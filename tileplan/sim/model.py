@@ -14,6 +14,12 @@ exchange that writes a byte it also reads. Cycles come from the actual program:
 a compute set lasts as long as its slowest tile (the sum of the cycles of the
 vertices on it), an exchange as long as its slowest tile's max(send, receive)
 under ``estimate.exchange``'s model, plus one sync.
+
+What a step's checks and cycles find depends on its tables only. A tower's
+repeated layers share most of theirs (``lowering.tile_program.ArrayPool``: one
+array per distinct table, also when loaded from a package), so the checks and
+the cycle count run once per distinct table and are reused for every step that
+holds the same arrays; the data still moves at every step.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from ..estimate.exchange import tile_exchange_cycles
 from ..graph.dtypes import DType
 from ..kernels import default_registry
 from ..layout.panels import from_panel_major, to_panel_major
-from ..lowering.tile_program import ComputeSet, Exchange, TileProgram
+from ..lowering.tile_program import EXCHANGE_FIELDS, ComputeSet, Exchange, TileProgram
 
 CHUNK_BYTES = 32 << 20        # bytes gathered at once when executing a step
 
@@ -73,6 +79,7 @@ class IPUModel:
         self.program, self.target = program, target
         self.registry = registry or default_registry()
         self.mem = np.zeros((program.tiles, target.sram_bytes), dtype=np.uint8)
+        self._checked: dict[tuple, tuple] = {}   # ids of a step's tables -> (the tables, kept alive; per-tile cycles)
         self.high = np.zeros(program.tiles, dtype=np.int64)
         used = program.addr >= 0
         if used.any():
@@ -145,6 +152,17 @@ class IPUModel:
                            f"outside its usable memory [{lo}, {self.target.sram_bytes})")
 
     def _compute(self, cs: ComputeSet) -> StepProfile:
+        key = ("compute",) + tuple((id(g.tile), id(g.ins), id(g.outs), g.in_bytes, g.out_bytes, g.cycles)
+                                   for g in cs.groups)
+        if key not in self._checked:
+            self._checked[key] = (cs.groups, self._check_compute(cs))
+        per_tile = self._checked[key][1]
+        for g in cs.groups:
+            self._run_group(g)
+        return StepProfile(cs.name, "compute", int(per_tile.max(initial=0)), 0, per_tile)
+
+    def _check_compute(self, cs: ComputeSet) -> np.ndarray:
+        """Bounds and conflicts of a compute set's operands; its cycles per tile."""
         tiles = self.program.tiles
         per_tile = np.zeros(tiles, dtype=np.int64)
         acc = []   # (tile, lo, hi, vertex id, is_write)
@@ -162,9 +180,7 @@ class IPUModel:
                 acc.append((g.tile, g.outs[:, j], g.outs[:, j] + nb, ids, np.ones(n, bool)))
         if acc:
             _check_conflicts(cs.name, *(np.concatenate(c) for c in zip(*acc)))
-        for g in cs.groups:
-            self._run_group(g)
-        return StepProfile(cs.name, "compute", int(per_tile.max(initial=0)), 0, per_tile)
+        return per_tile
 
     def _run_group(self, g) -> None:
         if g.variant not in self.registry:
@@ -196,6 +212,18 @@ class IPUModel:
 
     def _exchange(self, ex: Exchange) -> StepProfile:
         tr = ex.transfers
+        n = len(tr)
+        key = ("exchange",) + tuple(id(getattr(tr, f)) for f in EXCHANGE_FIELDS)
+        if key not in self._checked:
+            self._checked[key] = (tr, self._check_exchange(ex))
+        per_tile = self._checked[key][1]
+        _move_bytes(self.mem, tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes)
+        return StepProfile(ex.name, "exchange", int(per_tile.max(initial=0)), self.target.sync_cycles if n else 0,
+                           per_tile, int(tr.nbytes.sum()))
+
+    def _check_exchange(self, ex: Exchange) -> np.ndarray:
+        """Bounds and conflicts of an exchange's transfers; its cycles per tile."""
+        tr = ex.transfers
         tiles = self.program.tiles
         self._bounds(tr.src_tile, tr.src_off, tr.nbytes, f"{ex.name}: transfer source")
         self._bounds(tr.dst_tile, tr.dst_off, tr.nbytes, f"{ex.name}: transfer destination")
@@ -210,11 +238,8 @@ class IPUModel:
         vid = np.concatenate([np.arange(n), n + np.arange(src_rows.size)])
         write = np.concatenate([np.ones(n, bool), np.zeros(src_rows.size, bool)])
         _check_conflicts(ex.name, tile, lo, hi, vid, write)
-        _move_bytes(self.mem, tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes)
         send, recv = tile_exchange_cycles(tr, self.target, tiles)
-        per_tile = np.maximum(send, recv)
-        return StepProfile(ex.name, "exchange", int(per_tile.max(initial=0)), self.target.sync_cycles if n else 0,
-                           per_tile, int(tr.nbytes.sum()))
+        return np.maximum(send, recv)
 
 
 def live_bytes(tp: TileProgram, group=None, groups: int = 1) -> np.ndarray:
