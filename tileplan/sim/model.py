@@ -20,10 +20,17 @@ repeated layers share most of theirs (``lowering.tile_program.ArrayPool``: one
 array per distinct table, also when loaded from a package), so the checks and
 the cycle count run once per distinct table and are reused for every step that
 holds the same arrays; the data still moves at every step.
+
+A compute set's GEMM vertices run as one batched ``np.matmul`` of small
+matrices (81 x 128 x 64 on the SigLIP tower); BLAS's thread pool only adds
+overhead at that size (about 30x on a busy two-core machine, measured), so a
+run uses one BLAS thread (``single_blas_thread``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,11 +138,12 @@ class IPUModel:
 
     def run(self) -> Profile:
         prof = Profile()
-        for i, step in enumerate(self.program.steps):
-            if isinstance(step, ComputeSet):
-                prof.steps.append(self._compute(step))
-            else:
-                prof.steps.append(self._exchange(step))
+        with single_blas_thread():
+            for i, step in enumerate(self.program.steps):
+                if isinstance(step, ComputeSet):
+                    prof.steps.append(self._compute(step))
+                else:
+                    prof.steps.append(self._exchange(step))
         prof.memory_peak = self._live_peak()
         return prof
 
@@ -240,6 +248,44 @@ class IPUModel:
         _check_conflicts(ex.name, tile, lo, hi, vid, write)
         send, recv = tile_exchange_cycles(tr, self.target, tiles)
         return np.maximum(send, recv)
+
+
+@contextlib.contextmanager
+def single_blas_thread():
+    """numpy's OpenBLAS limited to one thread inside the block (nothing where it is not OpenBLAS)."""
+    fns = _openblas_threads()
+    if fns is None:
+        yield
+        return
+    get, set_ = fns
+    before = get()
+    set_(1)
+    try:
+        yield
+    finally:
+        set_(before)
+
+
+@functools.lru_cache(maxsize=1)
+def _openblas_threads():
+    """(get, set) of the number of threads of the OpenBLAS numpy loaded, or None."""
+    import ctypes
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if "openblas" in line.lower() and ".so" in line})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas", "64_"), ("openblas", "64_"), ("openblas", "")):
+            get, set_ = (getattr(lib, f"{prefix}_{w}_num_threads{suffix}", None) for w in ("get", "set"))
+            if get is not None and set_ is not None:
+                get.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
+                return get, set_
+    return None
 
 
 def live_bytes(tp: TileProgram, group=None, groups: int = 1) -> np.ndarray:
