@@ -37,6 +37,24 @@ def test_the_small_tower_compiles_from_a_warm_cache_and_validates_on_the_ipu_mod
     assert v.passed, out
     assert out["cosine"] > 0.99999
     assert v.profile.cycles == p.estimate.cycles
+    # The layers are one program: the package holds a table the layers share once, and loads it as
+    # one array (the IPU model then checks and counts it once).
+    from tileplan.lowering.package import load_package
+    steps = {s.name: s for s in load_package(pkg).program.steps}
+    layer1 = [n for n in steps if n.startswith("l1.")]
+    same = [n for n in layer1 if _tables(steps[n]) == _tables(steps["l2." + n[3:]])]
+    assert len(same) >= len(layer1) // 2, sorted(set(layer1) - set(same))
+    index = json.loads((pkg / "program.json").read_text())
+    assert sum("arrays" in s for s in index["steps"]) + sum("arrays" in g for s in index["steps"]
+                                                             for g in s.get("groups", ())) >= len(same)
+
+
+def _tables(step) -> tuple:
+    """The identities of a step's arrays (equal tuples: the very same arrays)."""
+    if hasattr(step, "groups"):
+        return tuple((id(g.tile), id(g.ins), id(g.outs)) for g in step.groups)
+    return tuple(id(getattr(step.transfers, f)) for f in ("group", "src_tile", "src_off", "dst_tile", "dst_off",
+                                                            "nbytes"))
 
 
 def test_a_tower_whose_weights_do_not_fit_names_the_tile_region_and_largest_buffers(cli, tmp_path):

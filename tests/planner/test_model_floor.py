@@ -106,3 +106,24 @@ def test_the_floor_of_an_encoder_layer_bounds_its_plan():
     floor = model_floor(graph, target)
     assert 0 < floor["cycles"] <= plan(graph, target).estimate.cycles
     assert any(name.endswith(".transpose_b") for name in floor["ops"])
+
+
+def test_a_towers_model_floor_costs_each_distinct_op_once_and_equals_the_floor_op_by_op(monkeypatch):
+    """The 4-layer tower's layers are one problem: its GEMM floors are computed for one layer only,
+    and each op's share equals what computing it afresh gives."""
+    from tileplan.planner import quality
+    graph = load_model(FIXTURES / "encoder_tower_small.toml")
+    target = load_target("ipu21-64")
+    monkeypatch.setattr(quality, "_FLOOR_MEMO", {})
+    calls = []
+    real = quality.FLOORS["Gemm"]
+    monkeypatch.setitem(quality.FLOORS, "Gemm", lambda g, op, *a: calls.append(op.name) or real(g, op, *a))
+    floor = model_floor(graph, target)
+    gemms = [n for n in floor["ops"] if "grid" in floor["ops"][n]]
+    assert len(gemms) == 4 * 8 and 0 < len(calls) <= 8          # q, k, v, q k^T, p v, o, fc1, fc2 per layer
+    assert all(n.startswith("l0.") for n in calls)
+    n = len(calls)
+    assert model_floor(graph, target) == floor and len(calls) == n   # a second call computes nothing
+    monkeypatch.setattr(quality, "_FLOOR_MEMO", {})
+    monkeypatch.setattr(quality, "_FLOOR_MEMO_SIZE", 0)          # nothing remembered: every op afresh
+    assert model_floor(graph, target) == floor

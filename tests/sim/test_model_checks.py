@@ -132,6 +132,7 @@ def test_a_lowered_program_with_two_vertices_writing_one_output_is_refused():
     step = next(s for s in broken.steps if isinstance(s, ComputeSet) and s.name == "bias1.compute")
     group = next(g for g in step.groups if len(g.tile) > 1)
     tile = int(group.tile[0])
+    group.tile, group.outs = group.tile.copy(), group.outs.copy()   # equal tables are shared between steps
     group.tile[1], group.outs[1] = tile, group.outs[0]         # vertex 1 moves onto vertex 0's tile and output
     with pytest.raises(SimError, match=rf"^bias1\.compute: two writers of one byte on tile {tile} "):
         IPUModel(broken, target).run()

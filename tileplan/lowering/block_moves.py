@@ -39,22 +39,27 @@ __all__ = ["BlockMove", "CopyPlans", "block_move"]
 class CopyPlans:
     """Each copy's plan (its ``BlockMove`` when it is one), made once per lowering: the passes and the
     expansion all ask for it (``plan_for``'s own cache keeps only a few plans, fewer than a serial GEMM
-    has copies)."""
+    has copies). A plan depends on the two buffers' layouts, shapes and element type only, so it is
+    keyed by those: the copies of a tower's 27 layers share one plan each, not 27."""
 
     def __init__(self, tiles: int):
         self.tiles = tiles
         self._plans: dict = {}
 
+    @staticmethod
+    def _key(src, dst) -> tuple:
+        return (src.layout, dst.layout, tuple(src.shape), tuple(dst.shape), src.dtype)
+
     def __call__(self, src, dst):
         """The copy's ``BlockMove`` when it is one, else its row-by-row plan."""
-        key = (src, dst, True)
+        key = (self._key(src, dst), True)
         if key not in self._plans:
             self._plans[key] = block_move(src, dst) or self.rows(src, dst)
         return self._plans[key]
 
     def rows(self, src, dst):
         """The copy's row-by-row plan (``plan_for``)."""
-        key = (src, dst, False)
+        key = (self._key(src, dst), False)
         if key not in self._plans:
             self._plans[key] = plan_for(src, dst, self.tiles)
         return self._plans[key]

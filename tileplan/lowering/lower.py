@@ -28,13 +28,34 @@ from .allocate import allocate
 from .block_moves import BlockMove, CopyPlans
 from .passes import PASSES
 from .passes.state import LoweringState
-from .tile_program import BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
+from .tile_program import ArrayPool, BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
+
+
+def return_freed_memory(setup: bool = False) -> None:
+    """Give freed heap memory back to the system (glibc only; elsewhere nothing).
+
+    Lowering a tower makes and drops millions of rows of transient tables. glibc's allocator
+    raises its mmap threshold as large blocks are freed, so later tables of a few MB come from
+    the heap, and the heap, fragmented, never shrinks: a 27-layer tower's lowering held about
+    three times the memory it used. ``setup`` fixes the threshold at 1 MiB (blocks above it are
+    mapped and unmapped, so freeing them returns them); otherwise trim the heap now."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        if setup:
+            libc.mallopt(-3, 1 << 20)          # M_MMAP_THRESHOLD (malloc.h)
+        else:
+            libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def lower(program: Program, target, *, registry=None, passes=None, block_moves: bool = True) -> LoweringState:
     """Lower a whole-graph program; returns the state holding ``tile_program`` and the pass log.
     ``passes``: the names of the low passes to run (default all, in ``PASSES`` order);
     ``block_moves``: the expansion's own option (``expand``), whichever passes run."""
+    return_freed_memory(setup=True)
     registry = registry or default_registry()
     chosen = PASSES if passes is None else [p for p in PASSES if p.name in passes]
     state = LoweringState(program, target)
@@ -44,7 +65,7 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
     check_rearrangements(state.program, target, registry, state.plans)
     alloc = allocate(state.program, target, state.aliases, state.sizes)
     state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=block_moves,
-                                plans=state.plans)
+                                plans=state.plans, pool=state.pool)
     state.plans = CopyPlans(target.tiles)       # expanded: do not keep the copy plans alive
     spans = _tile_spans(state.program, state.tile_program)
     for info in state.tile_program.buffers:
@@ -55,6 +76,8 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
         if p.stage == "tiles":
             state = p.run(state)
     state.tile_program.passes = [p.name for p in chosen]
+    state.pool = ArrayPool()                    # a fresh one: the old index keeps replaced tables alive
+    return_freed_memory()
     return state
 
 
@@ -102,13 +125,15 @@ def check_rearrangements(program: Program, target, registry, plans=None) -> None
 
 
 def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | None = None,
-           block_moves: bool = True, plans=None) -> TileProgram:
+           block_moves: bool = True, plans=None, pool: ArrayPool | None = None) -> TileProgram:
     """The tile program of ``program`` placed by ``alloc``. ``block_moves``: copies between grids of the
     same blocks become one exchange row per block (``lowering.block_moves``: each block is one
     contiguous run in both memories); what the expansion makes does not depend on which passes
-    follow. ``block_moves=False``: every copy row by row (the reference the tests compare with)."""
+    follow. ``block_moves=False``: every copy row by row (the reference the tests compare with).
+    ``pool``: equal tables become one array (``tile_program.ArrayPool``; a tower's layers share theirs)."""
     tiles = target.tiles
     plans = plans or CopyPlans(tiles)
+    pool = pool or ArrayPool()
     index = {n: i for i, n in enumerate(alloc.names)}
     infos = []
     for n in alloc.names:
@@ -119,15 +144,17 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
     steps = []
     for step in program.steps:
         if isinstance(step, ComputeStep):
-            steps.append(ComputeSet(step.name, _groups(program, step.vertices, alloc, index)))
+            steps.append(ComputeSet(step.name, _groups(program, step.vertices, alloc, index, pool)))
         else:
             ex, local, fragments = _step_traffic(program, step, tiles, index, aliases or {}, block_moves, plans)
             local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index, plans)])
-            tr = _absolute(ex, alloc)
+            tr = pool.transfers(_absolute(ex, alloc))
+            del ex
             if len(tr):
                 steps.append(Exchange(step.name, tr, fragments if fragments != len(tr) else None))
             if len(local):
-                steps.append(ComputeSet(step.name + ".local", _copy_groups(_absolute(local, alloc), target, registry)))
+                steps.append(ComputeSet(step.name + ".local", _copy_groups(_absolute(local, alloc), target, registry,
+                                                                           pool)))
     io_maps = {}
     for n in alloc.names:
         b = program.buffers[n]
@@ -212,7 +239,7 @@ def _absolute(tr, alloc):
     return Transfers(tr.group, tr.src_tile, zero, src, tr.dst_tile, zero, dst, tr.nbytes)
 
 
-def _groups(program, vertices, alloc, index) -> list[VertexGroup]:
+def _groups(program, vertices, alloc, index, pool) -> list[VertexGroup]:
     item = {n: b.dtype.itemsize for n, b in program.buffers.items()}
     buckets: dict = defaultdict(list)
     for v in vertices:
@@ -228,7 +255,7 @@ def _groups(program, vertices, alloc, index) -> list[VertexGroup]:
         outs = _operand_addresses([v.outs for v in vs], tiles, alloc, index, item)
         size = lambda o: o.count * item[o.buffer]  # noqa: E731
         groups.append(VertexGroup(call, variant, vs[0].cycles, tuple(size(o) for o in vs[0].ins),
-                                  tuple(size(o) for o in vs[0].outs), tiles, ins, outs))
+                                  tuple(size(o) for o in vs[0].outs), pool(tiles), pool(ins), pool(outs)))
     return groups
 
 
@@ -245,13 +272,13 @@ def _operand_addresses(operands, tiles, alloc, index, item) -> np.ndarray:
     return base + off
 
 
-def _copy_groups(runs, target, registry) -> list[VertexGroup]:
+def _copy_groups(runs, target, registry, pool) -> list[VertexGroup]:
     groups = []
     for n in np.unique(runs.nbytes).tolist():
         sel = np.flatnonzero(runs.nbytes == n)
         call = CopyCall(int(n))
         v = dispatch(call, target, registry=registry)
         groups.append(VertexGroup(call, v.name, v.cycles(call, target), (int(n),), (int(n),),
-                                  runs.src_tile[sel].astype(np.int32), runs.src_off[sel][:, None],
-                                  runs.dst_off[sel][:, None]))
+                                  pool(runs.src_tile[sel], np.int32), pool(runs.src_off[sel][:, None], np.int64),
+                                  pool(runs.dst_off[sel][:, None], np.int64)))
     return groups

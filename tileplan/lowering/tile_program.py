@@ -15,10 +15,20 @@ numpy array; the small index (buffers, calls, step names) is JSON.
 
 Cycles of every step follow the cycle model of ``estimate.exchange`` and the
 kernels' formulas, so the IPU model counts the same way the estimate does.
+
+Repeated layers: the layers of a tower are one program modulo parameter values,
+so most of their steps' tables are equal array for array (the same tiles, the
+same activation addresses). Lowering passes every table through an
+``ArrayPool``, so equal tables are one numpy array in memory, and
+``program.npz`` stores each distinct table once: a step whose table equals an
+earlier step's names that member in ``program.json`` (``"arrays"``) instead of
+storing its own copy. Transfer tables are int32 (tiles, addresses and byte
+counts of one tile's memory all fit).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,22 +101,40 @@ class TileProgram:
 
     def to_files(self) -> tuple[bytes, dict]:
         arrays: dict[str, np.ndarray] = {"addr": self.addr, "size": self.size}
+        stored: dict[int, str] = {}      # id of an array already stored -> its member name
+
+        def put(name: str, a: np.ndarray, refs: dict, field: str) -> None:
+            """Store ``a`` under ``name``, or refer to the member that already holds this array."""
+            if id(a) in stored:
+                refs[field] = stored[id(a)]
+            else:
+                stored[id(a)] = name
+                arrays[name] = a
+
         steps = []
         for si, st in enumerate(self.steps):
             if isinstance(st, ComputeSet):
                 groups = []
                 for gi, g in enumerate(st.groups):
                     p = f"s{si}g{gi}"
-                    arrays[p + "_tile"], arrays[p + "_ins"], arrays[p + "_outs"] = g.tile, g.ins, g.outs
-                    groups.append({"call": call_to_json(g.call), "variant": g.variant, "cycles": g.cycles,
-                                   "in_bytes": list(g.in_bytes), "out_bytes": list(g.out_bytes)})
+                    refs: dict[str, str] = {}
+                    for f in ("tile", "ins", "outs"):
+                        put(f"{p}_{f}", getattr(g, f), refs, f)
+                    d = {"call": call_to_json(g.call), "variant": g.variant, "cycles": g.cycles,
+                         "in_bytes": list(g.in_bytes), "out_bytes": list(g.out_bytes)}
+                    if refs:
+                        d["arrays"] = refs
+                    groups.append(d)
                 steps.append({"kind": "compute", "name": st.name, "groups": groups})
             else:
                 p = f"s{si}x"
-                tr = st.transfers
-                for f in ("group", "src_tile", "src_off", "dst_tile", "dst_off", "nbytes"):
-                    arrays[f"{p}_{f}"] = getattr(tr, f)
-                steps.append({"kind": "exchange", "name": st.name})
+                refs = {}
+                for f in EXCHANGE_FIELDS:
+                    put(f"{p}_{f}", getattr(st.transfers, f), refs, f)
+                d = {"kind": "exchange", "name": st.name}
+                if refs:
+                    d["arrays"] = refs
+                steps.append(d)
         for name, (t, s, e, o) in sorted(self.io_maps.items()):
             for k, a in zip(("tile", "start", "stop", "offset"), (t, s, e, o)):
                 arrays[f"io:{name}:{k}"] = a
@@ -118,25 +146,76 @@ class TileProgram:
     def from_files(cls, npz_bytes: bytes, index: dict) -> "TileProgram":
         with np.load(io.BytesIO(npz_bytes), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
+
+        def get(prefix: str, field: str, refs) -> np.ndarray:
+            name = (refs or {}).get(field, f"{prefix}_{field}")
+            if not isinstance(name, str) or name not in arrays:
+                raise TileplanError(f"program.json: {prefix} refers to {name!r}, which program.npz lacks")
+            return arrays[name]
+
         steps = []
         for si, st in enumerate(index["steps"]):
             if st["kind"] == "compute":
                 groups = []
                 for gi, g in enumerate(st["groups"]):
                     p = f"s{si}g{gi}"
+                    refs = g.get("arrays")
                     groups.append(VertexGroup(call_from_json(g["call"]), g["variant"], int(g["cycles"]),
                                               tuple(g["in_bytes"]), tuple(g["out_bytes"]),
-                                              arrays[p + "_tile"], arrays[p + "_ins"], arrays[p + "_outs"]))
+                                              *(get(p, f, refs) for f in ("tile", "ins", "outs"))))
                 steps.append(ComputeSet(st["name"], groups))
             else:
                 p = f"s{si}x"
-                z = {f: arrays[f"{p}_{f}"] for f in ("group", "src_tile", "src_off", "dst_tile", "dst_off", "nbytes")}
-                zeros = np.zeros(len(z["group"]), dtype=np.int32)
-                steps.append(Exchange(st["name"], Transfers(z["group"], z["src_tile"], zeros, z["src_off"],
-                                                            z["dst_tile"], zeros, z["dst_off"], z["nbytes"])))
+                z = {f: get(p, f, st.get("arrays")) for f in EXCHANGE_FIELDS}
+                steps.append(Exchange(st["name"], exchange_table(**z)))
         io_maps = {n: tuple(arrays[f"io:{n}:{k}"] for k in ("tile", "start", "stop", "offset")) for n in index["io"]}
         return cls(index["tiles"], [BufferInfo(**b) for b in index["buffers"]], arrays["addr"], arrays["size"],
                    steps, io_maps, list(index.get("passes", [])))
+
+
+EXCHANGE_FIELDS = ("group", "src_tile", "src_off", "dst_tile", "dst_off", "nbytes")
+
+
+def exchange_table(group, src_tile, src_off, dst_tile, dst_off, nbytes) -> Transfers:
+    """A tile program's transfer table (absolute addresses; the buffer columns are zero, shared)."""
+    zeros = np.broadcast_to(np.int32(0), np.shape(group))
+    return Transfers(group, src_tile, zeros, src_off, dst_tile, zeros, dst_off, nbytes)
+
+
+class ArrayPool:
+    """Equal tables become one array: ``pool(a)`` returns the first array seen with ``a``'s dtype, shape
+    and bytes (read-only), or ``a`` itself. What lets a tower's repeated layers share their tables."""
+
+    def __init__(self):
+        self._seen: dict[tuple, np.ndarray] = {}
+        self.hits = self.bytes_saved = 0
+
+    def __call__(self, a: np.ndarray, dtype=None) -> np.ndarray:
+        a = np.ascontiguousarray(a if dtype is None else _narrow(a, dtype))
+        key = (a.dtype.str, a.shape, hashlib.blake2b(a.data, digest_size=16).digest())
+        got = self._seen.get(key)
+        if got is not None:
+            self.hits += 1
+            self.bytes_saved += a.nbytes
+            return got
+        a.flags.writeable = False
+        self._seen[key] = a
+        return a
+
+    def transfers(self, tr: Transfers) -> Transfers:
+        """A transfer table with int32 columns, each column pooled."""
+        return exchange_table(*(self(getattr(tr, f), np.int32) for f in EXCHANGE_FIELDS))
+
+
+def _narrow(a: np.ndarray, dtype) -> np.ndarray:
+    """``a`` as ``dtype`` when every value fits (else unchanged)."""
+    a = np.asarray(a)
+    if a.dtype == dtype or a.size == 0:
+        return a.astype(dtype, copy=False)
+    info = np.iinfo(dtype)
+    if a.min() >= info.min and a.max() <= info.max:
+        return a.astype(dtype)
+    return a
 
 
 def deterministic_npz(arrays: dict[str, np.ndarray]) -> bytes:

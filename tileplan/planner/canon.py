@@ -189,18 +189,29 @@ def rename_program(prog, rename: Renaming):
         out.buffers[rename(b.name)] = dataclasses.replace(b, name=rename(b.name), tensor=rename(b.tensor))
     names = {n: rename(n) for n in prog.buffers}
     ops: dict = {}
+    new = object.__new__
 
     def operand(o):
         got = ops.get(id(o))
-        if got is None:
-            got = ops[id(o)] = (_with(o, buffer=names.get(o.buffer) or rename(o.buffer)), o)
+        if got is None:          # ``_with(o, buffer=...)``, inlined: this runs for every operand of a tower
+            n = new(type(o))
+            d = n.__dict__
+            d.update(o.__dict__)
+            d["buffer"] = names.get(o.buffer) or rename(o.buffer)
+            got = ops[id(o)] = (n, o)
         return got[0]
 
     for st in prog.steps:
         if isinstance(st, ComputeStep):
-            vs = tuple(_with(v, ins=tuple(operand(o) for o in v.ins), outs=tuple(operand(o) for o in v.outs))
-                       for v in st.vertices)
-            out.steps.append(ComputeStep(rename(st.name), vs))
+            vs = []
+            for v in st.vertices:
+                n = new(type(v))
+                d = n.__dict__
+                d.update(v.__dict__)
+                d["ins"] = tuple([operand(o) for o in v.ins])
+                d["outs"] = tuple([operand(o) for o in v.outs])
+                vs.append(n)
+            out.steps.append(ComputeStep(rename(st.name), tuple(vs)))
         elif isinstance(st, ExchangeStep):
             out.steps.append(ExchangeStep(rename(st.name), tuple(Copy(rename(c.src), rename(c.dst))
                                                                  for c in st.copies)))

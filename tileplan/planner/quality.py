@@ -269,6 +269,10 @@ FLOORS = {"Rowwise": rowwise_op_floor, "Gemm": gemm_op_floor, "Pointwise": point
           "View": view_op_floor, "Transpose": transpose_op_floor}
 
 
+_FLOOR_MEMO: dict[tuple, dict] = {}     # (family, canon.op_key, target key, fused) -> an op's share
+_FLOOR_MEMO_SIZE = 4096
+
+
 def model_floor(graph, target) -> dict:
     """A lower bound on the cycles of any plan of ``graph`` on ``target`` in tileplan's candidate
     space, under the same machine model and kernel formulas (no planning needed): per op its
@@ -277,7 +281,13 @@ def model_floor(graph, target) -> dict:
 
     ``cycles`` is the sum. A target under it is out of reach without a wider candidate space or
     faster kernel formulas. The graph is the planner's (``rewrite.canonical``: a transposed
-    activation read through its Transpose, and so on), so the floor bounds what is planned."""
+    activation read through its Transpose, and so on), so the floor bounds what is planned.
+
+    An op's share depends on its planning problem only (``canon.op_key``: its neighbourhood's
+    structure and parameter storage, not names or values) and on whether its bias Add fuses, so
+    it is computed once per distinct problem and remembered across calls: a tower's 27 layers
+    cost one, and the plan's, the bench's and ``tileplan show``'s floors one between them."""
+    from . import canon
     from . import elementwise as ew
     from .families import family_of
     from .plan import parameter_storage
@@ -285,7 +295,19 @@ def model_floor(graph, target) -> dict:
     graph = canonical(graph)
     storage = parameter_storage(graph, target)
     fused_adds = {found[0].name for op in graph.ops if (found := ew.fusable_bias(graph, op)) is not None}
-    ops = {op.name: FLOORS[family_of(op).name](graph, op, target, storage, fused_adds) for op in graph.ops}
+    tkey = canon.target_key(target)
+    ops = {}
+    for op in graph.ops:
+        fam = family_of(op).name
+        key = (fam, canon.op_key(graph, storage, op), tkey, op.name in fused_adds)
+        share = _FLOOR_MEMO.get(key)
+        if share is None:
+            share = FLOORS[fam](graph, op, target, storage, fused_adds)
+            while _FLOOR_MEMO and len(_FLOOR_MEMO) >= _FLOOR_MEMO_SIZE:
+                _FLOOR_MEMO.pop(next(iter(_FLOOR_MEMO)))      # the oldest first
+            if _FLOOR_MEMO_SIZE:
+                _FLOOR_MEMO[key] = share
+        ops[op.name] = dict(share)
     return {"ops": ops, "cycles": sum(v["cycles"] for v in ops.values())}
 
 

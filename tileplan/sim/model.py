@@ -14,10 +14,23 @@ exchange that writes a byte it also reads. Cycles come from the actual program:
 a compute set lasts as long as its slowest tile (the sum of the cycles of the
 vertices on it), an exchange as long as its slowest tile's max(send, receive)
 under ``estimate.exchange``'s model, plus one sync.
+
+What a step's checks and cycles find depends on its tables only. A tower's
+repeated layers share most of theirs (``lowering.tile_program.ArrayPool``: one
+array per distinct table, also when loaded from a package), so the checks and
+the cycle count run once per distinct table and are reused for every step that
+holds the same arrays; the data still moves at every step.
+
+A compute set's GEMM vertices run as one batched ``np.matmul`` of small
+matrices (81 x 128 x 64 on the SigLIP tower); BLAS's thread pool only adds
+overhead at that size (about 30x on a busy two-core machine, measured), so a
+run uses one BLAS thread (``single_blas_thread``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +40,7 @@ from ..estimate.exchange import tile_exchange_cycles
 from ..graph.dtypes import DType
 from ..kernels import default_registry
 from ..layout.panels import from_panel_major, to_panel_major
-from ..lowering.tile_program import ComputeSet, Exchange, TileProgram
+from ..lowering.tile_program import EXCHANGE_FIELDS, ComputeSet, Exchange, TileProgram
 
 CHUNK_BYTES = 32 << 20        # bytes gathered at once when executing a step
 
@@ -73,6 +86,7 @@ class IPUModel:
         self.program, self.target = program, target
         self.registry = registry or default_registry()
         self.mem = np.zeros((program.tiles, target.sram_bytes), dtype=np.uint8)
+        self._checked: dict[tuple, tuple] = {}   # ids of a step's tables -> (the tables, kept alive; per-tile cycles)
         self.high = np.zeros(program.tiles, dtype=np.int64)
         used = program.addr >= 0
         if used.any():
@@ -124,11 +138,12 @@ class IPUModel:
 
     def run(self) -> Profile:
         prof = Profile()
-        for i, step in enumerate(self.program.steps):
-            if isinstance(step, ComputeSet):
-                prof.steps.append(self._compute(step))
-            else:
-                prof.steps.append(self._exchange(step))
+        with single_blas_thread():
+            for i, step in enumerate(self.program.steps):
+                if isinstance(step, ComputeSet):
+                    prof.steps.append(self._compute(step))
+                else:
+                    prof.steps.append(self._exchange(step))
         prof.memory_peak = self._live_peak()
         return prof
 
@@ -145,6 +160,17 @@ class IPUModel:
                            f"outside its usable memory [{lo}, {self.target.sram_bytes})")
 
     def _compute(self, cs: ComputeSet) -> StepProfile:
+        key = ("compute",) + tuple((id(g.tile), id(g.ins), id(g.outs), g.in_bytes, g.out_bytes, g.cycles)
+                                   for g in cs.groups)
+        if key not in self._checked:
+            self._checked[key] = (cs.groups, self._check_compute(cs))
+        per_tile = self._checked[key][1]
+        for g in cs.groups:
+            self._run_group(g)
+        return StepProfile(cs.name, "compute", int(per_tile.max(initial=0)), 0, per_tile)
+
+    def _check_compute(self, cs: ComputeSet) -> np.ndarray:
+        """Bounds and conflicts of a compute set's operands; its cycles per tile."""
         tiles = self.program.tiles
         per_tile = np.zeros(tiles, dtype=np.int64)
         acc = []   # (tile, lo, hi, vertex id, is_write)
@@ -162,9 +188,7 @@ class IPUModel:
                 acc.append((g.tile, g.outs[:, j], g.outs[:, j] + nb, ids, np.ones(n, bool)))
         if acc:
             _check_conflicts(cs.name, *(np.concatenate(c) for c in zip(*acc)))
-        for g in cs.groups:
-            self._run_group(g)
-        return StepProfile(cs.name, "compute", int(per_tile.max(initial=0)), 0, per_tile)
+        return per_tile
 
     def _run_group(self, g) -> None:
         if g.variant not in self.registry:
@@ -196,6 +220,18 @@ class IPUModel:
 
     def _exchange(self, ex: Exchange) -> StepProfile:
         tr = ex.transfers
+        n = len(tr)
+        key = ("exchange",) + tuple(id(getattr(tr, f)) for f in EXCHANGE_FIELDS)
+        if key not in self._checked:
+            self._checked[key] = (tr, self._check_exchange(ex))
+        per_tile = self._checked[key][1]
+        _move_bytes(self.mem, tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes)
+        return StepProfile(ex.name, "exchange", int(per_tile.max(initial=0)), self.target.sync_cycles if n else 0,
+                           per_tile, int(tr.nbytes.sum()))
+
+    def _check_exchange(self, ex: Exchange) -> np.ndarray:
+        """Bounds and conflicts of an exchange's transfers; its cycles per tile."""
+        tr = ex.transfers
         tiles = self.program.tiles
         self._bounds(tr.src_tile, tr.src_off, tr.nbytes, f"{ex.name}: transfer source")
         self._bounds(tr.dst_tile, tr.dst_off, tr.nbytes, f"{ex.name}: transfer destination")
@@ -210,11 +246,46 @@ class IPUModel:
         vid = np.concatenate([np.arange(n), n + np.arange(src_rows.size)])
         write = np.concatenate([np.ones(n, bool), np.zeros(src_rows.size, bool)])
         _check_conflicts(ex.name, tile, lo, hi, vid, write)
-        _move_bytes(self.mem, tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes)
         send, recv = tile_exchange_cycles(tr, self.target, tiles)
-        per_tile = np.maximum(send, recv)
-        return StepProfile(ex.name, "exchange", int(per_tile.max(initial=0)), self.target.sync_cycles if n else 0,
-                           per_tile, int(tr.nbytes.sum()))
+        return np.maximum(send, recv)
+
+
+@contextlib.contextmanager
+def single_blas_thread():
+    """numpy's OpenBLAS limited to one thread inside the block (nothing where it is not OpenBLAS)."""
+    fns = _openblas_threads()
+    if fns is None:
+        yield
+        return
+    get, set_ = fns
+    before = get()
+    set_(1)
+    try:
+        yield
+    finally:
+        set_(before)
+
+
+@functools.lru_cache(maxsize=1)
+def _openblas_threads():
+    """(get, set) of the number of threads of the OpenBLAS numpy loaded, or None."""
+    import ctypes
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if "openblas" in line.lower() and ".so" in line})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas", "64_"), ("openblas", "64_"), ("openblas", "")):
+            get, set_ = (getattr(lib, f"{prefix}_{w}_num_threads{suffix}", None) for w in ("get", "set"))
+            if get is not None and set_ is not None:
+                get.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
+                return get, set_
+    return None
 
 
 def live_bytes(tp: TileProgram, group=None, groups: int = 1) -> np.ndarray:

@@ -338,6 +338,13 @@ class Tables:
         tiles, counts = _i64(tiles), _i64(counts)
         begins = self.var_size[var] + np.cumsum(counts) - counts
         self.var_size[var] += int(counts.sum())
+        # Consecutive pieces on one tile are one (what ``sections`` makes of them anyway): a tower's
+        # exchanges add millions of destination pieces, most of them continuing the one before.
+        keep = counts > 0
+        tiles, counts = tiles[keep], counts[keep]
+        if tiles.size:
+            first = np.flatnonzero(np.concatenate(([True], tiles[1:] != tiles[:-1])))
+            tiles, counts = tiles[first].astype(np.int32), np.add.reduceat(counts, first)
         self._pieces.append((var, tiles, counts))
         return begins
 

@@ -18,8 +18,12 @@ class LoweringState:
     tile_program: object = None                                # set after expansion
     log: list[str] = field(default_factory=list)               # one line per change a pass made
     plans: object = None                                       # lowering.block_moves.CopyPlans of the lowering
+    pool: object = None                                        # tile_program.ArrayPool: equal tables shared
 
     def __post_init__(self):
         if self.plans is None:
             from ..block_moves import CopyPlans
             self.plans = CopyPlans(self.target.tiles)
+        if self.pool is None:
+            from ..tile_program import ArrayPool
+            self.pool = ArrayPool()
