@@ -361,8 +361,29 @@ class Explicit(Layout):
         return OwnerMap.build(tile, start, stop, offset, math.prod(shape))
 
 
+class _OnBase:
+    """A layout that is ``self.base`` under another name: its format, units, checks and owner map
+    are the base's (``Imported``, ``Stored``)."""
+
+    @property
+    def local_format(self) -> str:
+        return self.base.local_format
+
+    def _unit(self, shape, dtype):
+        return self.base._unit(shape, dtype)
+
+    def _shape_problem(self, shape):
+        return self.base._shape_problem(shape)
+
+    def _dtype_problem(self, shape, dtype):
+        return self.base._dtype_problem(shape, dtype)
+
+    def _build(self, shape, dtype, tiles):
+        return self.base.owner_map(shape, dtype, tiles)
+
+
 @dataclass(frozen=True)
-class Imported(Layout):
+class Imported(_OnBase, Layout):
     """The layout a host input arrives in; everything delegates to ``base``."""
 
     base: Layout
@@ -379,29 +400,13 @@ class Imported(Layout):
     def __str__(self) -> str:
         return f"Imp({self.base})"
 
-    @property
-    def local_format(self) -> str:
-        return self.base.local_format
-
     def effective(self, shape, dtype):
         eff = self.base.effective(shape, dtype)
         return self if eff == self.base else Imported(eff)
 
-    def _unit(self, shape, dtype):
-        return self.base._unit(shape, dtype)
-
-    def _shape_problem(self, shape):
-        return self.base._shape_problem(shape)
-
-    def _dtype_problem(self, shape, dtype):
-        return self.base._dtype_problem(shape, dtype)
-
-    def _build(self, shape, dtype, tiles):
-        return self.base.owner_map(shape, dtype, tiles)
-
 
 @dataclass(frozen=True)
-class Stored(Layout):
+class Stored(_OnBase, Layout):
     """A value stored in ``base`` by an op whose pass also wrote its consumer's output there: a
     residual Add fused into the LayerNorm after it writes the sum (which the residual stream still
     reads) and the norm. Everything delegates to ``base``, so a conversion out of it is one out of
@@ -418,24 +423,8 @@ class Stored(Layout):
         return f"Stored({self.base})"
 
     @property
-    def local_format(self) -> str:
-        return self.base.local_format
-
-    @property
     def index_space(self) -> str:
         return self.base.index_space
-
-    def _unit(self, shape, dtype):
-        return self.base._unit(shape, dtype)
-
-    def _shape_problem(self, shape):
-        return self.base._shape_problem(shape)
-
-    def _dtype_problem(self, shape, dtype):
-        return self.base._dtype_problem(shape, dtype)
-
-    def _build(self, shape, dtype, tiles):
-        return self.base.owner_map(shape, dtype, tiles)
 
 
 @dataclass(frozen=True)
