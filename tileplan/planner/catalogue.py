@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import queue
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -471,21 +472,20 @@ class Catalogues:
 
     def _wait(self, future):
         """A pooled catalogue's result; meanwhile, the ticks the workers send are shown."""
-        import queue as _queue
         while True:
             try:
                 return future.result(timeout=0.1 if self.queue is not None else None)
             except TimeoutError:
                 pass
             finally:
-                self._drain(_queue.Empty)
+                self._drain()
 
-    def _drain(self, empty) -> None:
+    def _drain(self) -> None:
         """Show the queued ticks (a late tick of a catalogue already shown finished is dropped)."""
         while self.queue is not None:
             try:
                 tick = self.queue.get_nowait()
-            except empty:
+            except queue.Empty:
                 return
             if tick[0] not in self.finished:
                 self.ctx.progress(*tick)

@@ -72,11 +72,11 @@ def _keep_unit_axis(graph: Graph, op: Reduce) -> list | None:
 
 
 def _matmul(graph: Graph, op: MatMul) -> list | None:
-    graph_inputs = op.inputs
-    shapes = [list(x) for x in op.operand_shapes([graph.tensors[n] for n in op.inputs])]
+    originals = [graph.tensors[n] for n in op.inputs]
+    shapes = [list(x) for x in op.operand_shapes(originals)]
     ops, inputs, flags = [], list(op.inputs), {}
     for idx, flag in ((0, "transpose_a"), (1, "transpose_b")):
-        t = graph.tensors[op.inputs[idx]]
+        t = originals[idx]
         if getattr(op, flag) and t.role is not Role.PARAMETER:
             n = len(t.shape)
             perm = tuple(range(n - 2)) + (n - 1, n - 2)
@@ -86,7 +86,7 @@ def _matmul(graph: Graph, op: MatMul) -> list | None:
             flags[flag] = False
     if flags:
         op = dataclasses.replace(op, inputs=tuple(inputs), **flags)
-    broadcast = _batch_broadcast(graph, op, shapes, [graph.tensors[n] for n in graph_inputs])
+    broadcast = _batch_broadcast(graph, op, shapes, originals)
     if broadcast is not None:
         return ops + broadcast
     return ops + [op] if flags else None
