@@ -51,9 +51,8 @@ def widest_block_n(g, gn) -> np.ndarray:
 
 def cut_cycles(target, parts: CoarseParts, sk, a_cut_density: float) -> np.ndarray:
     """The boundary-dependent cycles: an A boundary layout cut inside rows (Intervals) splits some
-    row pieces in two, one more transfer each, in each of the ``sk`` preparation exchanges."""
-    if not a_cut_density:
-        return np.zeros(len(parts.cycles), dtype=np.int64)
+    row pieces in two, one more transfer each, in each of the ``sk`` preparation exchanges (the caller
+    skips this for a boundary that cuts no row)."""
     cuts = np.ceil(parts.cut_runs * np.minimum(1.0, parts.k * a_cut_density)).astype(np.int64)
     return cuts * (target.receive_control_cycles + 1) * sk
 

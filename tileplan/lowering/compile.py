@@ -13,6 +13,7 @@ import numpy as np
 
 from ..estimate.detailed import cost_program
 from ..estimate.exchange import tile_exchange_cycles
+from ..gcpause import pausing
 from .lower import lower
 from .package import package_files, write_package
 from .tile_program import ComputeSet
@@ -70,6 +71,7 @@ def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver:
     return p, state, path
 
 
+@pausing
 def compile_plan(p, target, out_dir, *, params=None, registry=None):
     """The part of ``compile_model`` after planning: lower the plan, write its package."""
     from ..planner.planjson import plan_to_json

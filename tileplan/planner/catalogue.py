@@ -27,6 +27,7 @@ crowded), or, for survivors that were detailed but not kept for selection,
 from __future__ import annotations
 
 import ctypes
+import gc
 import itertools
 import queue
 import signal
@@ -239,12 +240,13 @@ _PROGRESS_QUEUE = None      # in a pool worker: where its catalogue's progress g
 
 
 def _worker_init(progress=None) -> None:
-    """A pool worker ignores SIGINT (the parent decides: a Ctrl-C reaches the whole process group),
+    """A pool worker runs without the cycle collector, ignores SIGINT (the parent decides: a Ctrl-C reaches the whole process group),
     takes SIGTERM's default (the parent's handler raises an exception, which a worker must not
     inherit), and on Linux dies with its parent even when the parent is killed outright.
     ``progress``: the queue its catalogues' ``(op, done, total)`` ticks go to."""
     global _PROGRESS_QUEUE
     _PROGRESS_QUEUE = progress
+    gc.disable()                             # a worker only costs candidates: see tileplan.gcpause
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:

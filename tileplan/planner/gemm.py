@@ -266,8 +266,11 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     keep = t.parent < 0
     retried = np.flatnonzero(~keep)
     keep[retried] = ~fits[t.parent[retried]]
-    sel = np.flatnonzero(keep)
-    cycles = t.cycles[sel] + cut_cycles(target, t.parts(sel), t.sk[sel], a_cut_density)
+    # Every row kept (no serial K row's parent fits): views of the table, not copies of its columns.
+    sel = slice(None) if keep.all() else np.flatnonzero(keep)
+    cycles = t.cycles[sel]
+    if a_cut_density:
+        cycles = cycles + cut_cycles(target, t.parts(sel), t.sk[sel], a_cut_density)
     return CoarseRows(t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel], t.sk[sel], cycles,
                       memory[sel], t.interleaved[sel], fits[sel], t.bias)
 
@@ -336,7 +339,16 @@ def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False) -> 
         grid, order, red, ptype = (np.concatenate((a, a[idx])) for a in (grid, order, red, ptype))
         sk, parent = np.concatenate((sk, sk2)), np.concatenate((parent, idx))
         parts = CoarseParts(*(np.concatenate((a, b)) for a, b in zip(parts, p2)))
-    return CoarseTable(retry_bytes, grid, order, red, ptype, sk, parent, *parts)
+    return _frozen(CoarseTable(retry_bytes, grid, order, red, ptype, sk, parent, *parts))
+
+
+def _frozen(t: CoarseTable) -> CoarseTable:
+    """The table with read-only columns: it is cached, and its boundary combinations' rows are views of it."""
+    for f in dataclasses.fields(t):
+        v = getattr(t, f.name)
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False
+    return t
 
 
 def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
@@ -348,8 +360,9 @@ def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
     renumber[sel] = np.arange(sel.size)
     parent = np.where(t.parent[sel] >= 0, renumber[np.maximum(t.parent[sel], 0)], -1)
     cycles = t.cycles[sel] + reduction_bias_cycles(g, target, t.grid[sel], t.reduction[sel], t.partials[sel])
-    return CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel], t.sk[sel],
-                       parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel], t.k[sel], bias=True)
+    return _frozen(CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel],
+                               t.sk[sel], parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel],
+                               t.k[sel], bias=True))
 
 
 # ---- the fragment program of one candidate -----------------------------------------------

@@ -40,6 +40,7 @@ from ..estimate.caches import Caches, shared as shared_caches
 from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program, scheduled
 from ..estimate.memory import buffer_tile_bytes
+from ..gcpause import pausing
 from ..program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Graph, Role
 from ..layout import Imported, Intervals, Packed, PackedPanels
@@ -219,6 +220,7 @@ def _pinned_layouts(graph: Graph) -> Graph:
     return dataclasses.replace(graph, tensors=tensors)
 
 
+@pausing
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
          dp_paths: int | None = 16, progress=None, stationary: bool = True, pins=(), share: bool = True,
          cache=None, caches: Caches | None = None) -> Plan:
