@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tileplan.planner.frontier import frontier, pareto
+from tileplan.planner.frontier import PRUNE_FROM, frontier, pareto
 
 
 @st.composite
@@ -88,7 +88,8 @@ def test_pareto_of_many_trade_off_rows_equals_sorting_them_all(seed, spread):
     """The anchor pruning that spares sorting hundreds of thousands of coarse rows drops no front entry,
     on rows shaped like a GEMM's options (memory falls as cycles rise, with noise and ties)."""
     rng = np.random.default_rng(seed)
-    n = 20_000
+    n = 20_000                       # above frontier.PRUNE_FROM: the pruning runs
     cycles = rng.integers(1_000, 1_000 + spread, n)
     memory = (10**9 // cycles + rng.integers(0, spread, n)).astype(np.int64)
+    assert n > PRUNE_FROM
     assert np.array_equal(pareto(cycles, memory), sorted_pareto(cycles, memory))

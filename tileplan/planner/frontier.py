@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 DEFAULT_BOUND = 32
+PRUNE_FROM = 8192         # rows; fewer are sorted at once (cheaper than the anchor passes)
 
 
 def _least(col: np.ndarray, cycles: np.ndarray) -> int:
@@ -28,6 +29,8 @@ def _undominated(cycles: np.ndarray, memory: np.ndarray, anchors: int = 9) -> np
     columns; each pass keeps only the survivors, so with hundreds of thousands of coarse rows and a
     dozen frontier entries the exact sort in ``pareto`` sees a few hundred."""
     idx = np.arange(cycles.size)
+    if cycles.size <= PRUNE_FROM:
+        return idx
     c, m = cycles, memory
     cn = (c - c.min()) / max(float(np.ptp(c)), 1.0)
     mn = (m - m.min()) / max(float(np.ptp(m)), 1.0)
