@@ -15,7 +15,7 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1] / "tileplan"
-LAYERS = {"errors": 0, "_version": 0, "checked": 0, "atomic": 0, "graph": 1, "target": 1, "targets": 1,
+LAYERS = {"errors": 0, "_version": 0, "checked": 0, "atomic": 0, "gcpause": 0, "graph": 1, "target": 1, "targets": 1,
           "layout": 1, "kernels": 2, "program": 3, "estimate": 4, "planner": 5, "lowering": 6, "sim": 7, "report": 8, "cli": 9, "bench": 9,
           "": 10}
 
