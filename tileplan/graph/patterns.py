@@ -29,7 +29,9 @@ becomes):
   unscaled operands. Attention's ``1/sqrt(d)`` was a pointwise pass over the scores ``[B, H, T,
   T]``, the layer's biggest activation (or over q and k); the row-wise kernel folds it into its
   exp argument (``kernels.softmax``). Numerics: the folded form skips rounding the scaled scores
-  to their type (more accurate, not bit-identical to the unfused graph).
+  to their type (more accurate, not bit-identical to the unfused graph); a scale taken off the
+  MatMul's operands leaves the product larger by ``1 / (a * b)`` (``sqrt(d)``, 8.5 for d = 72), which
+  an FP16 product must still hold (attention scores are far from FP16's 65,504).
 
 The GeLU rows become the fitted GeLU kernel: one pass instead of six to eight
 pointwise passes and their intermediates; the softmax row the row-wise softmax
