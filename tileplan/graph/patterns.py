@@ -48,12 +48,11 @@ their exact semantics; tileplan has no fused kernel that would be cheaper.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
-
-import dataclasses
 
 from .core import (Add, Cast, Div, Erf, Exp, GeLU, MatMul, Mul, Op, ReduceMax, ReduceSum, Reshape, Softmax, Sub, Tanh,
                    Transpose)
