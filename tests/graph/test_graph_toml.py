@@ -49,6 +49,29 @@ def test_ops_are_sorted_topologically_and_outputs_inferred(write_model):
     assert g.name == "tiny" and g.target == "ipu21-64"
 
 
+def test_a_softmax_scale_is_read_and_the_graph_computes_the_softmax_of_the_scaled_scores(write_model, tmp_path):
+    from tileplan.graph.serialize import graph_from_dict, graph_to_dict
+    from tileplan.sim.reference import reference
+
+    g = load_model(write_model("""
+[model]
+name = "scores"
+[tensors]
+x = { shape = [3, 8], dtype = "fp32", role = "input" }
+[[ops]]
+name = "sm"
+op = "softmax"
+inputs = ["x"]
+output = "y"
+softmax_scale = 0.25
+"""))
+    assert g.op("sm").softmax_scale == 0.25
+    x = np.random.default_rng(3).normal(0, 4.0, (3, 8)).astype(np.float32)
+    e = np.exp(0.25 * (x - x.max(axis=-1, keepdims=True)))
+    np.testing.assert_allclose(reference(g, {"x": x})["y"], e / e.sum(axis=-1, keepdims=True), rtol=1e-6)
+    assert graph_from_dict(graph_to_dict(g)).op("sm").softmax_scale == 0.25    # as a package keeps it
+
+
 def test_model_name_defaults_to_the_file_stem(write_model):
     g = load_model(write_model(MLP.replace('name = "tiny"\n', ""), name="my_mlp.toml"))
     assert g.name == "my_mlp"

@@ -258,3 +258,78 @@ def test_expanded_softmax_whose_exp_is_read_elsewhere_stays_its_ops():
     m = make_model(nodes, [("x", F32, [4, 8])], [("y", F32, [4, 8]), ("z", F32, [4, 8])],
                    {"axes": np.array([-1], np.int64)}, opset=18)
     assert kinds(from_onnx(m)) == ["reducemax", "sub", "exp", "reducesum", "div", "neg"]
+
+
+# ---- attention's 1/sqrt(d) folded into the softmax (patterns.py, scaled-softmax) -----------------
+
+def scores_model(scale_nodes, inits, *, dtype=F32, opset=20, outputs=()):
+    """q [2, 4, 6, 8] @ k^T (a Transpose folded into the MatMul) -> ``scale_nodes`` -> Softmax."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 1, 3, 2])]
+    nodes += scale_nodes
+    return make_model(nodes, [("q", dtype, [2, 4, 6, 8]), ("k", dtype, [2, 4, 6, 8])],
+                      [("y", dtype, [2, 4, 6, 6])] + list(outputs), inits, opset=opset)
+
+
+def attention64(q, k, scale):
+    s = scale * (q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2))
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+QK = {n: np.random.default_rng(i).normal(0, 2.0, (2, 4, 6, 8)).astype(np.float32) for i, n in enumerate("qk")}
+
+
+@pytest.mark.parametrize("form", ["mul", "div"])
+def test_a_constant_scaling_the_scores_folds_into_the_softmax_and_computes_the_scaled_softmax(form):
+    scale = {"mul": (np.array(8 ** -0.5, np.float32), "Mul"), "div": (np.array(8 ** 0.5, np.float32), "Div")}[form]
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
+             helper.make_node(scale[1], ["s", "c"], ["ss"], name="scale"),
+             helper.make_node("Softmax", ["ss"], ["y"], name="softmax", axis=-1)]
+    model = import_onnx(scores_model(nodes, {"c": scale[0]}))
+    assert kinds(model.graph) == ["matmul", "softmax"] and model.params == {}
+    (sm,) = [op for op in model.graph.ops if op.kind == "softmax"]
+    assert sm.inputs == ("s",) and sm.softmax_scale == pytest.approx(8 ** -0.5, rel=1e-7)
+    np.testing.assert_allclose(run(model.graph, model.params, **QK), attention64(QK["q"], QK["k"], 8 ** -0.5),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_a_scale_split_over_q_and_k_folds_through_the_matmul_into_the_softmax():
+    root = np.array(8 ** -0.25, np.float32)            # how exporters of SDPA put sqrt(scale) on q and k
+    nodes = [helper.make_node("Mul", ["q", "r"], ["qs"], name="q_scale"),
+             helper.make_node("Mul", ["kt", "r"], ["ks"], name="k_scale"),
+             helper.make_node("MatMul", ["qs", "ks"], ["s"], name="qk"),
+             helper.make_node("Softmax", ["s"], ["y"], name="softmax", axis=-1)]
+    model = import_onnx(scores_model(nodes, {"r": root}))
+    # (the Transpose read by the Mul stays an op: the planner costs it as any activation's transpose)
+    assert kinds(model.graph) == ["transpose", "matmul", "softmax"]
+    assert model.graph.op("qk").inputs == ("q", "kt")
+    assert model.graph.op("softmax").softmax_scale == pytest.approx(8 ** -0.5, rel=1e-6)
+    np.testing.assert_allclose(run(model.graph, model.params, **QK), attention64(QK["q"], QK["k"], 8 ** -0.5),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_an_expanded_softmax_of_scaled_fp16_scores_cast_to_fp32_folds_into_one_scaled_softmax():
+    """HF eager attention in FP16: the scores scaled in FP16, cast to FP32, softmax, cast back."""
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
+             helper.make_node("Mul", ["s", "c"], ["ss"], name="scale"),
+             helper.make_node("Cast", ["ss"], ["x"], name="to32", to=F32)] + softmax_nodes() + []
+    nodes[-1] = helper.make_node("Div", ["e", "s32"], ["y32"], name="div")
+    nodes[-2] = helper.make_node("ReduceSum", ["e", "axes"], ["s32"], name="sum")
+    nodes.append(helper.make_node("Cast", ["y32"], ["y"], name="to16", to=F16))
+    m = scores_model(nodes, {"c": np.array(0.125, np.float16), "axes": np.array([-1], np.int64)}, dtype=F16,
+                     opset=18)
+    model = import_onnx(m)
+    assert kinds(model.graph) == ["matmul", "cast", "softmax", "cast"]
+    assert model.graph.op("to32").inputs == ("s",) and model.graph.op("div").softmax_scale == 0.125
+
+
+def test_a_scale_whose_scaled_scores_are_read_elsewhere_or_a_negative_one_stays_a_mul():
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
+             helper.make_node("Mul", ["s", "c"], ["ss"], name="scale"),
+             helper.make_node("Softmax", ["ss"], ["y"], name="softmax", axis=-1)]
+    shared = scores_model(nodes, {"c": np.array(0.5, np.float32)}, outputs=[("ss", F32, [2, 4, 6, 6])])
+    assert kinds(from_onnx(shared)) == ["matmul", "mul", "softmax"]
+    negative = scores_model(nodes, {"c": np.array(-0.5, np.float32)})
+    assert kinds(from_onnx(negative)) == ["matmul", "mul", "softmax"]
+    varying = scores_model(nodes, {"c": np.array([0.5, 0.25, 1, 1, 1, 1], np.float32)})
+    assert kinds(from_onnx(varying)) == ["matmul", "mul", "softmax"]

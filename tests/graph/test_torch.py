@@ -361,3 +361,34 @@ def test_layer_norm_softmax_and_reductions_import_and_validate_against_torch(tmp
     np.savez(tmp_path / "want.npz", **{out.name: want.reshape(out.shape)})
     v = validate_package(load_package(path), inputs_path=tmp_path / "in.npz", expected_path=tmp_path / "want.npz")
     assert v.passed, v.outputs
+
+
+class Scores(nn.Module):
+    """Attention probabilities with the 1/sqrt(d) where the two common writers put it: on the
+    scores (HF eager attention, ``matmul(q, k^T) * scaling``) or on q first (timm's Attention)."""
+
+    def __init__(self, on_q: bool):
+        super().__init__()
+        self.on_q, self.scaling = on_q, 8 ** -0.5
+
+    def forward(self, q, k):
+        if self.on_q:
+            return (q * self.scaling @ k.transpose(-2, -1)).softmax(dim=-1)
+        return torch.softmax(torch.matmul(q, k.transpose(2, 3)) * self.scaling, dim=-1, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("on_q", [False, True], ids=["on the scores", "on q"])
+def test_attention_s_scale_folds_into_the_softmax_and_the_graph_computes_what_torch_does(on_q):
+    torch.manual_seed(6)
+    q, k = torch.randn(2, 3, 5, 8) * 3, torch.randn(2, 3, 5, 8) * 3
+    module = Scores(on_q).eval()
+    model = import_module(module, (q, k))
+    assert [op.kind for op in model.graph.ops] == ["matmul", "softmax"]
+    (sm,) = [op for op in model.graph.ops if op.kind == "softmax"]
+    assert sm.softmax_scale == float(np.float32(8 ** -0.5))
+    assert not any(t.role is Role.PARAMETER for t in model.graph.tensors.values()) and model.params == {}
+    from tileplan.sim.reference import reference
+    (out,) = model.graph.by_role(Role.OUTPUT)
+    got = reference(model.graph, {"q": q.numpy(), "k": k.numpy()})[out.name]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, module(q, k).numpy(), rtol=1e-5, atol=1e-6)

@@ -67,6 +67,12 @@ def test_hf_encoder_imports_compiles_and_validates_against_torch(name, dtype, tm
     kinds = [op.kind for op in model.graph.ops]
     layers = int(name.split("-")[1]) if "-" in name else 1
     assert kinds.count("layernorm") == 2 * layers and kinds.count("softmax") == layers
+    # HF's `matmul(q, k^T) * scaling` is folded into the softmax: no pointwise pass over the scores.
+    assert "mul" not in kinds
+    scaling = np.asarray(32 // 4, np.float64) ** -0.5
+    for op in model.graph.ops:
+        if op.kind == "softmax":
+            assert op.softmax_scale == float(scaling.astype(getattr(np, dtype)))
     _, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", params=model.params, jobs=1)
     (inp,) = model.graph.by_role(Role.INPUT)
     (out,) = model.graph.by_role(Role.OUTPUT)

@@ -188,6 +188,13 @@ def rowwise_cases(rng, add) -> None:
                 add(f"softmax_partial_{sched}_{d}", SoftmaxPartialCall(rows, cols, d), "exp", x=logits)
                 sm = reg[f"softmax_partial_{sched}_{d}"].reference(SoftmaxPartialCall(rows, cols, d), logits)
                 add(f"softmax_apply_{sched}_{d}", SoftmaxApplyCall(rows, cols, d), "exp", x=logits, stats=sm)
+                if (rows, cols) == ROW_SHAPES[-1]:     # attention's 1/sqrt(d) folded into the softmax
+                    for make in (SoftmaxCall, SoftmaxPartialCall):
+                        add(f"{make.primitive}_{sched}_{d}", make(rows, cols, d, 0.125), "exp", x=logits)
+                    scaled = reg[f"softmax_partial_{sched}_{d}"].reference(SoftmaxPartialCall(rows, cols, d, 0.125),
+                                                                           logits)
+                    add(f"softmax_apply_{sched}_{d}", SoftmaxApplyCall(rows, cols, d, 0.125), "exp", x=logits,
+                        stats=scaled)
                 fn = ("sum", "mean", "max")[rows % 3]
                 add(f"row_reduce_{sched}_{d}", RowReduceCall(rows, cols, d, fn), x=logits)
                 add(f"row_reduce_partial_{sched}_{d}", RowReducePartialCall(rows, cols, d, fn), x=logits)
@@ -213,6 +220,8 @@ def rowwise_cases(rng, add) -> None:
     add("moments_combine", MomentsCombineCall(rows, 3, eps=1e-5, own=1), mine=moments[1],
         partials=np.concatenate([moments[0], moments[2]]))
     add("softmax_combine", SoftmaxCombineCall(rows, 3, own=1), "exp", mine=parts[1],
+        partials=np.concatenate([parts[0], parts[2]]))
+    add("softmax_combine", SoftmaxCombineCall(rows, 3, own=1, scale=0.125), "exp", mine=parts[1],
         partials=np.concatenate([parts[0], parts[2]]))
 
 

@@ -274,6 +274,54 @@ def test_softmax_matches_float64_within_fp16_rounding_whole_and_split():
     assert np.array_equal(one, parts[0])
 
 
+def test_a_scaled_softmax_matches_float64_softmax_of_the_scaled_logits_whole_and_split():
+    rng = np.random.default_rng(18)
+    rows, cols, scale = 7, 729, 1 / np.sqrt(72)        # SigLIP's 1/sqrt(d): 16 heads of 72
+    x = rng.normal(0, 12.0, (rows, cols)).astype(np.float16)    # scores before the scale
+    exact = softmax64(scale * x.astype(np.float64))
+    call = SoftmaxCall(rows, cols, FP16, scale)
+    whole = dispatch(call, IPU21).reference(call, x.ravel()).reshape(rows, cols)
+    within_fp16_rounding(whole, exact)
+    widths = (300, 429)
+    edges = np.cumsum((0,) + widths)
+    pieces = [np.ascontiguousarray(x[:, a:b]) for a, b in zip(edges, edges[1:])]
+    parts = [REG["softmax_partial_rows_fp16"].reference(SoftmaxPartialCall(rows, w, FP16, scale), p.ravel())
+             for w, p in zip(widths, pieces)]
+    stats = REG["softmax_combine"].reference(SoftmaxCombineCall(rows, 2, scale=scale), np.concatenate(parts))
+    split = np.concatenate([REG["softmax_apply_rows_fp16"].reference(SoftmaxApplyCall(rows, w, FP16, scale),
+                                                                     p.ravel(), stats).reshape(rows, w)
+                            for w, p in zip(widths, pieces)], axis=1)
+    within_fp16_rounding(split, exact)
+    # The scale is not a no-op here: the unscaled kernel gives another distribution.
+    plain = dispatch(SoftmaxCall(rows, cols, FP16), IPU21).reference(SoftmaxCall(rows, cols, FP16), x.ravel())
+    assert np.abs(plain.reshape(rows, cols).astype(np.float64) - exact).max() > 0.1
+
+
+def test_a_unit_scale_is_the_unscaled_call_and_a_scale_prints_in_its_line():
+    a, b = SoftmaxCall(5, 64, FP16), SoftmaxCall(5, 64, FP16, 1.0)
+    assert a == b and str(b) == "softmax(rows=5, cols=64, dtype=fp16)"
+    assert str(SoftmaxCall(5, 64, FP16, 0.125)) == "softmax(rows=5, cols=64, dtype=fp16, scale=0.125)"
+    # A power-of-two scale multiplies exactly: the kernel of 0.5 * x on x, and 1.0 on the halved x.
+    x = np.random.default_rng(19).normal(0, 3.0, 5 * 64).astype(np.float16)
+    half = SoftmaxCall(5, 64, FP16, 0.5)
+    assert np.array_equal(dispatch(half, IPU21).reference(half, x), dispatch(a, IPU21).reference(a, x / 2))
+
+
+def test_a_scale_costs_one_multiply_per_row_and_nothing_per_element():
+    for rows, cols in ((1, 729), (8, 64), (13, 729)):
+        for schedule in ("rows", "split"):
+            v = REG[f"softmax_{schedule}_fp16"]
+            plain = v.cycles(SoftmaxCall(rows, cols, FP16), IPU21)
+            scaled = v.cycles(SoftmaxCall(rows, cols, FP16, 0.125), IPU21)
+            per_row = -(-rows // 6) if schedule == "rows" else rows // 6 + rows % 6
+            assert scaled - plain == sm.SOFTMAX_SCALE_ROW * per_row
+            wider = v.cycles(SoftmaxCall(rows, 2 * cols, FP16, 0.125), IPU21)
+            assert wider - v.cycles(SoftmaxCall(rows, 2 * cols, FP16), IPU21) == scaled - plain
+    comb = REG["softmax_combine"]
+    assert (comb.cycles(SoftmaxCombineCall(12, 3, scale=0.5), IPU21) - comb.cycles(SoftmaxCombineCall(12, 3), IPU21)
+            == 2 * sm.SOFTMAX_SCALE_ROW)
+
+
 def test_softmax_survives_large_logits_and_keeps_a_nan_in_its_own_row():
     x = np.array([60000, 0, 1, 2, np.nan, 0, 5, 5], np.float16)
     call = SoftmaxCall(2, 4, FP16)
@@ -326,6 +374,9 @@ def test_references_carry_a_leading_batch_axis_and_refuse_wrong_operands():
     (lambda: LayerNormCall(2, 8, FP16, residual=1), "LayerNormCall: residual must be a bool, got 1"),
     (lambda: MomentsCombineCall(2, 0), "MomentsCombineCall: parts must be a positive integer, got 0"),
     (lambda: SoftmaxCall(2, 8.0, FP16), "SoftmaxCall: cols must be a positive integer, got 8.0"),
+    (lambda: SoftmaxCall(2, 8, FP16, -0.5), "SoftmaxCall: scale must be a positive finite number, got -0.5"),
+    (lambda: SoftmaxCombineCall(2, 2, scale=float("nan")),
+     "SoftmaxCombineCall: scale must be a positive finite number, got nan"),
     (lambda: RowReduceCall(2, 8, FP16, "min"), "RowReduceCall: fn must be one of sum, mean, max, got 'min'"),
 ])
 def test_row_calls_refuse_bad_fields_with_one_line(make, message):

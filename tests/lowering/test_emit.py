@@ -250,7 +250,8 @@ class HostDataflow:
                 assert t.string(vertex) == source.vertex and nv == len(group.tile)
                 assert [t.string(f) for (f,) in t["fields"][f0:f0 + nf].tolist()] == [
                     f.name for f in source.inputs + source.outputs]
-                assert {t.string(p): v for p, _, v in t["params"][p0:p0 + npar].tolist()} == source.params
+                assert {t.string(p): param_value(kind, v) for p, kind, v in t["params"][p0:p0 + npar].tolist()} \
+                    == source.params
                 assert t["vertices"][v0:v0 + nv, 0].tolist() == group.tile.tolist()
                 variant = registry[group.variant]
                 in_types, (out_type,) = operand_types(group.call)
@@ -263,6 +264,11 @@ class HostDataflow:
                 self.write(op, out.view(self.vars[self.slices(op)[0][0]].dtype))
             self.copy(t["copies"][c0:c0 + nc].tolist())
         return {t.string(name): self.read(op) for r, name, _, _, op, _, _ in hosts if r == 2}
+
+
+def param_value(kind: int, value: int):
+    """A ``params`` row's value: unsigned (1) and int (0) as they are, float (2) from its float32 bits."""
+    return float(np.array([value], np.int32).view(np.float32)[0]) if kind == 2 else value
 
 
 def run_ipu_model(tp, target, stored) -> dict[str, np.ndarray]:
@@ -289,6 +295,24 @@ def test_host_dataflow_computes_what_the_ipu_model_computes(smoke):
     assert set(got) == set(want) == {"y"}
     for name in want:
         assert got[name].tobytes() == np.ascontiguousarray(want[name]).tobytes(), name
+
+
+def test_float_vertex_parameters_travel_as_their_bits_and_the_host_dataflow_computes_what_the_ipu_model_does():
+    """LayerNorm's eps and a scaled softmax's scale are float fields: the host tables carry them exactly."""
+    from tileplan.graph.core import Graph, LayerNorm, Role, Softmax, Tensor
+    target = load_target("ipu21-64")
+    graph = Graph.build("norm_scores", [Tensor("x", (64, 48), DType.FP16, Role.INPUT),
+                                        Tensor("g", (48,), DType.FP16, Role.PARAMETER),
+                                        Tensor("b", (48,), DType.FP16, Role.PARAMETER)],
+                        [LayerNorm("ln", ("x", "g", "b"), "h", epsilon=1e-6),
+                         Softmax("sm", ("h",), "y", softmax_scale=0.125)])
+    tp = lower(plan(graph, target).mid.program, target).tile_program
+    flow = host_dataflow(tp, target)
+    floats = {flow.t.string(p): param_value(kind, v) for p, kind, v in flow.t["params"].tolist() if kind == 2}
+    assert floats == {"eps": float(np.float32(1e-6)), "scale": 0.125}
+    stored = seeded_values(graph, seed=5)
+    got, want = flow.run(stored), run_ipu_model(tp, target, stored)
+    assert got["y"].tobytes() == np.ascontiguousarray(want["y"]).tobytes()
 
 
 # ---- a hand-built program: memory reuse across element types, and bad reads ----------------

@@ -58,6 +58,24 @@ def test_few_long_rows_choose_split_rows_and_validate_with_estimate_equal_to_sim
     assert estimate == v.profile.cycles
 
 
+@pytest.mark.parametrize("rows, cols, layout", [(4, 2048, SplitRows), (128, 96, WholeRows)])
+def test_a_scaled_softmax_runs_its_scale_in_every_kernel_and_validates_against_float64(tmp_path, rows, cols,
+                                                                                        layout):
+    graph = Graph.build("scaled", [Tensor("x", (rows, cols), FP16, Role.INPUT)],
+                        [Softmax("sm", ("x",), "y", softmax_scale=3.0)])
+    p, v, estimate = _run(graph, tmp_path)
+    cand = _picked(p, "sm")
+    assert isinstance(cand.out, layout), str(cand)
+    calls = [vx.call for s in cand.program.steps if isinstance(s, ComputeStep) for vx in s.vertices]
+    assert calls and all(c.scale == 3.0 for c in calls)
+    figures = v.outputs["y"]
+    assert figures["passed"] and figures["nonfinite"] == 0, figures
+    assert estimate == v.profile.cycles
+    plain = plan(Graph.build("plain", [Tensor("x", (rows, cols), FP16, Role.INPUT)], [Softmax("sm", ("x",), "y")]),
+                 TARGET)
+    assert 0 < p.estimate.cycles - plain.estimate.cycles < 100     # the scale's per-row share only
+
+
 def test_a_split_row_runs_partials_exchange_combine_apply_and_moves_partials_only_within_its_tiles():
     p = plan(_norm_softmax(4, 2048), TARGET)
     cand = _picked(p, "ln")

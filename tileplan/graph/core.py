@@ -389,11 +389,27 @@ class LayerNorm(Rowwise):
 
 @dataclass(frozen=True)
 class Softmax(Rowwise):
-    """``exp(x - max) / sum(exp(x - max))`` over ``axis`` (the planner runs the last axis natively and
-    moves any other onto it with a Transpose)."""
+    """``softmax(softmax_scale * x)`` over ``axis``: ``e = exp(softmax_scale * (x - max(x)))``,
+    ``e / sum(e)`` (the planner runs the last axis natively and moves any other onto it with a
+    Transpose).
+
+    ``softmax_scale`` (positive, default 1; FlashAttention's name for it) is attention's
+    ``1/sqrt(d)`` folded in: HF eager attention and
+    ONNX exports multiply (or divide) the scores by a constant before the softmax, a pointwise pass
+    over the layer's biggest activation; the importers' pattern table (``patterns.py``,
+    ``scaled-softmax``) folds that constant here. For a positive scale ``max(s * x)`` is
+    ``s * max(x)``, so the kernel keeps its max of ``x`` and scales the exp argument."""
 
     axis: int = -1
+    softmax_scale: float = 1.0
     kind: ClassVar[str] = "softmax"
+
+    def __post_init__(self):
+        s = self.softmax_scale
+        if (not isinstance(s, (int, float, np.floating)) or isinstance(s, bool) or not math.isfinite(s)
+                or not s > 0):
+            raise self.err(f"softmax_scale must be a positive finite number, got {s!r}")
+        object.__setattr__(self, "softmax_scale", float(s))
 
     def infer(self, ins):
         (x,) = ins
@@ -403,10 +419,10 @@ class Softmax(Rowwise):
         return x.shape, x.dtype
 
     def flops(self, ins, out):
-        return 5 * out.size
+        return (5 + (self.softmax_scale != 1.0)) * out.size
 
     def reference(self, x):
-        e = np.exp(x - x.max(axis=self.axis, keepdims=True))
+        e = np.exp(self.softmax_scale * (x - x.max(axis=self.axis, keepdims=True)))
         return e / e.sum(axis=self.axis, keepdims=True)
 
 

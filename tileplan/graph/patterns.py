@@ -21,6 +21,18 @@ becomes):
   one axis keeping it (ONNX's Softmax function body): the last, or another as the importers
   write it (Transposes moving it last, the reduction, a Reshape) -> ``Softmax(axis)``.
 
+- ``scaled-softmax``: ``Softmax(c * x)`` with ``c`` a positive product of scalar constants (Muls
+  and Divs by constants, ``x * 0.125``, ``x / sqrt(72)``, through a Cast between float types, as
+  HF eager attention casts the scores to FP32 for its softmax), and ``x`` a MatMul's output whose
+  operands may be scaled too (``(q * a) @ (k^T * b)``, how exporters split ``1/sqrt(d)`` over q and
+  k) -> ``Softmax(softmax_scale=c * a * b)`` on the unscaled product: the MatMul reads the
+  unscaled operands. Attention's ``1/sqrt(d)`` was a pointwise pass over the scores ``[B, H, T,
+  T]``, the layer's biggest activation (or over q and k); the row-wise kernel folds it into its
+  exp argument (``kernels.softmax``). Numerics: the folded form skips rounding the scaled scores
+  to their type (more accurate, not bit-identical to the unfused graph); a scale taken off the
+  MatMul's operands leaves the product larger by ``1 / (a * b)`` (``sqrt(d)``, 8.5 for d = 72), which
+  an FP16 product must still hold (attention scores are far from FP16's 65,504).
+
 The GeLU rows become the fitted GeLU kernel: one pass instead of six to eight
 pointwise passes and their intermediates; the softmax row the row-wise softmax
 kernel (one pass over the row instead of five ops). Constants match within a relative
@@ -36,12 +48,14 @@ their exact semantics; tileplan has no fused kernel that would be cheaper.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .core import Add, Div, Erf, Exp, GeLU, Mul, Op, ReduceMax, ReduceSum, Reshape, Softmax, Sub, Tanh, Transpose
+from .core import (Add, Cast, Div, Erf, Exp, GeLU, MatMul, Mul, Op, ReduceMax, ReduceSum, Reshape, Softmax, Sub, Tanh,
+                   Transpose)
 
 CONSTANT_RTOL = 2e-3        # relative tolerance when matching pattern constants
 
@@ -53,6 +67,7 @@ class Match:
     members: tuple[Op, ...]
     root: Op                   # the last op; the fused op writes its output
     fused: Op
+    rewired: tuple[tuple[Op, Op], ...] = ()   # ops outside the members kept in place, reading anew
 
 
 @dataclass(frozen=True)
@@ -68,20 +83,35 @@ def fuse(ops: list[Op], scalar: Callable[[str], float | None], outputs: list[str
 
     ``scalar(t)`` is the value of a constant tensor whose elements are all equal (None
     for anything else); ``outputs`` are the graph outputs (never folded away).
+    A pattern may anchor on the op another pattern makes (``scaled-softmax`` on the Softmax the
+    ``softmax`` row folds): the table is applied until nothing more matches.
     """
+    while True:
+        fused = _fuse_once(ops, scalar, outputs)
+        if len(fused) == len(ops) and all(a is b for a, b in zip(fused, ops)):
+            return fused
+        ops = fused
+
+
+def _fuse_once(ops: list[Op], scalar: Callable[[str], float | None], outputs: list[str]) -> list[Op]:
     view = _View(ops, scalar, set(outputs))
-    anchors = {p.anchor: p for p in PATTERNS}
+    anchors: dict[type, list[Pattern]] = {}
+    for p in PATTERNS:
+        anchors.setdefault(p.anchor, []).append(p)
     removed: set[int] = set()
     replaced: dict[int, Op] = {}
     for op in ops:
-        pattern = anchors.get(type(op))
-        if pattern is None or id(op) in removed:
+        if id(op) in removed or id(op) in replaced:
             continue
-        m = pattern.match(view, op)
-        if m is None or any(id(x) in removed for x in m.members):
-            continue
-        removed |= {id(x) for x in m.members}
-        replaced[id(m.root)] = m.fused
+        for pattern in anchors.get(type(op), ()):
+            m = pattern.match(view, op)
+            touched = list(m.members) + [old for old, _ in m.rewired] if m is not None else []
+            if m is None or any(id(x) in removed or id(x) in replaced for x in touched):
+                continue
+            removed |= {id(x) for x in m.members}
+            replaced[id(m.root)] = m.fused
+            replaced.update((id(old), new) for old, new in m.rewired)
+            break
     return [replaced.get(id(op), op) for op in ops if id(op) in replaced or id(op) not in removed]
 
 
@@ -256,10 +286,48 @@ def _softmax(view: _View, exp: Op) -> Match | None:
     return Match(members, div, Softmax(div.name, (x,), div.output, axis=high[1]))
 
 
+def _scaled(view: _View, t: str) -> tuple[float, str, list[Op]]:
+    """``t`` as ``c * v``: the private Mul / Div-by-constant tree computing it, flattened (``(1, t,
+    [])`` when there is none, or when it is not one tensor times constants)."""
+    if not view.private(t) or not isinstance(view.producer.get(t), (Mul, Div)):
+        return 1.0, t, []
+    found = view.single(t)
+    if found is None or not found[2] or not (math.isfinite(found[0]) and found[0] > 0):
+        return 1.0, t, []
+    return found
+
+
+def _scaled_softmax(view: _View, sm: Softmax) -> Match | None:
+    """``Softmax(c * x)``, ``x`` perhaps ``(a * q) @ (b * k)``, through a Cast between float types ->
+    ``Softmax(softmax_scale=c * a * b)`` of ``q @ k`` (see the module docstring)."""
+    t, rewired = sm.inputs[0], []
+    cast = view.producer.get(t)
+    if isinstance(cast, Cast) and view.private(t):
+        t = cast.inputs[0]
+    else:
+        cast = None
+    coef, x, members = _scaled(view, t)
+    mm = view.producer.get(x)
+    if isinstance(mm, MatMul) and view.private(x) and x not in view.outputs:
+        operands = [_scaled(view, i) for i in mm.inputs]
+        if any(ops for _, _, ops in operands):
+            coef *= math.prod(c for c, _, _ in operands)
+            members += [op for _, _, ops in operands for op in ops]
+            rewired.append((mm, dataclasses.replace(mm, inputs=tuple(v for _, v, _ in operands))))
+    if not members:
+        return None
+    if cast is not None:
+        rewired.append((cast, dataclasses.replace(cast, inputs=(x,))))
+    fused = dataclasses.replace(sm, inputs=(sm.inputs[0] if cast is not None else x,),
+                                softmax_scale=sm.softmax_scale * coef)
+    return Match(tuple(members), sm, fused, tuple(rewired))
+
+
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("gelu-erf", Erf, _gelu_erf, "GeLU(approximate='erf')"),
     Pattern("gelu-tanh", Tanh, _gelu_tanh, "GeLU(approximate='tanh')"),
     Pattern("softmax", Exp, _softmax, "Softmax(axis)"),
+    Pattern("scaled-softmax", Softmax, _scaled_softmax, "Softmax(softmax_scale)"),
 )
 
 

@@ -33,7 +33,8 @@ partials, or a cast's target type). A ``cast`` must say what it casts to: either
 ``dtype`` inline or its output declared in ``[tensors]``. Per-kind options:
 ``transpose_a``/``transpose_b`` (matmul, booleans), ``approximate = "tanh" | "erf"``
 (gelu, default ``tanh``), ``saturate = false`` (cast to FP8: out-of-range values become NaN
-instead of +-240).
+instead of +-240), ``axis`` and ``softmax_scale`` (softmax: ``softmax(softmax_scale * x)``, attention's
+``1/sqrt(d)`` folded in; positive, default 1).
 
 Layouts (``layout = {...}`` on a tensor) pin the tensor's boundary layout:
 
@@ -274,7 +275,7 @@ OP_OPTIONS = {"matmul": {"transpose_a": _bool, "transpose_b": _bool},
               "reshape": {"shape": lambda v, where, key: _shape(v, f"{where}: {key}")},
               "transpose": {"perm": lambda v, where, key: _int_list(v, where, key)},
               "layernorm": {"epsilon": lambda v, where, key: _number(v, where, key)},
-              "softmax": {"axis": _int},
+              "softmax": {"axis": _int, "softmax_scale": lambda v, where, key: _number(v, where, key)},
               "cast": {"saturate": _bool},
               **{k: {"keepdims": _bool} for k in ("reducesum", "reducemean", "reducemax")}}
 

@@ -16,6 +16,12 @@ evaluated in float64 and rounded to FP32, ``rowwise.exp32``):
 
 So ``SoftmaxCall`` is partial, combine with one part and apply, bit for bit.
 
+Every call takes ``scale`` (positive, default 1): the softmax of ``scale * x``, attention's
+``1/sqrt(d)`` folded in (``graph.core.Softmax``). The max stays the max of ``x`` (for a positive
+scale ``max(scale * x) = scale * max(x)``); every exp argument ``x - m`` becomes ``(x - m) * scale``
+(FP32; with ``scale = 1`` that multiply is exact, so the unscaled results are unchanged bit for
+bit), and the combine rescales each part by ``exp((m_p - M) * scale)``.
+
 Cycle formulas: FITTED (ipu-stack hardware figures, REFERENCES.md, "Transformer kernels on
 IPU21", FP16). Two worker schedules (``rowwise.RowCost``), two variants per type; dispatch takes
 the cheaper:
@@ -44,15 +50,29 @@ operands: the arithmetic is FP32 either way and the exp dominates, so the same c
 (ASSUMED). The combine: ``REDUCE_SETUP + reduce_work(fp32, 2 rows, 3 parts)`` (max, rescale and
 add per part, the reduction loop of ``cycles.py``) plus ``rows * parts`` exps at the whole-row
 kernel's per-key rate on the six workers.
+
+The scale's share, DERIVED (no public figure for a scaled softmax): nothing per element. An exp
+kernel reduces its argument as ``exp(y) = exp2(y * log2(e))``, so it already multiplies every
+argument by a constant; the scale folds into that constant (``scale * log2(e)``), the way
+FlashAttention-2 folds its softmax scale (``softmax_scale_log2`` and ``scale_apply_exp2`` in
+``csrc/flash_attn/src/softmax.h``). What remains is per row: the row's max times that constant,
+one FP32 multiply by one worker, ``SOFTMAX_SCALE_ROW`` (one issue slot in six while all six workers
+run) added to each row's cost in both schedules, and to the combine's per row. ASSUMED: that the
+fitted kernel's exp does that range reduction (its instruction stream is not published). Against
+the separate Mul it replaces (a pointwise pass over ``[B, H, T, T]``, about one cycle per element
+plus its setup and any layout conversion), this is ``rows / 6 * 6`` cycles per tile.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
+from ..errors import check
 from ..graph.dtypes import DType
 from ..target import Target
 from . import rowwise as rw
@@ -66,22 +86,30 @@ FP32 = DType.FP32
 ROW_STATS = 2        # (max, sum of exp) per row
 
 
+def _scale(call) -> None:
+    s = call.scale
+    check(isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s > 0,
+          f"{type(call).__name__}: scale must be a positive finite number, got {s!r}")
+
+
 # ---- calls ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class SoftmaxCall:
-    """Whole-row softmax of ``x[rows, cols]`` (``dtype`` fp16/fp32) over ``cols``; input ``x``,
-    output ``y`` ``[rows, cols]`` ``dtype``."""
+    """Whole-row softmax of ``scale * x[rows, cols]`` (``dtype`` fp16/fp32) over ``cols``; input
+    ``x``, output ``y`` ``[rows, cols]`` ``dtype``."""
 
     rows: int
     cols: int
     dtype: DType
+    scale: float = 1.0
     primitive: ClassVar[str] = "softmax"
     __str__ = describe
 
     def __post_init__(self):
         rw.positive(self, rows=self.rows, cols=self.cols)
         rw.row_dtype(self, dtype=self.dtype)
+        _scale(self)
 
     def operand_types(self) -> tuple[list[DType], list[DType]]:
         return [self.dtype], [self.dtype]
@@ -92,17 +120,19 @@ class SoftmaxCall:
 
 @dataclass(frozen=True)
 class SoftmaxPartialCall:
-    """``[rows, 2]`` FP32 ``(max, sum exp(x - max))`` of a row piece ``x[rows, cols]``."""
+    """``[rows, 2]`` FP32 ``(max, sum exp((x - max) * scale))`` of a row piece ``x[rows, cols]``."""
 
     rows: int
     cols: int
     dtype: DType
+    scale: float = 1.0
     primitive: ClassVar[str] = "softmax_partial"
     __str__ = describe
 
     def __post_init__(self):
         rw.positive(self, rows=self.rows, cols=self.cols)
         rw.row_dtype(self, dtype=self.dtype)
+        _scale(self)
 
     def operand_types(self) -> tuple[list[DType], list[DType]]:
         return [self.dtype], [FP32]
@@ -121,12 +151,14 @@ class SoftmaxCombineCall:
     rows: int
     parts: int
     own: int = -1                     # -1: all parts in `partials`; else this tile's part, in `mine`
+    scale: float = 1.0                # each part's sum rescaled by exp((m_p - M) * scale)
     primitive: ClassVar[str] = "softmax_combine"
     __str__ = describe
 
     def __post_init__(self):
         rw.positive(self, rows=self.rows, parts=self.parts)
         rw.own_part(self, self.own, self.parts)
+        _scale(self)
 
     def operand_types(self) -> tuple[list[DType], list[DType]]:
         return [FP32] * (2 if self.own >= 0 else 1), [FP32]
@@ -137,18 +169,20 @@ class SoftmaxCombineCall:
 
 @dataclass(frozen=True)
 class SoftmaxApplyCall:
-    """``y = exp(x - M) * (1 / S)`` on a piece ``x[rows, cols]`` (``dtype``) with ``stats``
+    """``y = exp((x - M) * scale) * (1 / S)`` on a piece ``x[rows, cols]`` (``dtype``) with ``stats``
     ``[rows, 2]`` FP32 ``(M, S)``; inputs ``x``, ``stats``; output ``y`` ``[rows, cols]``."""
 
     rows: int
     cols: int
     dtype: DType
+    scale: float = 1.0
     primitive: ClassVar[str] = "softmax_apply"
     __str__ = describe
 
     def __post_init__(self):
         rw.positive(self, rows=self.rows, cols=self.cols)
         rw.row_dtype(self, dtype=self.dtype)
+        _scale(self)
 
     def operand_types(self) -> tuple[list[DType], list[DType]]:
         return [self.dtype, FP32], [self.dtype]
@@ -167,17 +201,25 @@ SOFTMAX_GROUP = 16               # keys per group
 SOFTMAX_GROUP_CYCLES = 257       # per group per worker (from 7/8 x 768 whole rows 25,350 and 1 x 768)
 SOFTMAX_COST = rw.RowCost(SOFTMAX_SETUP, SOFTMAX_ROW_WHOLE, SOFTMAX_ROW_SPLIT, SOFTMAX_GROUP, SOFTMAX_GROUP_CYCLES)
 COMBINE_ADDENDS_PER_PART = 3     # max, rescale and add per value and part
+# DERIVED (module docstring): a scale's share, per row: one FP32 multiply (the row's max times the
+# exp's folded constant) by one worker, one issue slot in six while all six workers run.
+SOFTMAX_SCALE_ROW = 6
+SCALED_COST = dataclasses.replace(SOFTMAX_COST, row_whole=SOFTMAX_ROW_WHOLE + SOFTMAX_SCALE_ROW,
+                                  row_split=SOFTMAX_ROW_SPLIT + SOFTMAX_SCALE_ROW)
 
 
 def softmax_cycles(call: SoftmaxCall | SoftmaxPartialCall | SoftmaxApplyCall, target: Target, schedule: str) -> int:
-    """Whole-row softmax, and (DERIVED) its partial and apply: see the module docstring."""
-    return SOFTMAX_COST.cycles(call.rows, call.cols, call.dtype, target.workers, schedule)
+    """Whole-row softmax, and (DERIVED) its partial and apply, plus a scale's share (DERIVED): see
+    the module docstring."""
+    cost = SOFTMAX_COST if call.scale == 1.0 else SCALED_COST
+    return cost.cycles(call.rows, call.cols, call.dtype, target.workers, schedule)
 
 
 def combine_cycles(call: SoftmaxCombineCall, target: Target) -> int:
     exps = ceil_div(ceil_div(call.rows * call.parts, target.workers), SOFTMAX_GROUP) * SOFTMAX_GROUP_CYCLES
+    scaled = ceil_div(call.rows, target.workers) * SOFTMAX_SCALE_ROW if call.scale != 1.0 else 0
     return (REDUCE_SETUP + reduce_work(FP32, ROW_STATS * call.rows, COMBINE_ADDENDS_PER_PART * call.parts,
-                                       target.workers) + exps)
+                                       target.workers) + exps + scaled)
 
 
 # ---- numpy semantics --------------------------------------------------------------------
@@ -186,36 +228,42 @@ def _rows(x: np.ndarray, call) -> np.ndarray:
     return _f32(operand(x, call.dtype, call.rows * call.cols, "x")).reshape(-1, call.rows, call.cols)
 
 
-def piece_stats(v: np.ndarray) -> np.ndarray:
+def _exp_of(d: np.ndarray, scale: float) -> np.ndarray:
+    """``exp(d * scale)`` of FP32 differences ``d`` (the FP32 product, then ``rw.exp32``)."""
+    return rw.exp32(d * rw.F32(scale))
+
+
+def piece_stats(v: np.ndarray, scale: float = 1.0) -> np.ndarray:
     """``[..., rows, 2]`` FP32 ``(m, s)`` of FP32 rows ``v[..., rows, cols]``."""
     m = rw.nan_max(v)
     with np.errstate(over="ignore", invalid="ignore"):
-        s = rw.seq_sum(rw.exp32(v - m[..., None]))
+        s = rw.seq_sum(_exp_of(v - m[..., None], scale))
     return np.stack([m, s], axis=-1)
 
 
-def merge_stats(parts: np.ndarray) -> np.ndarray:
+def merge_stats(parts: np.ndarray, scale: float = 1.0) -> np.ndarray:
     """``[..., parts, rows, 2]`` -> ``[..., rows, 2]`` ``(M, S)``, in part order."""
     m = rw.nan_max(parts[..., 0], axis=-2)
     with np.errstate(over="ignore", invalid="ignore"):
-        scaled = parts[..., 1] * rw.exp32(parts[..., 0] - m[..., None, :])
+        scaled = parts[..., 1] * _exp_of(parts[..., 0] - m[..., None, :], scale)
         return np.stack([m, rw.seq_sum(scaled, axis=-2)], axis=-1)
 
 
-def scale(v: np.ndarray, stats: np.ndarray, dtype: DType) -> np.ndarray:
+def normalise(v: np.ndarray, stats: np.ndarray, dtype: DType, scale: float = 1.0) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        e = rw.exp32(v - stats[..., 0:1])
+        e = _exp_of(v - stats[..., 0:1], scale)
         return round_to(e * (rw.F32(1.0) / stats[..., 1:2]), dtype)
 
 
 def softmax(call: SoftmaxCall, x: np.ndarray) -> np.ndarray:
     v = _rows(x, call)
-    stats = merge_stats(piece_stats(v)[:, None])
-    return _result(scale(v, stats, call.dtype).reshape(-1, call.rows * call.cols), np.asarray(x).shape[:-1])
+    stats = merge_stats(piece_stats(v, call.scale)[:, None], call.scale)
+    y = normalise(v, stats, call.dtype, call.scale)
+    return _result(y.reshape(-1, call.rows * call.cols), np.asarray(x).shape[:-1])
 
 
 def partial(call: SoftmaxPartialCall, x: np.ndarray) -> np.ndarray:
-    stats = piece_stats(_rows(x, call))
+    stats = piece_stats(_rows(x, call), call.scale)
     return _result(stats.reshape(-1, call.rows * ROW_STATS), np.asarray(x).shape[:-1])
 
 
@@ -225,36 +273,47 @@ def combine(call: SoftmaxCombineCall, *ins: np.ndarray) -> np.ndarray:
     others = operand(partials, FP32, (call.parts - (call.own >= 0)) * call.rows * ROW_STATS, "partials")
     if mine is not None:
         mine = operand(mine, FP32, call.rows * ROW_STATS, "mine")
-    stats = merge_stats(rw.with_own(others, mine, call.own, call.parts, call.rows, ROW_STATS))
+    stats = merge_stats(rw.with_own(others, mine, call.own, call.parts, call.rows, ROW_STATS), call.scale)
     return _result(stats.reshape(-1, call.rows * ROW_STATS), np.asarray(partials).shape[:-1])
 
 
 def apply(call: SoftmaxApplyCall, x: np.ndarray, stats: np.ndarray) -> np.ndarray:
     s = operand(stats, FP32, call.rows * ROW_STATS, "stats").reshape(-1, call.rows, ROW_STATS)
-    y = scale(_rows(x, call), s, call.dtype)
+    y = normalise(_rows(x, call), s, call.dtype, call.scale)
     return _result(y.reshape(-1, call.rows * call.cols), np.asarray(x).shape[:-1])
 
 
 # ---- codelets ---------------------------------------------------------------------------
 
 CPP_EXP = "(float)std::exp((double)({arg}))"
+
+
+def _exp_scaled(diff: str) -> str:
+    """The exp of an FP32 difference times the FP32 ``scale`` (a float product, then the exp)."""
+    return CPP_EXP.format(arg=f"({diff}) * scale")
+
+
 CPP_ROW_STATS = f"""      float m = -INFINITY;
       for (unsigned c = 0; c < cols; ++c) {{ const float v = load_f32(x[base + c]); m = {rw.CPP_NAN_MAX}; }}
       float s = 0.0f;
-      for (unsigned c = 0; c < cols; ++c) s += {CPP_EXP.format(arg="load_f32(x[base + c]) - m")};"""
+      for (unsigned c = 0; c < cols; ++c) s += {_exp_scaled("load_f32(x[base + c]) - m")};"""
+
+
+def _scale_param(call) -> tuple:
+    return (_param("scale", float(np.float32(call.scale)), "float"),)
 
 
 def _scale_loop(dtype: DType) -> str:
     return f"""      const float inv = 1.0f / s;
       for (unsigned c = c0; c < c1; ++c)
-        y[base + c] = store_as<{dtype.cpp}>({CPP_EXP.format(arg="load_f32(x[base + c]) - m")} * inv);"""
+        y[base + c] = store_as<{dtype.cpp}>({_exp_scaled("load_f32(x[base + c]) - m")} * inv);"""
 
 
 def softmax_codelet(call: SoftmaxCall, variant: Variant, schedule: str) -> CodeletSource:
     key = codelet_key(variant.name, call)
     size = call.rows * call.cols
     fields = (_vec("input", "x", call.dtype, size), _vec("output", "y", call.dtype, size),
-              _param("rows", call.rows), _param("cols", call.cols))
+              _param("rows", call.rows), _param("cols", call.cols)) + _scale_param(call)
     body = f"""    auto doRow = [&](unsigned row, unsigned c0, unsigned c1) {{
       const unsigned base = row * cols;
 {CPP_ROW_STATS}
@@ -269,7 +328,7 @@ def partial_codelet(call: SoftmaxPartialCall, variant: Variant, schedule: str) -
     key = codelet_key(variant.name, call)
     fields = (_vec("input", "x", call.dtype, call.rows * call.cols),
               _vec("output", "partial", FP32, call.rows * ROW_STATS),
-              _param("rows", call.rows), _param("cols", call.cols))
+              _param("rows", call.rows), _param("cols", call.cols)) + _scale_param(call)
     body = f"""    for (unsigned row = workerId; row < rows; row += workers) {{
       const unsigned base = row * cols;
 {CPP_ROW_STATS}
@@ -286,7 +345,7 @@ def combine_codelet(call: SoftmaxCombineCall, variant: Variant) -> CodeletSource
               + (_vec("input", "partials", FP32, (call.parts - own) * call.rows * ROW_STATS),
                  _vec("output", "stats", FP32, call.rows * ROW_STATS),
                  _param("rows", call.rows), _param("parts", call.parts))
-              + ((_param("own", call.own),) if own else ()))
+              + ((_param("own", call.own),) if own else ()) + _scale_param(call))
     body = rw.cpp_get_part(ROW_STATS, own) + f"""
     // part p of row: (m, s), part-major.
     for (unsigned row = workerId; row < rows; row += workers) {{
@@ -294,7 +353,7 @@ def combine_codelet(call: SoftmaxCombineCall, variant: Variant) -> CodeletSource
       for (unsigned p = 1; p < parts; ++p) {{ const float v = get(p, row, 0); m = {rw.CPP_NAN_MAX}; }}
       float s = 0.0f;
       for (unsigned p = 0; p < parts; ++p) {{
-        s += get(p, row, 1) * {CPP_EXP.format(arg="get(p, row, 0) - m")};
+        s += get(p, row, 1) * {_exp_scaled("get(p, row, 0) - m")};
       }}
       stats[2 * row] = m;
       stats[2 * row + 1] = s;
@@ -307,7 +366,7 @@ def apply_codelet(call: SoftmaxApplyCall, variant: Variant, schedule: str) -> Co
     size = call.rows * call.cols
     fields = (_vec("input", "x", call.dtype, size), _vec("input", "stats", FP32, call.rows * ROW_STATS),
               _vec("output", "y", call.dtype, size),
-              _param("rows", call.rows), _param("cols", call.cols))
+              _param("rows", call.rows), _param("cols", call.cols)) + _scale_param(call)
     body = f"""    auto doRow = [&](unsigned row, unsigned c0, unsigned c1) {{
       const unsigned base = row * cols;
       const float m = stats[2 * row], s = stats[2 * row + 1];

@@ -65,7 +65,7 @@ from .gemm import _vertex
 # One row per op: the kernel call on a tile's ``rows x cols``.
 ROW_CALLS = {
     LayerNorm: lambda op, rows, cols, dtype: LayerNormCall(rows, cols, dtype, op.epsilon),
-    Softmax: lambda op, rows, cols, dtype: SoftmaxCall(rows, cols, dtype),
+    Softmax: lambda op, rows, cols, dtype: SoftmaxCall(rows, cols, dtype, op.softmax_scale),
     ReduceSum: lambda op, rows, cols, dtype: RowReduceCall(rows, cols, dtype, "sum"),
     ReduceMean: lambda op, rows, cols, dtype: RowReduceCall(rows, cols, dtype, "mean"),
     ReduceMax: lambda op, rows, cols, dtype: RowReduceCall(rows, cols, dtype, "max"),
@@ -91,9 +91,9 @@ SPLIT_CHAINS = {
                           lambda op, rows, parts, own: ln.MomentsCombineCall(rows, parts, op.epsilon, own),
                           lambda op, rows, cols, dtype: ln.LayerNormApplyCall(rows, cols, dtype)),
     Softmax: SplitChain(sm.ROW_STATS, sm.ROW_STATS,
-                        lambda op, rows, cols, dtype: sm.SoftmaxPartialCall(rows, cols, dtype),
-                        lambda op, rows, parts, own: sm.SoftmaxCombineCall(rows, parts, own),
-                        lambda op, rows, cols, dtype: sm.SoftmaxApplyCall(rows, cols, dtype)),
+                        lambda op, rows, cols, dtype: sm.SoftmaxPartialCall(rows, cols, dtype, op.softmax_scale),
+                        lambda op, rows, parts, own: sm.SoftmaxCombineCall(rows, parts, own, op.softmax_scale),
+                        lambda op, rows, cols, dtype: sm.SoftmaxApplyCall(rows, cols, dtype, op.softmax_scale)),
 }
 SPLIT_PARTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)   # column pieces per row tried
 SPLIT_KEEP = 2                                  # SplitRows fragments kept per op (the fastest)

@@ -78,7 +78,7 @@ groups          vertex class, first field, fields, first param, params,
                 first vertex, vertices, first operand: vertex ``i``'s field
                 ``j`` connects to operand ``first operand + i * fields + j``
 fields          name (vector fields: the inputs, then the outputs)
-params          name, unsigned (1) or int (0), value
+params          name, unsigned (1), int (0) or float (2: the value is the float32's bits), value
 vertices        tile
 copies          source operand, destination operand (one ``Copy`` each)
 ==============  =================================================================
@@ -192,6 +192,14 @@ def _destination_order(st, sa, dt, da, nbytes) -> np.ndarray:
     if (ks[1:] == ks[:-1]).any():
         return np.lexsort((nbytes, sa, st, da, dt))
     return order
+
+
+def param_row(f) -> list[int]:
+    """A vertex parameter's (kind, value) in the ``params`` table: unsigned 1, int 0, float 2 with
+    the float32's bits as a signed 32-bit value (LayerNorm's eps, softmax's scale)."""
+    if f.ctype == "float":
+        return [2, int(np.array([f.value], np.float32).view(np.int32)[0])]
+    return [int(f.ctype == "unsigned"), int(f.value)]
 
 
 def _i64(a) -> np.ndarray:
@@ -690,11 +698,13 @@ class Replay:
             t.fields += [[t.string(f.name)] for f in ins + outs]
             params = [f for f in source.fields if not f.is_vector]
             for f in params:
+                if f.ctype == "float":
+                    continue
                 value = int(f.value)
                 if not (0 if f.ctype == "unsigned" else -2**31) <= value < 2**31:
                     raise TileplanError(f"{what}: parameter {f.name} = {value} does not fit the host tables")
             first_param = len(t.params)
-            t.params += [[t.string(f.name), int(f.ctype == "unsigned"), int(f.value)] for f in params]
+            t.params += [[t.string(f.name), *param_row(f)] for f in params]
             t.groups.append([t.string(source.vertex), first_field, nf, first_param, len(params),
                              t.vertices(tiles), n, first_op])
             self.summary["vertices"] += n
@@ -773,7 +783,7 @@ struct Tables {
   Table groups;       // vertex class, first field, fields, first param, params, first vertex, vertices,
                       // first operand (vertex i's field j: operand firstOperand + i * fields + j)
   Table fields;       // name
-  Table params;       // name, unsigned (1) or int (0), value
+  Table params;       // name, unsigned (1), int (0) or float (2: value holds its bits), value
   Table vertices;     // tile
   Table copies;       // source operand, destination operand
 
@@ -851,6 +861,12 @@ Tables readTables(const std::string &path) {
 
 POPLAR_CPP = r"""
 // ---- building the graph ----------------------------------------------------
+
+float floatBits(std::int32_t bits) {   // a float vertex parameter travels as its IEEE bits
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 poplar::Type elementType(std::int32_t type) {
   switch (type) {
@@ -932,7 +948,8 @@ poplar::program::Sequence buildRun(poplar::Graph &graph, const Tables &t, const 
             graph.connect(v[t.string(t.fields(firstField + j, 0))], operand(t, vars, firstOperand + i * fields + j));
           for (std::size_t p = firstParam; p < firstParam + params; ++p) {
             const char *name = t.string(t.params(p, 0));
-            if (t.params(p, 1)) graph.setInitialValue(v[name], static_cast<unsigned>(t.params(p, 2)));
+            if (t.params(p, 1) == 1) graph.setInitialValue(v[name], static_cast<unsigned>(t.params(p, 2)));
+            else if (t.params(p, 1) == 2) graph.setInitialValue(v[name], floatBits(t.params(p, 2)));
             else graph.setInitialValue(v[name], static_cast<int>(t.params(p, 2)));
           }
           graph.setTileMapping(v, static_cast<unsigned>(t.vertices(firstVertex + i, 0)));
