@@ -53,16 +53,28 @@ def seeded_values(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def reference(graph: Graph, stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """float64 values of every tensor, from stored inputs and parameters."""
+def reference(graph: Graph, stored: dict[str, np.ndarray], keep=None) -> dict[str, np.ndarray]:
+    """float64 values of every tensor, from stored inputs and parameters; with ``keep`` (tensor
+    names), only those: every other value is dropped after its last consumer ran, so a 27-layer
+    tower's reference holds about one layer's tensors at a time, not all of them (6.8 GB)."""
     vals = {n: dequantise(v, graph.tensors[n].dtype, graph.tensors[n].scale) for n, v in stored.items()}
-    for op in graph.ops:
-        ins = [vals[i] for i in op.inputs]
+    last = {}
+    if keep is not None:
+        keep = set(keep)
+        for i, op in enumerate(graph.ops):
+            for name in op.inputs:
+                last[name] = i
+    for i, op in enumerate(graph.ops):
+        ins = [vals[n] for n in op.inputs]
         out_t = graph.output_of(op)
         y = op.reference(*ins)
         y = np.asarray(y, dtype=np.float64).reshape(out_t.shape)
         vals[op.output] = dequantise(quantise(y, out_t.dtype, out_t.scale, op.saturate), out_t.dtype, out_t.scale)
-    return vals
+        if keep is not None:
+            for name in set(op.inputs):
+                if last[name] == i and name not in keep:
+                    del vals[name]
+    return vals if keep is None else {n: v for n, v in vals.items() if n in keep}
 
 
 def compare(got: np.ndarray, want: np.ndarray) -> dict:
