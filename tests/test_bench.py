@@ -40,6 +40,7 @@ def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
     assert rec["estimate_to_simulated"] == rec["estimate"]["cycles"] / sim["cycles"]
     assert rec["planner_peak_rss_bytes"] >= rec["planner_rss_self_bytes"] > 0
     assert 0 < rec["memory_peak_bytes"] <= rec["sram_bytes"] and rec["outputs_passed"] is True
+    assert 0.99 < rec["cosine_min"] <= 1.0 and 0 < rec["validate_cpu_seconds"] and rec["validate_atol"] > 0
     assert set(rec["spearman_per_gemm"]) == {"fc1", "fc2"}
     assert rec["spearman_min"] == min(f["spearman"] for f in rec["spearman_per_gemm"].values()
                                       if f["spearman"] is not None)

@@ -117,6 +117,7 @@ FIGURES = (
     "lower_package_seconds", "compile_seconds",
     "validate_seconds", "simulated", "simulated_roofline_ratio", "memory_peak_bytes", "memory_peak_tile",
     "sram_bytes", "max_abs_error", "outputs_passed", "estimate_to_simulated",
+    "validate_cpu_seconds", "cosine_min", "validate_atol",
     "plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries", "package_bytes",
     "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note",
 )
@@ -235,13 +236,16 @@ def _stages(bench: dict, work_dir: str, send) -> None:
     from .lowering.package import load_package
     from .sim.validate import validate_package, write_validation
     send("stage", "validate")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pkg = load_package(pkg_path)
     v = validate_package(pkg)
     prof = v.profile
     peak = prof.memory_peak
     send("figures", {
         "validate_seconds": time.perf_counter() - t0,
+        "validate_cpu_seconds": time.process_time() - c0,
+        "cosine_min": min((o["cosine"] for o in v.outputs.values()), default=None),
+        "validate_atol": max((o["atol"] for o in v.outputs.values()), default=None),
         "simulated": {"cycles": prof.cycles, "compute": prof.compute, "exchange": prof.exchange, "sync": prof.sync},
         "simulated_roofline_ratio": prof.cycles / p.roofline if p.roofline else None,
         "memory_peak_bytes": int(peak.max()) if peak is not None and peak.size else None,

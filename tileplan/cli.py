@@ -426,7 +426,9 @@ def validate_command(
         out.print(f"planner estimate: {_n(est)} cycles; estimate / simulated = {est / max(prof.cycles, 1):.3f}")
     out.print(f"memory peak: {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "
               f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g}"
-              f"{' x max(1, max |want|)' if atol is None else ''} rtol {v.rtol:g}; run {elapsed:.2f} s")
+              f"{' x max(1, max |want|)' if atol is None else ''}"
+              f"{' x sqrt(FP8 GEMM depth / 2)' if any('fp8_depth' in o for o in v.outputs.values()) else ''}"
+              f" rtol {v.rtol:g}; run {elapsed:.2f} s")
     write_validation(pkg, v)
     if outputs is not None:                  # exactly the path given (np.savez would add .npz)
         write_file(outputs, npz_bytes({k: val for k, val in sorted(v.values.items())}))

@@ -42,7 +42,13 @@ def _result(y: np.ndarray, batch_shape: tuple[int, ...]) -> np.ndarray:
 def round_to(values32: np.ndarray, dtype: DType, scale_exp: int = 0) -> np.ndarray:
     """Round FP32 values, times ``2**scale_exp``, into ``dtype`` (FP8 saturating)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        scaled = np.ldexp(values32.astype(np.float32), np.int32(scale_exp)).astype(np.float32)
+        scaled = values32.astype(np.float32, copy=False)
+        if scale_exp:
+            scaled = np.ldexp(scaled, np.int32(scale_exp)).astype(np.float32)
+        if dtype is DType.FP16:
+            # The same bits as quantise's float64 route (an FP32 value is exact in float64; both
+            # conversions round to nearest even once), without widening every element to float64.
+            return scaled.astype(np.float16)
         return quantise(scaled, dtype)
 
 

@@ -205,8 +205,8 @@ class IPUModel:
             base = tiles.astype(np.int64) * row
             ins = []
             for j, nb in enumerate(g.in_bytes):
-                # Every vertex's operand bytes at once: one gather of [vertices, nb] flat indices.
-                raw = flat[(base + g.ins[sl, j])[:, None] + np.arange(nb, dtype=np.int64)]
+                # Every vertex's operand bytes at once: one row gather of [vertices, nb] bytes.
+                raw = _runs(flat, nb)[base + g.ins[sl, j]]
                 ins.append(raw.view(in_types[j].numpy))
             out = variant.reference(g.call, *ins)
             outs = out if isinstance(out, tuple) else (out,)
@@ -215,8 +215,8 @@ class IPUModel:
                 raw = arr.reshape(len(tiles), -1).view(np.uint8)
                 if raw.shape[1] != nb:
                     raise SimError(f"{g.variant}: wrote {raw.shape[1]} bytes per vertex, expected {nb}")
-                # Output runs of one compute set never overlap (``_check_conflicts``): one scatter.
-                flat[(base + g.outs[sl, j])[:, None] + np.arange(nb, dtype=np.int64)] = raw
+                # Output runs of one compute set never overlap (``_check_conflicts``): one row scatter.
+                _runs(flat, nb)[base + g.outs[sl, j]] = raw
 
     def _exchange(self, ex: Exchange) -> StepProfile:
         tr = ex.transfers
@@ -325,29 +325,34 @@ def _move_bytes(mem: np.ndarray, src_tile, src_off, dst_tile, dst_off, nbytes) -
     _copy_runs(flat, dst, flat, src, nbytes)
 
 
+def _runs(flat: np.ndarray, nbytes: int) -> np.ndarray:
+    """Every run of ``nbytes`` bytes of the 1-D byte array ``flat``, as a writeable strided view
+    ``[flat.size - nbytes + 1, nbytes]`` (row ``i`` is ``flat[i:i + nbytes]``; no copy). Indexing
+    its rows with an array of start offsets gathers or scatters whole runs, one ``memcpy`` each:
+    about 30x faster than indexing every byte (measured: 1472 x 6 runs of 10 KB)."""
+    return np.lib.stride_tricks.as_strided(flat, shape=(flat.size - nbytes + 1, nbytes),
+                                           strides=(flat.strides[0],) * 2, writeable=True)
+
+
 def _copy_runs(dst: np.ndarray, dst_at, src: np.ndarray, src_at, nbytes) -> None:
     """``dst[dst_at[i]:][:nbytes[i]] = src[src_at[i]:][:nbytes[i]]`` for every row (1-D byte arrays; runs
-    neither overlap nor read what another writes). Each run moves in the widest word (8, 4, 2 or 1 bytes)
-    that divides both offsets and its length, runs of one length together, ``CHUNK_BYTES`` at a time."""
+    neither overlap nor read what another writes). Runs of one length move together as rows of
+    ``_runs`` views (the gather is a copy, so ``dst`` may be ``src``), ``CHUNK_BYTES`` at a time."""
     n = np.asarray(nbytes, dtype=np.int64)
     dst_at, src_at = np.asarray(dst_at, dtype=np.int64), np.asarray(src_at, dtype=np.int64)
-    bits = src_at | dst_at | n
-    word = np.ones(n.size, dtype=np.int64)
-    for w in (2, 4, 8):
-        word[bits % w == 0] = w
-    for w in (8, 4, 2, 1):
-        rows = np.flatnonzero((word == w) & (n > 0))
-        if not rows.size:
-            continue
-        d, s = (a[:a.size // w * w].view(f"u{w}") for a in (dst, src))
-        count = n[rows] // w
-        for c in np.unique(count).tolist():        # rows of one length: one 2-D index each
-            r = rows[count == c]
-            step = max(1, CHUNK_BYTES // (c * w))
-            ar = np.arange(c, dtype=np.int64)
-            for c0 in range(0, r.size, step):
-                rr = r[c0:c0 + step]
-                d[(dst_at[rr] // w)[:, None] + ar] = s[(src_at[rr] // w)[:, None] + ar]
+    rows = np.flatnonzero(n > 0)
+    if not rows.size:
+        return
+    order = rows[np.argsort(n[rows], kind="stable")]
+    lengths = n[order]
+    cuts = np.flatnonzero(np.diff(lengths)) + 1
+    for r in np.split(order, cuts):            # rows of one length: one row gather and scatter each
+        c = int(n[r[0]])
+        d, s = _runs(dst, c), _runs(src, c)
+        step = max(1, CHUNK_BYTES // c)
+        for c0 in range(0, r.size, step):
+            rr = r[c0:c0 + step]
+            d[dst_at[rr]] = s[src_at[rr]]
 
 
 def _check_conflicts(where: str, tile, lo, hi, vid, write) -> None:

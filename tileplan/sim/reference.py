@@ -53,16 +53,41 @@ def seeded_values(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def reference(graph: Graph, stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """float64 values of every tensor, from stored inputs and parameters."""
-    vals = {n: dequantise(v, graph.tensors[n].dtype, graph.tensors[n].scale) for n, v in stored.items()}
-    for op in graph.ops:
-        ins = [vals[i] for i in op.inputs]
+def reference(graph: Graph, stored: dict[str, np.ndarray], keep=None) -> dict[str, np.ndarray]:
+    """float64 values of every tensor, from stored inputs and parameters; with ``keep`` (tensor
+    names), only those: a stored value is widened to float64 when its first consumer runs and every
+    value is dropped after its last consumer, so a 27-layer tower's reference holds about one
+    layer's tensors at a time (all of them in float64 are 10 GB)."""
+    def value(name):
+        if name not in vals:
+            t = graph.tensors[name]
+            vals[name] = dequantise(stored[name], t.dtype, t.scale)
+        return vals[name]
+
+    vals: dict[str, np.ndarray] = {}
+    last = {}
+    if keep is None:
+        for name in stored:
+            value(name)
+    else:
+        keep = set(keep)
+        for i, op in enumerate(graph.ops):
+            for name in op.inputs:
+                last[name] = i
+    for i, op in enumerate(graph.ops):
+        ins = [value(n) for n in op.inputs]
         out_t = graph.output_of(op)
         y = op.reference(*ins)
+        del ins
         y = np.asarray(y, dtype=np.float64).reshape(out_t.shape)
         vals[op.output] = dequantise(quantise(y, out_t.dtype, out_t.scale, op.saturate), out_t.dtype, out_t.scale)
-    return vals
+        if keep is not None:
+            for name in set(op.inputs):
+                if last[name] == i and name not in keep:
+                    del vals[name]
+    if keep is None:
+        return vals
+    return {n: vals[n] if n in vals else value(n) for n in keep}
 
 
 def compare(got: np.ndarray, want: np.ndarray) -> dict:
