@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import TileplanError
+from ..gcpause import pausing
 from ..graph.core import Role
 from ..graph.dtypes import DType, dequantise, quantise
 from .model import IPUModel, Profile
@@ -118,6 +119,7 @@ def check_tolerance(value, option: str) -> float | None:
     return float(value)
 
 
+@pausing
 def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rtol=None, seed: int = 0,
                      registry=None) -> Validation:
     """Run ``pkg`` on the IPU model and compare. With ``--inputs`` every graph input must be given
