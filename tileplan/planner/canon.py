@@ -167,51 +167,20 @@ class Renaming:
         return out
 
 
-def _with(obj, **changes):
-    """A copy of a frozen dataclass instance with some fields changed, written straight into its
-    ``__dict__`` (what ``dataclasses.replace`` makes, without re-running ``__init__`` for each of
-    the hundred thousand operands of a GEMM's program)."""
-    new = object.__new__(type(obj))
-    d = new.__dict__
-    d.update(obj.__dict__)
-    d.update(changes)
-    return new
-
-
 def rename_program(prog, rename: Renaming):
     """A fragment program with its buffer and step names mapped by ``rename`` (same steps, same
-    vertices, same costs: what building it for the renamed op gives)."""
+    vertices, same costs: what building it for the renamed op gives). Compute steps are renamed
+    as a whole (``ComputeStep.renamed``: their vertices are built only if asked for, and lowering
+    expands the original once), so renaming costs per buffer and step, not per vertex."""
     from ..program import ComputeStep, Copy, ExchangeStep, Program
     if prog is None or rename.identity:
         return prog
     out = Program()
     for b in prog.buffers.values():
         out.buffers[rename(b.name)] = dataclasses.replace(b, name=rename(b.name), tensor=rename(b.tensor))
-    names = {n: rename(n) for n in prog.buffers}
-    ops: dict = {}
-    new = object.__new__
-
-    def operand(o):
-        got = ops.get(id(o))
-        if got is None:          # ``_with(o, buffer=...)``, inlined: this runs for every operand of a tower
-            n = new(type(o))
-            d = n.__dict__
-            d.update(o.__dict__)
-            d["buffer"] = names.get(o.buffer) or rename(o.buffer)
-            got = ops[id(o)] = (n, o)
-        return got[0]
-
     for st in prog.steps:
         if isinstance(st, ComputeStep):
-            vs = []
-            for v in st.vertices:
-                n = new(type(v))
-                d = n.__dict__
-                d.update(v.__dict__)
-                d["ins"] = tuple([operand(o) for o in v.ins])
-                d["outs"] = tuple([operand(o) for o in v.outs])
-                vs.append(n)
-            out.steps.append(ComputeStep(rename(st.name), tuple(vs)))
+            out.steps.append(ComputeStep.renamed(st, rename(st.name), rename))
         elif isinstance(st, ExchangeStep):
             out.steps.append(ExchangeStep(rename(st.name), tuple(Copy(rename(c.src), rename(c.dst))
                                                                  for c in st.copies)))

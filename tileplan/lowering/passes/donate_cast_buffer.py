@@ -19,9 +19,7 @@ def run(state):
     prog, target = state.program, state.target
     spans = buffer_lifetimes(prog)
     for i, step in enumerate(prog.steps):
-        if not isinstance(step, ComputeStep) or not step.vertices:
-            continue
-        if any(v.call.primitive != "cast" for v in step.vertices):
+        if not isinstance(step, ComputeStep) or step.primitives != {"cast"}:
             continue
         ins = {v.ins[0].buffer for v in step.vertices}
         outs = {v.outs[0].buffer for v in step.vertices}
