@@ -45,8 +45,11 @@ def _tensor_sig(graph: Graph, storage: dict, name: str) -> list:
             None if st is None else [repr(st.layout), st.private, st.transpose]]
 
 
-def _digest(doc) -> str:
+def digest(doc) -> str:
+    """SHA-256 (hex) of a JSON document (compact separators)."""
     return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+
+
 
 
 class _Numbering:
@@ -79,7 +82,7 @@ def _ops_doc(graph: Graph, storage: dict, ops: list[Op]) -> tuple[list, list[str
 def op_key(graph: Graph, storage: dict, op: Op) -> str:
     """SHA-256 (hex) of an op's planning problem, independent of names and parameter values."""
     doc, _, _ = _ops_doc(graph, storage, neighbourhood(graph, op))
-    return _digest(["op", doc])
+    return digest(["op", doc])
 
 
 def op_names(graph: Graph, op: Op) -> list[str]:
@@ -93,7 +96,7 @@ def subgraph_key(graph: Graph, storage: dict, ops: list[Op]) -> str:
     """SHA-256 (hex) of a subgraph (a layer): its ops in order with their attributes and tensors,
     independent of names and parameter values."""
     doc, _, _ = _ops_doc(graph, storage, ops)
-    return _digest(["subgraph", doc])
+    return digest(["subgraph", doc])
 
 
 def target_key(target) -> str:
@@ -124,7 +127,7 @@ def repeated_blocks(graph: Graph, storage: dict) -> list[list[Op]]:
                 # The first and last layers read the graph's input and write its output: compare
                 # inner structure (roles of boundary tensors aside) through the ops' attributes,
                 # tensor shapes and dtypes.
-                bkey = _digest(_ops_doc(graph, {}, block)[0][0] +
+                bkey = digest(_ops_doc(graph, {}, block)[0][0] +
                                [[s[0], s[1], s[2]] for s in _ops_doc(graph, {}, block)[0][1]])
                 if key is None:
                     key = bkey
