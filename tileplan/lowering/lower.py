@@ -28,7 +28,8 @@ from .allocate import allocate
 from .block_moves import BlockMove, CopyPlans
 from .passes import PASSES
 from .passes.state import LoweringState
-from .tile_program import ArrayPool, BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
+from .tile_program import (ArrayPool, BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup, absolute,
+                           on_buffers)
 
 
 def return_freed_memory(setup: bool = False) -> None:
@@ -75,6 +76,9 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
     for p in chosen:
         if p.stage == "tiles":
             state = p.run(state)
+    for st in state.tile_program.steps:
+        if isinstance(st, Exchange):
+            st.parts = None                     # lowering's own: not kept with the program
     state.tile_program.passes = [p.name for p in chosen]
     state.pool = ArrayPool()                    # a fresh one: the old index keeps replaced tables alive
     return_freed_memory()
@@ -147,12 +151,13 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
         if isinstance(step, ComputeStep):
             steps.append(ComputeSet(step.name, _groups(program, step, alloc, index, pool, layouts)))
         else:
-            ex, local, fragments = _step_traffic(program, step, tiles, index, aliases or {}, block_moves, plans)
+            ex, local, fragments, parts = _step_traffic(program, step, tiles, index, aliases or {}, block_moves,
+                                                        plans)
             local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index, plans)])
             tr = pool.transfers(_absolute(ex, alloc))
             del ex
             if len(tr):
-                steps.append(Exchange(step.name, tr, fragments if fragments != len(tr) else None))
+                steps.append(Exchange(step.name, tr, fragments if fragments != len(tr) else None, parts))
             if len(local):
                 steps.append(ComputeSet(step.name + ".local", _copy_groups(_absolute(local, alloc), target, registry,
                                                                            pool)))
@@ -165,11 +170,12 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
     return TileProgram(tiles, infos, alloc.addr, alloc.size, steps, io_maps)
 
 
-def _step_traffic(program, step, tiles, index, aliases, block_moves: bool, plans) -> tuple[Transfers, Transfers, int]:
+def _step_traffic(program, step, tiles, index, aliases, block_moves: bool, plans) -> tuple:
     """``step_traffic(merge=False)`` of one exchange step, copy by copy, with block moves (when allowed)
-    one row per block; also the exchange fragments the rows stand for (row by row)."""
+    one row per block; also the exchange fragments the rows stand for (row by row), and per copy its
+    exchange rows with buffer ids 0 (shared by the copies with one plan: ``Exchange.parts``)."""
     sources = [alias_root(cp.src, aliases) for cp in step.copies]
-    ex_parts, loc_parts, fragments = [], [], 0
+    ex_parts, loc_parts, fragments, parts = [], [], 0, []
     for cp, root_src in zip(step.copies, sources):
         src, dst = program.buffers[cp.src], program.buffers[cp.dst]
         block = block_moves and sources.count(root_src) == 1   # no other copy reads this memory (see block_moves)
@@ -180,23 +186,17 @@ def _step_traffic(program, step, tiles, index, aliases, block_moves: bool, plans
         else:
             ex, loc, n = plans.traffic(src, dst, False, lambda plan: _copy_traffic(plan, src.dtype.itemsize))
         fragments += n
-        ex_parts.append(_on_buffers(ex, index[cp.src], index[cp.dst]))
-        loc_parts.append(_on_buffers(loc, index[cp.src], index[cp.dst]))
-    return Transfers.concat(ex_parts), Transfers.concat(loc_parts), fragments
+        if len(ex):
+            parts.append((ex, index[cp.src], index[cp.dst]))
+        ex_parts.append(on_buffers(ex, index[cp.src], index[cp.dst]))
+        loc_parts.append(on_buffers(loc, index[cp.src], index[cp.dst]))
+    return Transfers.concat(ex_parts), Transfers.concat(loc_parts), fragments, tuple(parts)
 
 
 def _block_traffic(move: BlockMove) -> tuple[Transfers, Transfers, int]:
     """A block move's (exchange rows, on-tile runs, fragments the exchange rows stand for), buffer ids 0."""
     ex, loc = move.traffic(0, 0)
     return ex, loc, move.row_fragments() if len(ex) else 0
-
-
-def _on_buffers(tr: Transfers, sid: int, did: int) -> Transfers:
-    """Transfers made with buffer ids 0, between buffers ``sid`` and ``did``."""
-    if len(tr) == 0:
-        return tr
-    return Transfers(tr.group, tr.src_tile, np.full(len(tr), sid, np.int32), tr.src_off, tr.dst_tile,
-                     np.full(len(tr), did, np.int32), tr.dst_off, tr.nbytes)
 
 
 def _copy_traffic(plan, item: int) -> tuple[Transfers, Transfers, int]:
@@ -245,12 +245,7 @@ def _unaliased_identity_runs(program, step, aliases, tiles, index, plans) -> Tra
 
 def _absolute(tr, alloc):
     """Buffer-relative transfer offsets -> absolute byte addresses on the tiles."""
-    if len(tr) == 0:
-        return tr
-    src = alloc.addr[tr.src_buf, tr.src_tile] + tr.src_off
-    dst = alloc.addr[tr.dst_buf, tr.dst_tile] + tr.dst_off
-    zero = np.zeros(len(tr), dtype=np.int32)
-    return Transfers(tr.group, tr.src_tile, zero, src, tr.dst_tile, zero, dst, tr.nbytes)
+    return absolute(tr, alloc.addr)
 
 
 def _groups(program, step, alloc, index, pool, layouts: dict) -> list[VertexGroup]:

@@ -79,6 +79,27 @@ class Exchange:
     transfers: Transfers          # offsets are absolute byte addresses here
     fragments: int | None = None  # before merge_transfers: the logical fragments the rows stand for, where
                                   # expansion already moved a block as one row (None: one per row)
+    parts: tuple | None = None    # during lowering only: per copy, (its rows with buffer-relative offsets
+                                  # and buffer ids 0, shared by every copy with its plan; source buffer
+                                  # index; destination buffer index), what merge_transfers merges copy by copy
+
+
+def absolute(tr: Transfers, addr: np.ndarray) -> Transfers:
+    """Buffer-relative transfer offsets -> absolute byte addresses on the tiles (``addr[buffer, tile]``)."""
+    if len(tr) == 0:
+        return tr
+    src = addr[tr.src_buf, tr.src_tile] + tr.src_off
+    dst = addr[tr.dst_buf, tr.dst_tile] + tr.dst_off
+    zero = np.zeros(len(tr), dtype=np.int32)
+    return Transfers(tr.group, tr.src_tile, zero, src, tr.dst_tile, zero, dst, tr.nbytes)
+
+
+def on_buffers(tr: Transfers, sid: int, did: int) -> Transfers:
+    """Transfers made with buffer ids 0, between buffers ``sid`` and ``did``."""
+    if len(tr) == 0:
+        return tr
+    return Transfers(tr.group, tr.src_tile, np.full(len(tr), sid, np.int32), tr.src_off, tr.dst_tile,
+                     np.full(len(tr), did, np.int32), tr.dst_off, tr.nbytes)
 
 
 @dataclass
