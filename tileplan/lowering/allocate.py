@@ -92,14 +92,21 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
 
 
 class _Placed:
-    """The buffers placed on a tile so far: int64 columns start, end (bytes), first and last step."""
+    """The buffers placed on a tile so far: int64 columns start, end (bytes), first and last step,
+    kept sorted by (start, end), the order first fit scans them in."""
 
     def __init__(self, capacity: int):
         self.cols = np.zeros((4, max(capacity, 1)), dtype=np.int64)
+        self.key = np.zeros(max(capacity, 1), dtype=np.int64)       # start * 2**32 + end, ascending
         self.n = 0
 
     def add(self, start: int, end: int, first: int, last: int) -> None:
-        self.cols[:, self.n] = (start, end, first, last)
+        k = (start << 32) + end
+        at = int(np.searchsorted(self.key[:self.n], k, "right"))
+        self.cols[:, at + 1:self.n + 1] = self.cols[:, at:self.n].copy()
+        self.key[at + 1:self.n + 1] = self.key[at:self.n].copy()
+        self.cols[:, at] = (start, end, first, last)
+        self.key[at] = k
         self.n += 1
 
     def __iter__(self):
@@ -109,22 +116,22 @@ class _Placed:
 def _first_fit(placed: _Placed, lo: int, hi: int, n: int, a: int, b: int, align: int) -> int | None:
     """Lowest aligned address in [lo, hi) for n bytes clear of every placed buffer live during [a, b].
 
-    Vectorised first fit: with the busy intervals sorted by start, the candidate address before busy
-    interval k is the aligned end of the furthest-reaching interval before it (or ``lo``); the first
-    candidate that ends before interval k starts wins, else the one after them all."""
+    Vectorised first fit: with the busy intervals in (start, end) order, the candidate address before
+    busy interval k is the aligned end of the furthest-reaching interval before it (or ``lo``); the
+    first candidate that ends before interval k starts wins, else the one after them all."""
     o, q, s, e = placed.cols[:, :placed.n]
     live = (s <= b) & (a <= e) & (q > lo) & (o < hi)
     at0 = -(-lo // align) * align
-    if not live.any():
-        return at0 if at0 + n <= hi else None
     o, q = o[live], q[live]
-    order = np.lexsort((q, o))
-    o, q = o[order], q[order]
+    if not o.size:
+        return at0 if at0 + n <= hi else None
     reach = np.maximum.accumulate(np.maximum(-(-q // align) * align, at0))
     cand = np.concatenate(([at0], reach[:-1]))
     fits = np.flatnonzero(cand + n <= o)
     at = int(cand[fits[0]]) if fits.size else int(reach[-1])
     return at if at + n <= hi else None
+
+
 def _live_peak(placed, a: int, b: int) -> int:
     """The most bytes placed buffers hold at once during steps [a, b]."""
     return max((sum(q - o for o, q, s0, e0 in placed if s0 <= t <= e0) for t in range(a, b + 1)), default=0)
