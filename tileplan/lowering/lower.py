@@ -29,7 +29,7 @@ from .block_moves import BlockMove, CopyPlans
 from .passes import PASSES
 from .passes.state import LoweringState
 from .tile_program import (ArrayPool, BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup, absolute,
-                           on_buffers)
+                           on_buffers, unmerged)
 
 
 def return_freed_memory(setup: bool = False) -> None:
@@ -78,6 +78,8 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
             state = p.run(state)
     for st in state.tile_program.steps:
         if isinstance(st, Exchange):
+            if st.transfers is None:            # no pass merged it: its rows as expanded
+                st.transfers = state.pool.transfers(unmerged(st.parts, state.tile_program.addr))
             st.parts = None                     # lowering's own: not kept with the program
     state.tile_program.passes = [p.name for p in chosen]
     state.pool = ArrayPool()                    # a fresh one: the old index keeps replaced tables alive
@@ -151,13 +153,11 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
         if isinstance(step, ComputeStep):
             steps.append(ComputeSet(step.name, _groups(program, step, alloc, index, pool, layouts)))
         else:
-            ex, local, fragments, parts = _step_traffic(program, step, tiles, index, aliases or {}, block_moves,
-                                                        plans)
+            local, fragments, parts = _step_traffic(program, step, tiles, index, aliases or {}, block_moves, plans)
             local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index, plans)])
-            tr = pool.transfers(_absolute(ex, alloc))
-            del ex
-            if len(tr):
-                steps.append(Exchange(step.name, tr, fragments if fragments != len(tr) else None, parts))
+            rows = sum(len(p[0]) for p in parts)
+            if rows:            # its table: made from the parts when asked (``lower``; merge_transfers merges them)
+                steps.append(Exchange(step.name, None, fragments if fragments != rows else None, parts))
             if len(local):
                 steps.append(ComputeSet(step.name + ".local", _copy_groups(_absolute(local, alloc), target, registry,
                                                                            pool)))
@@ -172,10 +172,10 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
 
 def _step_traffic(program, step, tiles, index, aliases, block_moves: bool, plans) -> tuple:
     """``step_traffic(merge=False)`` of one exchange step, copy by copy, with block moves (when allowed)
-    one row per block; also the exchange fragments the rows stand for (row by row), and per copy its
-    exchange rows with buffer ids 0 (shared by the copies with one plan: ``Exchange.parts``)."""
+    one row per block: its on-tile runs, the exchange fragments its rows stand for (row by row), and per
+    copy its exchange rows with buffer ids 0 (shared by the copies with one plan: ``Exchange.parts``)."""
     sources = [alias_root(cp.src, aliases) for cp in step.copies]
-    ex_parts, loc_parts, fragments, parts = [], [], 0, []
+    loc_parts, fragments, parts = [], 0, []
     for cp, root_src in zip(step.copies, sources):
         src, dst = program.buffers[cp.src], program.buffers[cp.dst]
         block = block_moves and sources.count(root_src) == 1   # no other copy reads this memory (see block_moves)
@@ -188,9 +188,8 @@ def _step_traffic(program, step, tiles, index, aliases, block_moves: bool, plans
         fragments += n
         if len(ex):
             parts.append((ex, index[cp.src], index[cp.dst]))
-        ex_parts.append(on_buffers(ex, index[cp.src], index[cp.dst]))
         loc_parts.append(on_buffers(loc, index[cp.src], index[cp.dst]))
-    return Transfers.concat(ex_parts), Transfers.concat(loc_parts), fragments, tuple(parts)
+    return Transfers.concat(loc_parts), fragments, tuple(parts)
 
 
 def _block_traffic(move: BlockMove) -> tuple[Transfers, Transfers, int]:

@@ -76,7 +76,8 @@ class ComputeSet:
 @dataclass
 class Exchange:
     name: str
-    transfers: Transfers          # offsets are absolute byte addresses here
+    transfers: Transfers | None   # offsets are absolute byte addresses here (None during lowering, until
+                                  # made from ``parts``)
     fragments: int | None = None  # before merge_transfers: the logical fragments the rows stand for, where
                                   # expansion already moved a block as one row (None: one per row)
     parts: tuple | None = None    # during lowering only: per copy, (its rows with buffer-relative offsets
@@ -92,6 +93,11 @@ def absolute(tr: Transfers, addr: np.ndarray) -> Transfers:
     dst = addr[tr.dst_buf, tr.dst_tile] + tr.dst_off
     zero = np.zeros(len(tr), dtype=np.int32)
     return Transfers(tr.group, tr.src_tile, zero, src, tr.dst_tile, zero, dst, tr.nbytes)
+
+
+def unmerged(parts, addr: np.ndarray) -> Transfers:
+    """An exchange's table from its ``Exchange.parts``, as expanded (unmerged), at absolute addresses."""
+    return absolute(Transfers.concat([on_buffers(rows, sid, did) for rows, sid, did in parts]), addr)
 
 
 def on_buffers(tr: Transfers, sid: int, did: int) -> Transfers:

@@ -28,10 +28,11 @@ def run(state):
     done: dict[tuple, tuple] = {}       # ids of a table's pooled columns -> (the table, kept alive; merged)
     per_copy: dict[int, tuple] = {}     # id of a copy's relative rows -> (the rows, kept alive; merged)
     for i, step in enumerate(tp.steps):
-        if not isinstance(step, Exchange) or len(step.transfers) == 0:
+        if not isinstance(step, Exchange) or (not step.parts and len(step.transfers) == 0):
             continue
         t = step.transfers
         if step.parts:
+            expanded = sum(len(p[0]) for p in step.parts)
             parts = []
             for rows, sid, did in step.parts:
                 if id(rows) not in per_copy:
@@ -43,7 +44,7 @@ def run(state):
             if key not in done:
                 done[key] = (t, state.pool.transfers(_merged(t)))
             merged = done[key][1]
-        fragments = len(t) if step.fragments is None else step.fragments
+        fragments = (expanded if step.parts else len(t)) if step.fragments is None else step.fragments
         if len(merged) < fragments:
             state.log.append(f"merge_transfers: {step.name}: {fragments} fragments -> {len(merged)} transfers")
         tp.steps[i] = Exchange(step.name, merged)
