@@ -365,10 +365,13 @@ def test_a_vertex_reading_bytes_of_another_type_is_an_error():
         emit_host(tiny_program(target, read_as_fp8=False), target, "tiny")
 
 
-def test_the_byte_map_agrees_with_a_byte_array_under_random_writes():
+@pytest.mark.parametrize("freeze_at", [None, 0, 150])
+def test_the_byte_map_agrees_with_a_byte_array_under_random_writes(freeze_at):
     """``ByteMap`` (one sorted partition of every tile's bytes) against a plain per-byte array of
     (variable, element): each step writes several disjoint ranges on several tiles at once, some of them
-    undefined; an element a write covers only partly is lost."""
+    undefined; an element a write covers only partly is lost. With ``freeze_at`` the map sets what it
+    holds aside as its static map at that step (as the replay does after the host's writes) and must
+    read the same from then on."""
     from tileplan.lowering.emit.host import STRIDE, ByteMap
     rng = np.random.default_rng(5)
     tiles, size = 3, 256
@@ -378,6 +381,8 @@ def test_the_byte_map_agrees_with_a_byte_array_under_random_writes():
     esize = {}
     var = 0
     for step in range(300):
+        if step == freeze_at:
+            mem.freeze()
         writes = []
         for tile in range(tiles):
             at = int(rng.integers(0, 32))
@@ -405,17 +410,16 @@ def test_the_byte_map_agrees_with_a_byte_array_under_random_writes():
             tl, a, n, v, e0, code = (np.array(c) for c in zip(*writes))
             mem.write(tl * STRIDE + a, tl * STRIDE + a + n, v, e0, np.where(v >= 0, code, -1), "test")
         qa = np.arange(tiles) * STRIDE
-        q, idx, ps, pe = mem.read(qa, qa + size)
         got_owner = np.full((tiles, size), -1)
         got_elem = np.full((tiles, size), -1)
-        for tile, i, s, e in zip(q.tolist(), idx.tolist(), ps.tolist(), pe.tolist()):
-            if mem.var[i] >= 0:
-                s, e, start = s % STRIDE, e % STRIDE, mem.bounds[i] % STRIDE
-                got_owner[tile, s:e] = mem.var[i]
-                got_elem[tile, s:e] = mem.elem[i] + (np.arange(s, e) - start) // esize[int(mem.var[i])]
+        for tile, s, e, v, _, start, e0 in zip(*(a.tolist() for a in mem.look(qa, qa + size))):
+            if v >= 0:
+                s, e, start = s % STRIDE, e % STRIDE, start % STRIDE
+                got_owner[tile, s:e] = v
+                got_elem[tile, s:e] = e0 + (np.arange(s, e) - start) // esize[v]
         assert np.array_equal(got_owner, owner) and np.array_equal(got_elem, elem), step
         # merged: no two neighbours continue each other
-        assert not np.any((mem.var[1:] < 0) & (mem.var[:-1] < 0))
+        assert not np.any((mem.var[1:] < 0) & (mem.var[1:] == mem.var[:-1]))
     with pytest.raises(TileplanError, match="test: two writes to tile 1 bytes"):
         mem.write(np.array([STRIDE, STRIDE + 4]), np.array([STRIDE + 8, STRIDE + 12]), np.array([0, 1]),
                   np.array([0, 0]), np.array([0, 0]), "test")

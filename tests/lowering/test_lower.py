@@ -71,3 +71,23 @@ def test_every_buffer_is_aligned_and_clear_of_the_reserve():
     assert ((tp.addr + tp.size)[held] <= TARGET.sram_bytes).all()
     packed = tp.addr[tp.buffer_index("w")]
     assert (packed[packed >= 0] >= TARGET.standard_bytes).all(), "a resident AMP operand prefers interleaved memory"
+
+
+def test_first_fit_takes_the_lowest_aligned_address_clear_of_every_live_buffer():
+    """The allocator's first fit against a scan of every aligned address: random placed buffers
+    (addresses and lifetimes), random requests; the address must be the lowest one at which the
+    request overlaps no placed buffer live at the same time, or None when no such address fits."""
+    from tileplan.lowering.allocate import _Placed, _first_fit
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        placed = _Placed(12)
+        for _ in range(int(rng.integers(0, 12))):
+            at = int(rng.integers(0, 60)) * 4
+            placed.add(at, at + int(rng.integers(1, 40)), *sorted(int(x) for x in rng.integers(0, 8, 2)))
+        lo, hi, align = int(rng.integers(0, 40)), int(rng.integers(120, 320)), 8
+        n = int(rng.integers(1, 64))
+        a, b = sorted(int(x) for x in rng.integers(0, 8, 2))
+        live = [(o, q) for o, q, s, e in placed if s <= b and a <= e]
+        want = next((x for x in range(-(-lo // align) * align, hi - n + 1, align)
+                     if all(x + n <= o or q <= x for o, q in live)), None)
+        assert _first_fit(placed, lo, hi, n, a, b, align) == want, trial

@@ -48,6 +48,42 @@ def test_a_warm_plan_reads_every_catalogue_from_the_cache():
         assert second.misses == 0 and second.hits == first.misses
 
 
+def test_a_warm_plan_takes_its_selection_from_the_cache_without_searching_again(tmp_path, monkeypatch):
+    import tileplan.planner.plan as planning
+    g = load_model(LAYER)
+    target = load_target(g.target)
+    cold = plan_to_json(plan(g, target, cache=PlanCache(tmp_path)))
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the warm plan searched again")
+    monkeypatch.setattr(planning, "solve_dp", no_search)
+    warm = PlanCache(tmp_path)
+    assert plan_to_json(plan(g, target, cache=warm)) == cold
+    assert warm.misses == 0
+    with pytest.raises(AssertionError, match="searched again"):       # another solver option: another entry
+        plan(g, target, cache=PlanCache(tmp_path), dp_paths=4)
+
+
+def test_a_selection_entry_whose_picks_do_not_fit_is_ignored_with_a_warning(tmp_path):
+    import pickle
+    import zlib
+    g = load_model(LAYER)
+    target = load_target(g.target)
+    cold = plan_to_json(plan(g, target, cache=PlanCache(tmp_path)))
+    for f in tmp_path.glob("*.entry"):
+        head, _, body = f.read_bytes().partition(b"\n")
+        value = pickle.loads(zlib.decompress(body))
+        if "picks" in value:
+            value["picks"] = [10**6] * len(value["picks"])
+            f.write_bytes(head + b"\n" + zlib.compress(pickle.dumps(value, protocol=4)))
+            break
+    else:
+        raise AssertionError("no selection entry was stored")
+    lines: list[str] = []
+    assert plan_to_json(plan(g, target, cache=PlanCache(tmp_path, warn=lines.append))) == cold
+    assert len(lines) == 1 and "does not fit this graph's selection" in lines[0]
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign"])
 def test_a_corrupt_or_foreign_entry_is_ignored_with_one_warning_and_replaced(cli, tmp_path, damage):
     cache = tmp_path / "cache"

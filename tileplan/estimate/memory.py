@@ -112,7 +112,9 @@ def program_memory(program: Program, target) -> Memory:
         arr = il if buf.region == "interleaved" else st
         arr[a] += tb
         arr[b + 1] -= tb
-        kd = kinds.setdefault(buf.kind, np.zeros((nsteps + 1, tiles), dtype=np.int64))
+        kd = kinds.get(buf.kind)
+        if kd is None:      # (not ``setdefault``: that would allocate a [steps, tiles] array per buffer)
+            kd = kinds[buf.kind] = np.zeros((nsteps + 1, tiles), dtype=np.int64)
         kd[a] += tb
         kd[b + 1] -= tb
     il = np.cumsum(il, axis=0)[:-1]

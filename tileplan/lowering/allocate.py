@@ -59,7 +59,7 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
                "interleaved": (target.standard_bytes, target.sram_bytes)}
     for p, prof in enumerate(profiles):
         tile = int(np.flatnonzero(inverse == p)[0])
-        placed: list[tuple[int, int, int, int]] = []
+        placed = _Placed(len(roots))
         addrs = np.full(len(roots), -1, dtype=np.int64)
         for i in order:
             n = int(prof[i])
@@ -81,7 +81,7 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
                     f"tile {tile}: buffer {roots[i]!r} ({n:,} bytes, {'interleaved' if prefer_il[i] else 'standard'} "
                     f"preferred) does not fit: up to {live:,} bytes are live beside it and the tile has "
                     f"{target.usable_bytes:,} usable bytes; {why}")
-            placed.append((at, at + n, a, b))
+            placed.add(at, at + n, a, b)
             addrs[i] = at
         raddr[:, inverse == p] = addrs[:, None]
     addr = np.full((len(names), tiles), -1, dtype=np.int64)
@@ -91,14 +91,44 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
     return Allocation(names, addr, size, top)
 
 
-def _first_fit(placed, lo: int, hi: int, n: int, a: int, b: int, align: int) -> int | None:
-    """Lowest aligned address in [lo, hi) for n bytes clear of every placed buffer live during [a, b]."""
-    busy = sorted((o, q) for o, q, s, e in placed if s <= b and a <= e and q > lo and o < hi)
-    at = -(-lo // align) * align
-    for o, q in busy:
-        if at + n <= o:
-            break
-        at = max(at, -(-q // align) * align)
+class _Placed:
+    """The buffers placed on a tile so far: int64 columns start, end (bytes), first and last step,
+    kept sorted by (start, end), the order first fit scans them in."""
+
+    def __init__(self, capacity: int):
+        self.cols = np.zeros((4, max(capacity, 1)), dtype=np.int64)
+        self.key = np.zeros(max(capacity, 1), dtype=np.int64)       # start * 2**32 + end, ascending
+        self.n = 0
+
+    def add(self, start: int, end: int, first: int, last: int) -> None:
+        k = (start << 32) + end
+        at = int(np.searchsorted(self.key[:self.n], k, "right"))
+        self.cols[:, at + 1:self.n + 1] = self.cols[:, at:self.n].copy()
+        self.key[at + 1:self.n + 1] = self.key[at:self.n].copy()
+        self.cols[:, at] = (start, end, first, last)
+        self.key[at] = k
+        self.n += 1
+
+    def __iter__(self):
+        return iter(map(tuple, self.cols[:, :self.n].T.tolist()))
+
+
+def _first_fit(placed: _Placed, lo: int, hi: int, n: int, a: int, b: int, align: int) -> int | None:
+    """Lowest aligned address in [lo, hi) for n bytes clear of every placed buffer live during [a, b].
+
+    Vectorised first fit: with the busy intervals in (start, end) order, the candidate address before
+    busy interval k is the aligned end of the furthest-reaching interval before it (or ``lo``); the
+    first candidate that ends before interval k starts wins, else the one after them all."""
+    o, q, s, e = placed.cols[:, :placed.n]
+    live = (s <= b) & (a <= e) & (q > lo) & (o < hi)
+    at0 = -(-lo // align) * align
+    o, q = o[live], q[live]
+    if not o.size:
+        return at0 if at0 + n <= hi else None
+    reach = np.maximum.accumulate(np.maximum(-(-q // align) * align, at0))
+    cand = np.concatenate(([at0], reach[:-1]))
+    fits = np.flatnonzero(cand + n <= o)
+    at = int(cand[fits[0]]) if fits.size else int(reach[-1])
     return at if at + n <= hi else None
 
 

@@ -57,6 +57,16 @@ class CopyPlans:
             self._plans[key] = block_move(src, dst) or self.rows(src, dst)
         return self._plans[key]
 
+    def traffic(self, src, dst, block: bool, make):
+        """What ``make(plan)`` lowers the copy to (its exchange rows, on-tile runs and fragment count,
+        with buffer ids 0), made once per plan: a plan does not depend on the buffers' names, nor
+        their traffic, so a tower's 27 layers expand each of their copies once. ``block``: the
+        ``BlockMove`` (``__call__``) or the row-by-row plan (``rows``)."""
+        key = (self._key(src, dst), block, "traffic")
+        if key not in self._plans:
+            self._plans[key] = make(self(src, dst) if block else self.rows(src, dst))
+        return self._plans[key]
+
     def rows(self, src, dst):
         """The copy's row-by-row plan (``plan_for``)."""
         key = (self._key(src, dst), False)

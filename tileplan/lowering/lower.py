@@ -28,7 +28,8 @@ from .allocate import allocate
 from .block_moves import BlockMove, CopyPlans
 from .passes import PASSES
 from .passes.state import LoweringState
-from .tile_program import ArrayPool, BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup
+from .tile_program import (ArrayPool, BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup, absolute,
+                           on_buffers, unmerged)
 
 
 def return_freed_memory(setup: bool = False) -> None:
@@ -75,6 +76,11 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
     for p in chosen:
         if p.stage == "tiles":
             state = p.run(state)
+    for st in state.tile_program.steps:
+        if isinstance(st, Exchange):
+            if st.transfers is None:            # no pass merged it: its rows as expanded
+                st.transfers = state.pool.transfers(unmerged(st.parts, state.tile_program.addr))
+            st.parts = None                     # lowering's own: not kept with the program
     state.tile_program.passes = [p.name for p in chosen]
     state.pool = ArrayPool()                    # a fresh one: the old index keeps replaced tables alive
     return_freed_memory()
@@ -142,16 +148,16 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
                                 bool(b.transpose), int(b.scale),
                                 space=getattr(b.layout, "index_space", "rows")))
     steps = []
+    layouts: dict = {}
     for step in program.steps:
         if isinstance(step, ComputeStep):
-            steps.append(ComputeSet(step.name, _groups(program, step.vertices, alloc, index, pool)))
+            steps.append(ComputeSet(step.name, _groups(program, step, alloc, index, pool, layouts)))
         else:
-            ex, local, fragments = _step_traffic(program, step, tiles, index, aliases or {}, block_moves, plans)
+            local, fragments, parts = _step_traffic(program, step, tiles, index, aliases or {}, block_moves, plans)
             local = Transfers.concat([local, _unaliased_identity_runs(program, step, aliases or {}, tiles, index, plans)])
-            tr = pool.transfers(_absolute(ex, alloc))
-            del ex
-            if len(tr):
-                steps.append(Exchange(step.name, tr, fragments if fragments != len(tr) else None))
+            rows = sum(len(p[0]) for p in parts)
+            if rows:            # its table: made from the parts when asked (``lower``; merge_transfers merges them)
+                steps.append(Exchange(step.name, None, fragments if fragments != rows else None, parts))
             if len(local):
                 steps.append(ComputeSet(step.name + ".local", _copy_groups(_absolute(local, alloc), target, registry,
                                                                            pool)))
@@ -164,42 +170,49 @@ def expand(program: Program, alloc, target, registry, aliases: dict[str, str] | 
     return TileProgram(tiles, infos, alloc.addr, alloc.size, steps, io_maps)
 
 
-def _step_traffic(program, step, tiles, index, aliases, block_moves: bool, plans) -> tuple[Transfers, Transfers, int]:
+def _step_traffic(program, step, tiles, index, aliases, block_moves: bool, plans) -> tuple:
     """``step_traffic(merge=False)`` of one exchange step, copy by copy, with block moves (when allowed)
-    one row per block; also the exchange fragments the rows stand for (row by row)."""
+    one row per block: its on-tile runs, the exchange fragments its rows stand for (row by row), and per
+    copy its exchange rows with buffer ids 0 (shared by the copies with one plan: ``Exchange.parts``)."""
     sources = [alias_root(cp.src, aliases) for cp in step.copies]
-    ex_parts, loc_parts, fragments = [], [], 0
+    loc_parts, fragments, parts = [], 0, []
     for cp, root_src in zip(step.copies, sources):
-        move = None
-        if block_moves and sources.count(root_src) == 1:   # no other copy reads this memory (see block_moves)
-            move = plans(program.buffers[cp.src], program.buffers[cp.dst])
-        if isinstance(move, BlockMove):
-            ex, loc = move.traffic(index[cp.src], index[cp.dst])
-            fragments += move.row_fragments() if len(ex) else 0
+        src, dst = program.buffers[cp.src], program.buffers[cp.dst]
+        block = block_moves and sources.count(root_src) == 1   # no other copy reads this memory (see block_moves)
+        if block and not isinstance(plans(src, dst), BlockMove):
+            block = False
+        if block:
+            ex, loc, n = plans.traffic(src, dst, True, _block_traffic)
         else:
-            src = program.buffers[cp.src]
-            ex, loc = _copy_traffic(plans.rows(src, program.buffers[cp.dst]), src.dtype.itemsize,
-                                    index[cp.src], index[cp.dst])
-            fragments += len(ex)
-        ex_parts.append(ex)
-        loc_parts.append(loc)
-    return Transfers.concat(ex_parts), Transfers.concat(loc_parts), fragments
+            ex, loc, n = plans.traffic(src, dst, False, lambda plan: _copy_traffic(plan, src.dtype.itemsize))
+        fragments += n
+        if len(ex):
+            parts.append((ex, index[cp.src], index[cp.dst]))
+        loc_parts.append(on_buffers(loc, index[cp.src], index[cp.dst]))
+    return Transfers.concat(loc_parts), fragments, tuple(parts)
 
 
-def _copy_traffic(plan, item: int, sid: int, did: int) -> tuple[Transfers, Transfers]:
-    """``step_traffic(merge=False)`` of one copy from its plan: (exchange rows, on-tile runs)."""
+def _block_traffic(move: BlockMove) -> tuple[Transfers, Transfers, int]:
+    """A block move's (exchange rows, on-tile runs, fragments the exchange rows stand for), buffer ids 0."""
+    ex, loc = move.traffic(0, 0)
+    return ex, loc, move.row_fragments() if len(ex) else 0
+
+
+def _copy_traffic(plan, item: int) -> tuple[Transfers, Transfers, int]:
+    """``step_traffic(merge=False)`` of one copy from its plan: (exchange rows, on-tile runs, exchange
+    fragments), buffer ids 0."""
     if len(plan.start) == 0 or (plan.is_identity and not plan.needs_rearrangement):
-        return Transfers.empty(), Transfers.empty()    # the destination aliases the source
+        return Transfers.empty(), Transfers.empty(), 0    # the destination aliases the source
     nbytes = (plan.stop - plan.start) * item
     so, do = plan.src_offset * item, plan.dst_offset * item
     loc = plan.src_tile == plan.dst_tile
     ex = ~loc
     cols = (plan.src_tile, so, plan.dst_tile, do, nbytes)
-    local = fragments_to_transfers(*(c[loc] for c in cols), sid, did, multicast=False) if loc.any() \
+    local = fragments_to_transfers(*(c[loc] for c in cols), multicast=False) if loc.any() \
         else Transfers.empty()
-    moved = fragments_to_transfers(*(c[ex] for c in cols), sid, did, merge=False) if ex.any() \
+    moved = fragments_to_transfers(*(c[ex] for c in cols), merge=False) if ex.any() \
         else Transfers.empty()
-    return moved, local
+    return moved, local, len(moved)
 
 
 def _unaliased_identity_runs(program, step, aliases, tiles, index, plans) -> Transfers:
@@ -231,44 +244,66 @@ def _unaliased_identity_runs(program, step, aliases, tiles, index, plans) -> Tra
 
 def _absolute(tr, alloc):
     """Buffer-relative transfer offsets -> absolute byte addresses on the tiles."""
-    if len(tr) == 0:
-        return tr
-    src = alloc.addr[tr.src_buf, tr.src_tile] + tr.src_off
-    dst = alloc.addr[tr.dst_buf, tr.dst_tile] + tr.dst_off
-    zero = np.zeros(len(tr), dtype=np.int32)
-    return Transfers(tr.group, tr.src_tile, zero, src, tr.dst_tile, zero, dst, tr.nbytes)
+    return absolute(tr, alloc.addr)
 
 
-def _groups(program, vertices, alloc, index, pool) -> list[VertexGroup]:
-    item = {n: b.dtype.itemsize for n, b in program.buffers.items()}
-    buckets: dict = defaultdict(list)
-    for v in vertices:
-        key = (v.call, v.variant, tuple(o.count for o in v.ins), tuple(o.count for o in v.outs),
-               tuple(item[o.buffer] for o in v.ins + v.outs))
-        buckets[key].append(v)
+def _groups(program, step, alloc, index, pool, layouts: dict) -> list[VertexGroup]:
+    """The vertex groups of a compute step, placed by ``alloc``. The grouping (which vertices share a
+    call, their tiles and operand offsets) is worked out once per original step (``layouts``, by
+    ``id``) and shared by its renamings (``ComputeStep.source``: a tower's repeated layers), which
+    differ only in the buffers their operands name: each is placed by looking its buffers up."""
+    root, names = step.source if step.source is not None else (step, None)
+    here = root.buffers if names is None else [names[b] for b in root.buffers]
+    got = layouts.get(id(root))
+    if got is None:
+        item = {b: program.buffers[h].dtype.itemsize for b, h in zip(root.buffers, here)}
+        got = layouts[id(root)] = (root, _group_layout(root, item))
+    buf = np.array([index[h] for h in here], dtype=np.int64)
     groups = []
-    for key in sorted(buckets, key=lambda k: (k[0].primitive, str(k[0]), k[1], k[2], k[3])):
-        vs = buckets[key]
-        call, variant = key[0], key[1]
-        tiles = np.array([v.tile for v in vs], dtype=np.int32)
-        ins = _operand_addresses([v.ins for v in vs], tiles, alloc, index, item)
-        outs = _operand_addresses([v.outs for v in vs], tiles, alloc, index, item)
-        size = lambda o: o.count * item[o.buffer]  # noqa: E731
-        groups.append(VertexGroup(call, variant, vs[0].cycles, tuple(size(o) for o in vs[0].ins),
-                                  tuple(size(o) for o in vs[0].outs), pool(tiles), pool(ins), pool(outs)))
+    for call, variant, cycles, in_bytes, out_bytes, tiles, ins, outs in got[1]:
+        ins_at = _operand_addresses(tiles, buf, *ins, alloc, here)
+        outs_at = _operand_addresses(tiles, buf, *outs, alloc, here)
+        groups.append(VertexGroup(call, variant, cycles, in_bytes, out_bytes, pool(tiles), pool(ins_at),
+                                  pool(outs_at)))
     return groups
 
 
-def _operand_addresses(operands, tiles, alloc, index, item) -> np.ndarray:
-    """int64 [vertices, k]: the absolute byte address of each vertex's k operands on its tile."""
-    n, k = len(operands), len(operands[0]) if operands else 0
-    flat = [o for ops in operands for o in ops]
-    buf = np.array([index[o.buffer] for o in flat], dtype=np.int64).reshape(n, k)
-    off = np.array([o.offset * item[o.buffer] for o in flat], dtype=np.int64).reshape(n, k)
-    base = alloc.addr[buf, tiles.astype(np.int64)[:, None]]
+def _group_layout(step, item: dict) -> list[tuple]:
+    """A compute step's vertices grouped (one call, one variant, equal operand sizes), in group order:
+    per group its call, variant, cycles per vertex, operand byte sizes, tiles (int32 [n]), and per
+    operand side (positions of the buffers in ``step.buffers`` int64 [n, k], byte offsets int64 [n, k])."""
+    pos = {b: i for i, b in enumerate(step.buffers)}
+    buckets: dict = defaultdict(list)
+    for v in step.vertices:
+        key = (v.call, v.variant, tuple(o.count for o in v.ins), tuple(o.count for o in v.outs),
+               tuple(item[o.buffer] for o in v.ins + v.outs))
+        buckets[key].append(v)
+    out = []
+    for key in sorted(buckets, key=lambda k: (k[0].primitive, str(k[0]), k[1], k[2], k[3])):
+        vs = buckets[key]
+        tiles = np.array([v.tile for v in vs], dtype=np.int32)
+        sides = []
+        for operands in ([v.ins for v in vs], [v.outs for v in vs]):
+            n, k = len(operands), len(operands[0])
+            flat = [o for ops in operands for o in ops]
+            where = np.array([pos[o.buffer] for o in flat], dtype=np.int64).reshape(n, k)
+            off = np.array([o.offset * item[o.buffer] for o in flat], dtype=np.int64).reshape(n, k)
+            sides.append((where, off))
+        size = lambda o: o.count * item[o.buffer]  # noqa: E731
+        out.append((key[0], key[1], vs[0].cycles, tuple(size(o) for o in vs[0].ins),
+                    tuple(size(o) for o in vs[0].outs), tiles, *sides))
+    return out
+
+
+def _operand_addresses(tiles, buf, where, off, alloc, names) -> np.ndarray:
+    """int64 [vertices, k]: the absolute byte address of each vertex's k operands on its tile
+    (``where``: positions in ``buf``, the allocation index of the step's buffers, named ``names``)."""
+    base = alloc.addr[buf[where], tiles.astype(np.int64)[:, None]]
     if (base < 0).any():
         i = int(np.argmax((base < 0).reshape(-1)))
-        raise TileplanError(f"vertex on tile {int(tiles[i // k])} reads {flat[i].buffer!r}, which has no bytes there")
+        k = where.shape[1]
+        raise TileplanError(f"vertex on tile {int(tiles[i // k])} reads {names[int(where.reshape(-1)[i])]!r}, "
+                            "which has no bytes there")
     return base + off
 
 

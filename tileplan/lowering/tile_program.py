@@ -76,9 +76,36 @@ class ComputeSet:
 @dataclass
 class Exchange:
     name: str
-    transfers: Transfers          # offsets are absolute byte addresses here
+    transfers: Transfers | None   # offsets are absolute byte addresses here (None during lowering, until
+                                  # made from ``parts``)
     fragments: int | None = None  # before merge_transfers: the logical fragments the rows stand for, where
                                   # expansion already moved a block as one row (None: one per row)
+    parts: tuple | None = None    # during lowering only: per copy, (its rows with buffer-relative offsets
+                                  # and buffer ids 0, shared by every copy with its plan; source buffer
+                                  # index; destination buffer index), what merge_transfers merges copy by copy
+
+
+def absolute(tr: Transfers, addr: np.ndarray) -> Transfers:
+    """Buffer-relative transfer offsets -> absolute byte addresses on the tiles (``addr[buffer, tile]``)."""
+    if len(tr) == 0:
+        return tr
+    src = addr[tr.src_buf, tr.src_tile] + tr.src_off
+    dst = addr[tr.dst_buf, tr.dst_tile] + tr.dst_off
+    zero = np.zeros(len(tr), dtype=np.int32)
+    return Transfers(tr.group, tr.src_tile, zero, src, tr.dst_tile, zero, dst, tr.nbytes)
+
+
+def unmerged(parts, addr: np.ndarray) -> Transfers:
+    """An exchange's table from its ``Exchange.parts``, as expanded (unmerged), at absolute addresses."""
+    return absolute(Transfers.concat([on_buffers(rows, sid, did) for rows, sid, did in parts]), addr)
+
+
+def on_buffers(tr: Transfers, sid: int, did: int) -> Transfers:
+    """Transfers made with buffer ids 0, between buffers ``sid`` and ``did``."""
+    if len(tr) == 0:
+        return tr
+    return Transfers(tr.group, tr.src_tile, np.full(len(tr), sid, np.int32), tr.src_off, tr.dst_tile,
+                     np.full(len(tr), did, np.int32), tr.dst_off, tr.nbytes)
 
 
 @dataclass
@@ -188,10 +215,15 @@ class ArrayPool:
 
     def __init__(self):
         self._seen: dict[tuple, np.ndarray] = {}
+        self._pooled: dict[int, np.ndarray] = {}     # id -> an array the pool holds (asked again: no hash)
         self.hits = self.bytes_saved = 0
 
     def __call__(self, a: np.ndarray, dtype=None) -> np.ndarray:
         a = np.ascontiguousarray(a if dtype is None else _narrow(a, dtype))
+        if self._pooled.get(id(a)) is a:
+            self.hits += 1
+            self.bytes_saved += a.nbytes
+            return a
         key = (a.dtype.str, a.shape, hashlib.blake2b(a.data, digest_size=16).digest())
         got = self._seen.get(key)
         if got is not None:
@@ -200,6 +232,7 @@ class ArrayPool:
             return got
         a.flags.writeable = False
         self._seen[key] = a
+        self._pooled[id(a)] = a
         return a
 
     def transfers(self, tr: Transfers) -> Transfers:

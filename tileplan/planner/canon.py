@@ -45,8 +45,11 @@ def _tensor_sig(graph: Graph, storage: dict, name: str) -> list:
             None if st is None else [repr(st.layout), st.private, st.transpose]]
 
 
-def _digest(doc) -> str:
+def digest(doc) -> str:
+    """SHA-256 (hex) of a JSON document (compact separators)."""
     return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+
+
 
 
 class _Numbering:
@@ -79,7 +82,7 @@ def _ops_doc(graph: Graph, storage: dict, ops: list[Op]) -> tuple[list, list[str
 def op_key(graph: Graph, storage: dict, op: Op) -> str:
     """SHA-256 (hex) of an op's planning problem, independent of names and parameter values."""
     doc, _, _ = _ops_doc(graph, storage, neighbourhood(graph, op))
-    return _digest(["op", doc])
+    return digest(["op", doc])
 
 
 def op_names(graph: Graph, op: Op) -> list[str]:
@@ -93,7 +96,7 @@ def subgraph_key(graph: Graph, storage: dict, ops: list[Op]) -> str:
     """SHA-256 (hex) of a subgraph (a layer): its ops in order with their attributes and tensors,
     independent of names and parameter values."""
     doc, _, _ = _ops_doc(graph, storage, ops)
-    return _digest(["subgraph", doc])
+    return digest(["subgraph", doc])
 
 
 def target_key(target) -> str:
@@ -124,7 +127,7 @@ def repeated_blocks(graph: Graph, storage: dict) -> list[list[Op]]:
                 # The first and last layers read the graph's input and write its output: compare
                 # inner structure (roles of boundary tensors aside) through the ops' attributes,
                 # tensor shapes and dtypes.
-                bkey = _digest(_ops_doc(graph, {}, block)[0][0] +
+                bkey = digest(_ops_doc(graph, {}, block)[0][0] +
                                [[s[0], s[1], s[2]] for s in _ops_doc(graph, {}, block)[0][1]])
                 if key is None:
                     key = bkey
@@ -167,51 +170,20 @@ class Renaming:
         return out
 
 
-def _with(obj, **changes):
-    """A copy of a frozen dataclass instance with some fields changed, written straight into its
-    ``__dict__`` (what ``dataclasses.replace`` makes, without re-running ``__init__`` for each of
-    the hundred thousand operands of a GEMM's program)."""
-    new = object.__new__(type(obj))
-    d = new.__dict__
-    d.update(obj.__dict__)
-    d.update(changes)
-    return new
-
-
 def rename_program(prog, rename: Renaming):
     """A fragment program with its buffer and step names mapped by ``rename`` (same steps, same
-    vertices, same costs: what building it for the renamed op gives)."""
+    vertices, same costs: what building it for the renamed op gives). Compute steps are renamed
+    as a whole (``ComputeStep.renamed``: their vertices are built only if asked for, and lowering
+    expands the original once), so renaming costs per buffer and step, not per vertex."""
     from ..program import ComputeStep, Copy, ExchangeStep, Program
     if prog is None or rename.identity:
         return prog
     out = Program()
     for b in prog.buffers.values():
         out.buffers[rename(b.name)] = dataclasses.replace(b, name=rename(b.name), tensor=rename(b.tensor))
-    names = {n: rename(n) for n in prog.buffers}
-    ops: dict = {}
-    new = object.__new__
-
-    def operand(o):
-        got = ops.get(id(o))
-        if got is None:          # ``_with(o, buffer=...)``, inlined: this runs for every operand of a tower
-            n = new(type(o))
-            d = n.__dict__
-            d.update(o.__dict__)
-            d["buffer"] = names.get(o.buffer) or rename(o.buffer)
-            got = ops[id(o)] = (n, o)
-        return got[0]
-
     for st in prog.steps:
         if isinstance(st, ComputeStep):
-            vs = []
-            for v in st.vertices:
-                n = new(type(v))
-                d = n.__dict__
-                d.update(v.__dict__)
-                d["ins"] = tuple([operand(o) for o in v.ins])
-                d["outs"] = tuple([operand(o) for o in v.outs])
-                vs.append(n)
-            out.steps.append(ComputeStep(rename(st.name), tuple(vs)))
+            out.steps.append(ComputeStep.renamed(st, rename(st.name), rename))
         elif isinstance(st, ExchangeStep):
             out.steps.append(ExchangeStep(rename(st.name), tuple(Copy(rename(c.src), rename(c.dst))
                                                                  for c in st.copies)))

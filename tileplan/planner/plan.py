@@ -52,7 +52,7 @@ from .families import family_of
 from .catalogue import Catalogues
 from .mid import MidGraph
 from .rewrite import canonical
-from .select import Choice, Problem, no_fit_error, solve_dp
+from .select import Choice, Problem, Solution, no_fit_error, solve_dp
 
 
 def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
@@ -265,12 +265,12 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         pending.cancel()
         raise
     gemms = pending.result()
-    own = _solve(ctx, gemms, ew_cands, solver, dp_paths, stationary, {})
+    own = _solve(ctx, gemms, ew_cands, solver, dp_paths, stationary, {}, cache)
     result, record = own, None
     if pinned:
         with_pins = {name: pinned_candidates(ctx, graph.op(name), pinned[name], cs, ctx.runner_ups.get(name, []))
                      if name in pinned else cs for name, cs in gemms.items()}
-        run = _solve(ctx, with_pins, ew_cands, solver, dp_paths, stationary, pinned)
+        run = _solve(ctx, with_pins, ew_cands, solver, dp_paths, stationary, pinned, cache)
         chosen = lambda r: {op.name: str(r[1][op.name][r[2][op.name]]) for op in graph.ops}  # noqa: E731
         if chosen(run) != chosen(own) or run[4].estimate.cycles != own[4].estimate.cycles:
             record = {"pins": {n: str(p) for n, p in sorted(pinned.items())},
@@ -282,9 +282,12 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
                 time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage, pinned=record)
 
 
-def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, stationary: bool, pinned: dict):
+def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, stationary: bool, pinned: dict,
+           cache=None):
     """Selection over the ops' candidates, the MidGraph, its detailed cost and the stationary
-    weights step: ``(context, candidates, picks, MidGraph, detailed cost, solution)``."""
+    weights step: ``(context, candidates, picks, MidGraph, detailed cost, solution)``. With a plan
+    ``cache``, the selection comes from it when this very problem was solved before
+    (``selection``)."""
     graph, target = ctx.graph, ctx.target
     ew_cands = dict(ew_cands)
     # A bias Add some GEMM candidates do in their reduction: absorbed candidates, one per layout
@@ -301,11 +304,7 @@ def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, sta
         if not cands[op.name]:
             raise TileplanError(f"op {op.name!r} ({op.kind}): no candidate fits the target {target.name!r}")
     problem = build_problem(ctx, cands)
-    if solver == "cpsat":
-        from .cpsat import solve_cpsat
-        sol = solve_cpsat(problem)
-    else:
-        sol = solve_dp(problem, paths=dp_paths)
+    sol = selection(ctx, problem, solver, dp_paths, pinned, cache)
     if sol is None:
         raise no_fit_error(problem)
     mid = MidGraph.build(ctx, cands, sol.picks)
@@ -320,6 +319,50 @@ def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, sta
                                 "weight block on more than one tile, or the whole program is then slower or "
                                 "does not fit): drop storage:grid")
     return ctx, cands, picks, mid, detailed, sol
+
+
+def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dict, cache=None):
+    """Whole-graph selection (``select.solve_dp``, or CP-SAT): a ``select.Solution``, or None when
+    nothing fits.
+
+    With a plan ``cache`` the solution is also kept on disk, keyed by the whole graph's canonical
+    hash (``canon.subgraph_key``: a tower's 27 layers, names and parameter values left out), the
+    target, the tileplan version, the solver and its options, the pins, and a digest of the problem
+    itself (every op's choices: layouts read and written, cycles; the fixed layouts; the resident
+    bytes per tile). A warm plan of the same model, or of a renamed copy of it, reads the picks
+    instead of searching again: the search is deterministic, so the plan is the one a cold run
+    makes. An entry whose picks do not fit the problem is ignored with a warning."""
+    from . import canon
+    g = ctx.graph
+    key = None
+    if cache is not None:
+        digest = canon.digest([[[[str(x) for x in ch.ins], str(ch.out), int(ch.cycles)] for ch in problem.choices[op]]
+                               for op in problem.ops] + [sorted(str(v) for v in problem.fixed.values()),
+                                                         problem.resident.tolist()])
+        key = cache.full_key(canon.subgraph_key(g, ctx.storage, g.ops), canon.target_key(ctx.target),
+                             {"kind": "selection", "solver": solver, "dp_paths": dp_paths,
+                              "frontier": ctx.frontier_bound, "problem": digest,
+                              "pins": {n: str(p) for n, p in sorted(pinned.items())}})
+        got = cache.load(key)
+        if got is not None:
+            picks = got.get("picks")
+            if isinstance(picks, list) and len(picks) == len(problem.ops) and \
+                    all(isinstance(k, int) and 0 <= k < len(problem.choices[op]) for k, op in zip(picks, problem.ops)):
+                at = got["peak_op"]
+                return Solution(dict(zip(problem.ops, picks)), got["cycles"], got["peak"],
+                                problem.ops[at] if at >= 0 else "", got["peak_tile"], got["exact"])
+            cache.warn(f"warning: plan cache entry {cache.file_of(key)} does not fit this graph's selection; "
+                       "ignored")
+    if solver == "cpsat":
+        from .cpsat import solve_cpsat
+        sol = solve_cpsat(problem)
+    else:
+        sol = solve_dp(problem, paths=dp_paths)
+    if key is not None and sol is not None:
+        cache.store(key, {"picks": [int(sol.picks[op]) for op in problem.ops], "cycles": int(sol.cycles),
+                          "peak": int(sol.peak), "peak_tile": int(sol.peak_tile), "exact": bool(sol.exact),
+                          "peak_op": problem.ops.index(sol.peak_op) if sol.peak_op in problem.ops else -1})
+    return sol
 
 
 STATIONARY_TRIES = 6      # per GEMM: detailed candidates re-costed with their weights stored in their grid

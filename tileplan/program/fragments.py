@@ -73,23 +73,104 @@ class ExchangeStep:
     copies: tuple[Copy, ...]
 
 
-@dataclass(frozen=True)
 class ComputeStep:
-    """One compute set. Its figures below are worked out once per step object, on first use, and kept
-    with it: candidate programs share their compute steps (a GEMM's core serves every boundary
-    combination), so each is costed once however many programs hold it."""
+    """One compute set: ``name`` and ``vertices``. Its figures below are worked out once per step
+    object, on first use, and kept with it: candidate programs share their compute steps (a GEMM's
+    core serves every boundary combination), so each is costed once however many programs hold it.
 
-    name: str
-    vertices: tuple[Vertex, ...]
+    A *renamed* step (``ComputeStep.renamed``: the same vertices as another step, with its buffers
+    renamed; what ``planner.canon.rename_program`` makes for each of a tower's repeated layers)
+    keeps its ``source``: the original step and the name of each of that step's buffers here. Its
+    cycles and buffers come from the source's (computed once for all its renamings), its vertices
+    are only built if something asks for them, and lowering expands the source once and places
+    each renaming by its buffer names (``lowering.lower``). Steps compare by name and vertices,
+    renamed or not."""
+
+    __slots__ = ("name", "source", "__dict__")
+
+    def __init__(self, name: str, vertices: tuple[Vertex, ...] = (), source: tuple | None = None):
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "source", source)      # (original step, {its buffer: buffer here}) or None
+        if source is None:
+            self.__dict__["vertices"] = vertices
+
+    @classmethod
+    def renamed(cls, step: "ComputeStep", name: str, rename) -> "ComputeStep":
+        """``step`` under another name with every buffer mapped by ``rename`` (a function of names).
+        A renamed step's source is the original, so renamings of renamings share one source."""
+        if step.source is not None:
+            root, names = step.source
+            mapping = {b: rename(n) for b, n in names.items()}
+        else:
+            root, mapping = step, {b: rename(b) for b in step.buffers}
+        return cls(name, source=(root, mapping))
+
+    def __setattr__(self, key, value):
+        raise AttributeError(f"ComputeStep is immutable (cannot set {key!r})")
+
+    def __reduce__(self):
+        if self.source is not None:
+            return (ComputeStep, (self.name, (), self.source))
+        return (ComputeStep, (self.name, self.vertices))
+
+    def __eq__(self, other):
+        if not isinstance(other, ComputeStep):
+            return NotImplemented
+        return self is other or (self.name == other.name and self.vertices == other.vertices)
+
+    def __hash__(self):
+        return hash((self.name, self.vertices))
+
+    def __repr__(self):
+        return f"ComputeStep(name={self.name!r}, vertices={len(self.vertices)} vertices)"
+
+    @functools.cached_property
+    def vertices(self) -> tuple[Vertex, ...]:
+        """A renamed step's vertices: its source's with the operands' buffers renamed (built on first
+        use; an operand shared by several vertices stays one object)."""
+        root, names = self.source
+        ops: dict = {}
+        new = object.__new__
+
+        def operand(o):
+            got = ops.get(id(o))
+            if got is None:      # ``Operand(names[o.buffer], o.offset, o.count)`` without ``__init__``
+                n = new(Operand)
+                d = n.__dict__
+                d.update(o.__dict__)
+                d["buffer"] = names[o.buffer]
+                got = ops[id(o)] = n
+            return got
+
+        vs = []
+        for v in root.vertices:
+            n = new(type(v))
+            d = n.__dict__
+            d.update(v.__dict__)
+            d["ins"] = tuple([operand(o) for o in v.ins])
+            d["outs"] = tuple([operand(o) for o in v.outs])
+            vs.append(n)
+        return tuple(vs)
 
     @functools.cached_property
     def buffers(self) -> tuple[str, ...]:
         """The buffers its vertices read or write, sorted."""
+        if self.source is not None:
+            return tuple(sorted(self.source[1].values()))
         return tuple(sorted({o.buffer for v in self.vertices for o in v.ins + v.outs}))
+
+    @functools.cached_property
+    def primitives(self) -> frozenset:
+        """The kernel primitives its vertices call."""
+        if self.source is not None:
+            return self.source[0].primitives
+        return frozenset(v.call.primitive for v in self.vertices)
 
     @functools.cached_property
     def cycles(self) -> int:
         """The slowest tile of the compute set: per tile, the sum of its vertices' cycles."""
+        if self.source is not None:
+            return self.source[0].cycles
         if not self.vertices:
             return 0
         n = len(self.vertices)

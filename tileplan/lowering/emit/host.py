@@ -212,7 +212,15 @@ class ByteMap:
     """A partition of the global byte space ``[0, tiles * STRIDE)`` into intervals, each holding
     consecutive elements of one variable (``var >= 0``: element ``elem`` at the interval's start, element
     type code ``ct``) or undefined bytes (``var == -1``). Adjacent intervals that continue each other
-    are merged."""
+    are merged.
+
+    ``freeze`` sets what the map holds aside as a second, read-only map, the *static* one (the replay
+    freezes it after the host wrote every parameter: a tower's weights, most of the intervals, which
+    no step overwrites), and the map itself then holds ``var == -2`` ("as the static map") wherever
+    no step wrote since. A write first copies the static intervals it overlaps into the map (whole:
+    an element a write covers only partly is lost, as without the static map), so what ``look``
+    returns is what one map would, while every write costs in proportion to the bytes steps wrote,
+    not to everything the host placed (27 layers' weights)."""
 
     def __init__(self, tiles: int):
         self.limit = tiles * STRIDE
@@ -220,6 +228,37 @@ class ByteMap:
         self.var = np.array([-1], np.int64)
         self.elem = np.zeros(1, np.int64)
         self.ct = np.array([-1], np.int64)
+        self.static: ByteMap | None = None
+
+    def freeze(self) -> None:
+        """Set the map's content aside as the static map; the map then refers to it everywhere."""
+        static = ByteMap.__new__(ByteMap)
+        static.limit, static.bounds, static.var, static.elem, static.ct = \
+            self.limit, self.bounds, self.var, self.elem, self.ct
+        static.static = None
+        self.static = static
+        self.bounds = np.array([0, self.limit], np.int64)
+        self.var = np.array([-2], np.int64)
+        self.elem = np.zeros(1, np.int64)
+        self.ct = np.array([-1], np.int64)
+
+    def look(self, qa: np.ndarray, qb: np.ndarray):
+        """What the byte ranges ``[qa, qb)`` hold, as ``read``'s pieces in its order, through the static
+        map where the map refers to it: ``(query, start, end, var, ct, interval start, its element)``."""
+        q, idx, ps, pe = self.read(qa, qb)
+        var, ct, start, elem = self.var[idx], self.ct[idx], self.bounds[idx], self.elem[idx]
+        m = np.flatnonzero(var == -2)
+        if not m.size:
+            return q, ps, pe, var, ct, start, elem
+        s = self.static
+        k, sidx, sps, spe = s.read(ps[m], pe[m])
+        keep = np.ones(q.size, bool)
+        keep[m] = False
+        at = np.concatenate((np.flatnonzero(keep), m[k]))
+        order = np.argsort(at, kind="stable")       # each static piece where the piece it resolves was
+        parts = ((q[keep], q[m][k]), (ps[keep], sps), (pe[keep], spe), (var[keep], s.var[sidx]),
+                 (ct[keep], s.ct[sidx]), (start[keep], s.bounds[sidx]), (elem[keep], s.elem[sidx]))
+        return tuple(np.concatenate(p)[order] for p in parts)
 
     def read(self, qa: np.ndarray, qb: np.ndarray):
         """The non-empty pieces of the byte ranges ``[qa, qb)``: ``(query, interval, start, end)`` in query
@@ -240,6 +279,23 @@ class ByteMap:
         """Bytes ``[wa, wb)`` now hold ``var`` from element ``elem`` (``var == -1``: undefined); the writes
         must not overlap. An element of an older value that a write covers only partly is lost (undefined)."""
         wa, wb, var, elem, ct = (_i64(x) for x in (wa, wb, var, elem, ct))
+        if self.static is not None and wa.size:
+            self._fault_in(wa, wb)
+        self._write(wa, wb, var, elem, ct, what)
+
+    def _fault_in(self, wa: np.ndarray, wb: np.ndarray) -> None:
+        """Copy the static intervals that ``[wa, wb)`` overlap where the map refers to the static map into
+        the map, whole. (Where the map refers to it, its bounds are static bounds: every fault-in copies
+        whole static intervals, and what a write leaves of a referring interval still refers.)"""
+        q, idx, ps, pe = self.read(wa, wb)
+        m = self.var[idx] == -2
+        if not m.any():
+            return
+        s = self.static
+        sidx = np.unique(s.read(ps[m], pe[m])[1])
+        self._write(s.bounds[sidx], s.bounds[sidx + 1], s.var[sidx], s.elem[sidx], s.ct[sidx], "static map")
+
+    def _write(self, wa, wb, var, elem, ct, what: str) -> None:
         keep = wb > wa
         order = np.argsort(wa[keep], kind="stable")
         wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
@@ -277,7 +333,9 @@ class ByteMap:
         tail = whole & (hi < pe)
         lost = ~whole
         starts = np.concatenate((wa, lo[whole], ps[head], hi[tail], ps[lost]))
-        nv = np.concatenate((var, ov[whole], np.full(int(head.sum() + tail.sum() + lost.sum()), -1)))
+        # (what a write leaves of an interval referring to the static map still refers to it)
+        nv = np.concatenate((var, ov[whole], np.full(int(head.sum() + tail.sum()), -1),
+                             np.where(ov[lost] == -2, -2, -1)))
         ne = np.concatenate((elem, self.elem[old][whole] + (lo - os_)[whole] // z[whole],
                              np.zeros(starts.size - var.size - int(whole.sum()), np.int64)))
         nc = np.concatenate((ct, oc[whole], np.full(nv.size - var.size - int(whole.sum()), -1)))
@@ -470,8 +528,7 @@ class Replay:
             raise TileplanError(f"{what}: {int(nbytes.flat[np.argmax(nbytes % size != 0)])} bytes is not a whole "
                                 f"number of {ctype} elements")
         qa = _i64(tiles) * STRIDE + _i64(addrs)
-        q, idx, ps, pe = self.map.read(qa, qa + nbytes)
-        var, ct, start = self.map.var[idx], self.map.ct[idx], self.map.bounds[idx]
+        q, ps, pe, var, ct, start, elem = self.map.look(qa, qa + nbytes)
         defined = var >= 0
         undefined = np.flatnonzero(~defined)
         if written and undefined.size:
@@ -483,7 +540,7 @@ class Replay:
             k = int(bad[0])
             raise TileplanError(f"{what}: {_where(ps[k], pe[k])} hold {CTYPES[ct[k]]} elements of "
                                 f"{self.tables.var_name[int(var[k])]!r}, read as {ctype}")
-        begin = self.map.elem[idx] + (ps - start) // size
+        begin = elem + (ps - start) // size
         count = (pe - ps) // size
         if undefined.size:
             v = self._named_var(f"{self._step}.uninitialised.{TYPE_SUFFIX[ctype]}", ctype)
@@ -500,8 +557,7 @@ class Replay:
         order = _destination_order(st, sa, dt, da, nbytes)
         st, sa, dt, da, nbytes = (x[order] for x in (st, sa, dt, da, nbytes))
         qa = st * STRIDE + sa
-        q, idx, ps, pe = self.map.read(qa, qa + nbytes)
-        var, ct, start = self.map.var[idx], self.map.ct[idx], self.map.bounds[idx]
+        q, ps, pe, var, ct, start, elem = self.map.look(qa, qa + nbytes)
         z = _ESZ[ct]
         defined = var >= 0
         bad = np.flatnonzero(defined & (((ps - start) % z != 0) | ((pe - ps) % z != 0)))
@@ -522,7 +578,7 @@ class Replay:
             count = (pe[m] - ps[m]) // size
             v = self._named_var(f"{self._step}.{TYPE_SUFFIX[ctype]}", ctype)
             begins = self.tables.pieces(v, dt[q[m]], count)
-            src_begin = self.map.elem[idx[m]] + (ps[m] - start[m]) // size
+            src_begin = elem[m] + (ps[m] - start[m]) // size
             zero = np.zeros(m.size, np.int64)
             src = self.tables.operands(1, zero, var[m], src_begin, src_begin + count)
             dst_op = self.tables.operands(1, zero, np.full(m.size, v), begins, begins + count)
@@ -543,6 +599,7 @@ class Replay:
         for (is_out, tensor), ids in host:
             if not is_out:
                 self._host_write(tensor, ids)
+        self.map.freeze()          # the host's values aside: steps' writes then cost what they write
         for step in tp.steps:
             self._step = step.name
             if isinstance(step, Exchange):

@@ -19,17 +19,18 @@ def run(state):
     prog, target = state.program, state.target
     spans = buffer_lifetimes(prog)
     for i, step in enumerate(prog.steps):
-        if not isinstance(step, ComputeStep) or not step.vertices:
+        if not isinstance(step, ComputeStep) or step.primitives != {"cast"}:
             continue
-        if any(v.call.primitive != "cast" for v in step.vertices):
-            continue
-        ins = {v.ins[0].buffer for v in step.vertices}
-        outs = {v.outs[0].buffer for v in step.vertices}
+        # A renamed step (a tower's later layers) is read through its source's vertices.
+        root, names = step.source if step.source is not None else (step, None)
+        ins = {v.ins[0].buffer for v in root.vertices}
+        outs = {v.outs[0].buffer for v in root.vertices}
         if len(ins) != 1 or len(outs) != 1:
             continue
-        src, dst = prog.buffers[ins.pop()], prog.buffers[outs.pop()]
-        tiles = [v.tile for v in step.vertices]
-        if len(set(tiles)) != len(tiles) or any(v.ins[0].offset or v.outs[0].offset for v in step.vertices):
+        src, dst = ins.pop(), outs.pop()
+        src, dst = (prog.buffers[b if names is None else names[b]] for b in (src, dst))
+        tiles = [v.tile for v in root.vertices]
+        if len(set(tiles)) != len(tiles) or any(v.ins[0].offset or v.outs[0].offset for v in root.vertices):
             continue
         if src.kind not in ("tensor", "transient") or dst.kind not in ("tensor", "transient"):
             continue
