@@ -57,9 +57,10 @@ def cut_cycles(target, parts: CoarseParts, sk, a_cut_density: float) -> np.ndarr
     return cuts * (target.receive_control_cycles + 1) * sk
 
 
-def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarseParts:
+def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None, b_moves: bool = True) -> CoarseParts:
     """The boundary-free figures per option row; ``amp``: the rows' matmul cycles when the caller
-    has them (``amp_cycles`` of their grids), else computed."""
+    has them (``amp_cycles`` of their grids), else computed. ``b_moves=False``: B is stored as the
+    grid reads it (pre-arranged weights), so its preparation receives nothing."""
     gb, gm, gn, gkk = grid.T
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
@@ -96,7 +97,7 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarsePart
     b_runs = -(-n // g.grain) if g.panels else np.where(gn > 1, k * (per_group if g.b_batched else 1), 1)
     b_bytes = -(-b_blk // b_runs)
     b_rate = np.where((order == 2) & (gm % 2 == 0) & pair_aligned(0, 0, b_bytes), pbw, bw)
-    b_cycles = b_runs * (-(-b_bytes // b_rate) + ctrl)
+    b_cycles = b_runs * (-(-b_bytes // b_rate) + ctrl) if b_moves else 0
     local_runs = np.where(gkk > 1, rows_here, 1)
     a_local = local_runs * target.local_copy_call_cycles + \
         -(-(rows_here * k * ia) // target.local_copy_bytes_per_cycle)

@@ -43,6 +43,7 @@ Constraints (each family one method, each constraint named)
       resident[p] + sum_{t live at i} sum_L bytes(t,L)[p] z[t,L]
       + sum_{k,S,D} (conv_transient(t,S,D)[p] + bytes(t,D)[p]) y[i,k,S,D]
       + sum_c (transient(i,c)[p] + bytes(out_i, out(i,c))[p]) x[i,c]   <=  capacity
+      + sum_{j,c} resident(j,c)[p] x[j,c]      (storage a choice holds all along)
   where ``t`` is live at ``i`` when it exists before op ``i`` (fixed, or made by
   an earlier op) and its last use is ``i`` or later; a ``Fused`` output adds no
   bytes; a conversion adds memory only when its price is nonzero (as in
@@ -52,6 +53,10 @@ Constraints (each family one method, each constraint named)
   entry by entry is implied and dropped; columns that cannot exceed the
   capacity even with every variable at 1 are dropped too. A 1472-tile graph
   keeps a handful of rows per op.
+- ``interleaved[i,p]``:       when the problem checks the region, for every tile p, at op i:
+      resident_interleaved[p] + sum_{j,c} resident(j,c)[p] x[j,c]
+      + sum_c interleaved(i,c)[p] x[i,c]   <=  interleaved_capacity
+  (the same column reduction).
 
 Solving is deterministic (one worker, fixed seed, no interleaved search): the
 same problem gives the same picks, unless the time limit cuts the search
@@ -67,7 +72,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from ..errors import TileplanError
-from .select import INF, Fused, Problem, Solution, evaluate
+from .select import INF, Fused, Problem, Solution, evaluate, fits
 
 SEED = 0
 
@@ -202,11 +207,41 @@ class SelectionModel:
                 if not isinstance(ch.out, Fused):
                     coef = coef + p.tile_bytes(out, ch.out)
                 add(self.x[op, c], coef)
-            variables = [v for v, _ in terms.values()]
-            coefs = np.stack([c for _, c in terms.values()]) if terms else np.zeros((0, self.tiles), np.int64)
-            for tile, col in _binding_columns(const, coefs, p.capacity):
-                expr = sum(int(a) * v for a, v in zip(col, variables) if a)
-                self.model.add(expr <= p.capacity - int(const[tile])).with_name(f"memory[{op},tile {tile}]")
+            self._held(add)
+            self._rows(const, terms, p.capacity, f"memory[{op}")
+
+    def add_interleaved_constraints(self) -> None:
+        p = self.problem
+        if p.interleaved_capacity is None:
+            return
+        for op in p.ops:
+            const = p.interleaved_base(self.tiles).copy()
+            terms: dict[int, tuple[Any, np.ndarray]] = {}
+
+            def add(var, coef):
+                if np.any(coef):
+                    old = terms.get(var.index, (var, 0))[1]
+                    terms[var.index] = (var, old + np.asarray(coef, np.int64))
+
+            for c, ch in enumerate(p.choices[op]):
+                if ch.interleaved is not None:
+                    add(self.x[op, c], ch.interleaved)
+            self._held(add)
+            self._rows(const, terms, p.interleaved_capacity, f"interleaved[{op}")
+
+    def _held(self, add) -> None:
+        """Every choice's storage held over the whole program, as terms of one op's row."""
+        for op in self.problem.ops:
+            for c, ch in enumerate(self.problem.choices[op]):
+                if ch.resident is not None:
+                    add(self.x[op, c], ch.resident)
+
+    def _rows(self, const, terms, capacity: int, name: str) -> None:
+        variables = [v for v, _ in terms.values()]
+        coefs = np.stack([c for _, c in terms.values()]) if terms else np.zeros((0, self.tiles), np.int64)
+        for tile, col in _binding_columns(const, coefs, capacity):
+            expr = sum(int(a) * v for a, v in zip(col, variables) if a)
+            self.model.add(expr <= capacity - int(const[tile])).with_name(f"{name},tile {tile}]")
 
     # ---- objective and solving ------------------------------------------------------------
 
@@ -241,7 +276,7 @@ class SelectionModel:
             picks[op] = chosen[0]
         sol = evaluate(p, picks)
         objective = round(solver.objective_value)
-        if sol.cycles != objective or sol.peak > p.capacity:
+        if sol.cycles != objective or not fits(p, sol):
             raise RuntimeError(f"CP-SAT solution disagrees with select.evaluate: model {objective:,} cycles, "
                                f"evaluate {sol.cycles:,} cycles, peak {sol.peak:,} of {p.capacity:,} bytes")
         sol.exact = status == cp_model.OPTIMAL
@@ -254,6 +289,7 @@ class SelectionModel:
         self.add_conversion_constraints()
         self.add_forbidden_conversion_constraints()
         self.add_memory_constraints()
+        self.add_interleaved_constraints()
         return self
 
     def solve(self, time_limit: float = 30.0) -> Solution | None:

@@ -228,6 +228,7 @@ class CoarseRows:
     interleaved: np.ndarray # int64 bytes of AMP weight operands per tile
     fits: np.ndarray        # bool
     bias: bool = False      # every row adds the bias in its reduction (GemmChoice.bias)
+    pre: bool = False       # every row reads B pre-arranged (``prearranged_b``)
 
     def choice(self, g: GemmShape, i: int) -> GemmChoice:
         gb, gm, gn, gk = (int(x) for x in self.grid[i])
@@ -237,7 +238,8 @@ class CoarseRows:
 
 
 def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile: int,
-                a_cut_density: float = 0.0, table: "CoarseTable | None" = None, bias: bool = False) -> CoarseRows:
+                a_cut_density: float = 0.0, table: "CoarseTable | None" = None, bias: bool = False,
+                pre: bool = False) -> CoarseRows:
     """Every option of one boundary combination, costed at once (numpy, one row per option).
 
     Exchange: bytes each tile receives (A block + B block; partials; the C block
@@ -252,12 +254,13 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
 
     The boundary-free part of every row is the GEMM's ``coarse_table``, shared by its
     boundary combinations (``table``: one built for at least these boundary bytes). With ``bias``
-    the rows are the options whose reducers also add the bias (``gk > 1`` only).
+    the rows are the options whose reducers also add the bias (``gk > 1`` only); with ``pre`` the
+    options that read B pre-arranged (``prearranged_b``: no B exchange, no serial K).
     """
     io = in_bytes_per_tile + out_bytes_per_tile
-    t = table if table is not None else coarse_table(g, target, io, bias)
-    if t.bias != bias:
-        raise ValueError(f"coarse table built with bias={t.bias}, asked for bias={bias}")
+    t = table if table is not None else coarse_table(g, target, io, bias, pre)
+    if (t.bias, t.pre) != (bias, pre):
+        raise ValueError(f"coarse table built with bias={t.bias}, pre={t.pre}, asked for bias={bias}, pre={pre}")
     if io > t.retry_bytes:
         raise ValueError(f"coarse table built for {t.retry_bytes} boundary bytes, asked for {io}")
     memory = t.memory + io
@@ -272,7 +275,7 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     if a_cut_density:
         cycles = cycles + cut_cycles(target, t.parts(sel), t.sk[sel], a_cut_density)
     return CoarseRows(t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel], t.sk[sel], cycles,
-                      memory[sel], t.interleaved[sel], fits[sel], t.bias)
+                      memory[sel], t.interleaved[sel], fits[sel], t.bias, t.pre)
 
 
 @dataclass(frozen=True, eq=False)
@@ -280,7 +283,8 @@ class CoarseTable:
     """Every option of a GEMM without its boundaries: the serial K rows of the options that do not
     fit with ``retry_bytes`` of boundary pieces on a tile (``parent``: the option a row splits, -1
     for an option at once), their boundary-free cycles and memory (``estimate.coarse.coarse_parts``).
-    With ``bias`` only options with a reduction, each adding the bias in it."""
+    With ``bias`` only options with a reduction, each adding the bias in it. With ``pre`` the options
+    that read B pre-arranged (``prearranged_b``): B's preparation moves nothing, and no serial K."""
 
     retry_bytes: int
     grid: np.ndarray
@@ -295,6 +299,7 @@ class CoarseTable:
     cut_runs: np.ndarray
     k: np.ndarray
     bias: bool = False
+    pre: bool = False
 
     def parts(self, sel: np.ndarray) -> CoarseParts:
         return CoarseParts(self.cycles[sel], self.memory[sel], self.interleaved[sel], self.cut_runs[sel],
@@ -302,9 +307,9 @@ class CoarseTable:
 
 
 @functools.lru_cache(maxsize=8)
-def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False) -> CoarseTable:
+def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False, pre: bool = False) -> CoarseTable:
     if bias:
-        return _bias_rows(coarse_table(g, target, retry_bytes), g, target)
+        return _bias_rows(coarse_table(g, target, retry_bytes, False, pre), g, target)
     grids = _grid_options(g, target.tiles)
     n_ptypes = len(g.partial_types())
     gk = grids[:, 3]
@@ -323,7 +328,11 @@ def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False) -> 
     red = np.concatenate([np.full(len(i), r) for i, _, r, _ in rows]).astype(np.int64)
     ptype = np.concatenate([np.full(len(i), p) for i, _, _, p in rows]).astype(np.int64)
     sk = np.ones(len(grid), dtype=np.int64)
-    parts = coarse_parts(g, target, grid, order, red, ptype, sk, _grid_amp(g, target, 1)[ptype, gidx])
+    parts = coarse_parts(g, target, grid, order, red, ptype, sk, _grid_amp(g, target, 1)[ptype, gidx],
+                         b_moves=not pre)
+    if pre:
+        return CoarseTable(retry_bytes, grid, order, red, ptype, sk, np.full(len(grid), -1, dtype=np.int64), *parts,
+                           pre=True)
     fits = (parts.memory + retry_bytes <= target.usable_bytes) & (parts.interleaved <= target.interleaved_bytes)
     # Serial K splits for the options that may not fit at once (one batch element per tile).
     units = -(-g.K // k_unit(g))
@@ -362,7 +371,7 @@ def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
     cycles = t.cycles[sel] + reduction_bias_cycles(g, target, t.grid[sel], t.reduction[sel], t.partials[sel])
     return _frozen(CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel],
                                t.sk[sel], parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel],
-                               t.k[sel], bias=True))
+                               t.k[sel], bias=True, pre=t.pre))
 
 
 # ---- the fragment program of one candidate -----------------------------------------------
@@ -595,13 +604,14 @@ def _b_grid(g: GemmShape, b_rows, nb, holders) -> Grid:
     return Grid.of(b_rows, nb, holders, grain=g.grain if g.panels else 0, panel_space=g.panels)
 
 
-def stationary_b(g: GemmShape, choice: GemmChoice) -> Grid | None:
-    """The storage of a parameter B that keeps each block on the tile that multiplies it: the
-    choice's own B grid, so its preparation copy moves nothing (``estimate.detailed.moves_nothing``).
-    Only for choices that read each B block on one tile, at once (no replicas, no serial K);
-    None otherwise."""
-    replicas = choice.gm * (1 if g.b_batched else choice.gb)       # _b_holders' last axis
-    if not g.b_param or choice.sk != 1 or replicas != 1:
+def prearranged_b(g: GemmShape, choice: GemmChoice) -> Grid | None:
+    """The pre-arranged storage of a parameter B (poplin's ``inputRHSIsPreArranged``): the choice's
+    own B grid, each block on every tile that multiplies it (replicated over the grid's row blocks,
+    and batch groups of a shared B, where the grid reads it so), so its preparation copy moves
+    nothing (``estimate.detailed.moves_nothing``) and no run exchanges the weights again. For
+    choices that read B at once (no serial K: its chunks would each need their own storage) and a
+    parameter B read as AMP panels or row-major blocks; None otherwise."""
+    if not g.b_param or choice.sk != 1:
         return None
     hold = _b_holders(g, choice, tile_of(choice), _batch_groups(g.batch, choice.gb))
     kb = aligned_bounds(g.K, choice.gk, k_unit(g))

@@ -4,7 +4,7 @@
 A pin is one line, ``OP=grid:GMxGNxGK`` (or ``GBxGMxGNxGK`` for a batched GEMM), optionally with
 ``,order:bjli`` (which physical tile runs which grid cell), ``,reduction:gather|rows``,
 ``,partials:fp16|fp32``, ``,serial:N`` (serial K steps) and ``,storage:panels|grid`` (the weights
-in resident panels, or kept in the grid: stationary weights). On the command line ``--pin`` is
+in resident panels, or pre-arranged as the grid reads them). On the command line ``--pin`` is
 repeatable and ``--pins FILE`` reads a TOML file with a ``[pin]`` table (``OP = "grid:..."``), the
 format ``tileplan plan --emit-pins FILE`` writes and a model file's own ``[pin]`` table uses.
 
@@ -67,7 +67,8 @@ def pinned_candidates(ctx, op, pin: Pin, cands: list, runner_ups: list) -> list:
     """The candidates of a pinned GEMM: those its catalogue costed that match, else the pinned grid
     built and costed in every boundary combination and open form; an error says why none fits."""
     found = [c for c in cands + [r.candidate for r in runner_ups]
-             if c.detailed and c.choice is not None and pin.matches(c.choice)]
+             if c.detailed and c.choice is not None and pin.matches(c.choice)
+             and (pin.storage is None or (pin.storage == "grid") == (c.weights is not None))]
     if found:
         return found
     from ..estimate.cost import Estimate

@@ -199,9 +199,13 @@ def gemm_op_floor(graph, op, target, storage, fused_adds) -> dict:
     from .gemm import GemmShape, _grid_options
     shape = GemmShape.of(graph, op, target)
     grids = _grid_options(shape, target.tiles)
-    # A pinned (Explicit) layout may hold replicas: no credit for what it holds then.
+    # A pinned (Explicit) layout may hold replicas: no credit for what it holds then. A B that may be
+    # pre-arranged (``catalogue.prearrangeable``) is held wherever any grid reads it: no B exchange.
+    from .catalogue import prearrangeable
+    pre = prearrangeable(_Storage(graph, storage), op)
     held = tuple(target.tiles if t.layout is not None or (t.name in storage and storage[t.name].layout
-                 == ew.replicated(t.shape, target.tiles)) else 1 for t in graph.inputs_of(op))
+                 == ew.replicated(t.shape, target.tiles)) or (k == 1 and pre) else 1
+                 for k, t in enumerate(graph.inputs_of(op)))
     best = None
     for p, ptype in enumerate(shape.partial_types()):
         floors = gemm_floor(shape, target, grids, np.full(len(grids), p), held)
@@ -210,6 +214,13 @@ def gemm_op_floor(graph, op, target, storage, fused_adds) -> dict:
             gb, gm, gn, gk = (int(x) for x in grids[i])
             best = (int(floors[i]), f"grid {f'{gb}x' if gb > 1 else ''}{gm}x{gn}x{gk} {ptype}")
     return {"cycles": best[0], "grid": best[1]}
+
+
+class _Storage:
+    """What ``catalogue.prearrangeable`` reads of a planning context: the graph and the storage."""
+
+    def __init__(self, graph, storage):
+        self.graph, self.storage = graph, storage
 
 
 POINTWISE_SPAN = 96       # a multiple of every pointwise kernel's block (GeLU 96, casts 48 and 12,
