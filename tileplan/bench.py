@@ -620,7 +620,7 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
         row("estimate with compact weights (every weight in resident panels)",
             lambda r: f"{r['estimate_compact_weights']['cycles']:,} cycles, peak {r['estimate_compact_weights']['total_memory']:,} B"
             if r.get("estimate_compact_weights") else "—"),
-        row("weights the planner keeps in their grid", lambda r: ", ".join(r["storage_in_grid"]) or "none"
+        row("weights the planner pre-arranges (stored as their grid reads them)", lambda r: ", ".join(r["storage_in_grid"]) or "none"
             if r.get("storage_in_grid") is not None else "—"),
         row("memory peak, worst tile (simulated)",
             lambda r: f"{r['memory_peak_bytes']:,} B of {r['sram_bytes']:,} (tile {r['memory_peak_tile']})"

@@ -149,6 +149,32 @@ def _selection_loss(c, chosen) -> str:
     return "selection: as fast on its own; the chosen one fits the rest of the graph at least as well"
 
 
+def prearranged(plan) -> list[dict]:
+    """The parameters a plan stores pre-arranged (as their GEMM's grid reads them), each with its
+    layout and its bytes (most on one tile, and over all tiles) beside its compact storage's."""
+    from ..estimate.memory import buffer_tile_bytes
+    from ..estimate.program import Buffer
+    from .plan import parameter_storage
+    compact = parameter_storage(plan.graph, plan.target)
+    out = []
+    for op in plan.graph.ops:
+        cand = plan.candidates[op.name][plan.picks[op.name]]
+        if cand.weights is None:
+            continue
+        name = op.inputs[1]
+        t = plan.graph.tensors[name]
+        sizes = []
+        for st in (plan.storage[name], compact[name]):
+            shape = t.shape[:-2] + (t.shape[-1], t.shape[-2]) if st.transpose else t.shape
+            sizes.append(buffer_tile_bytes(Buffer(name, st.layout, shape, t.dtype, "parameter"), plan.target.tiles,
+                                           plan.target.alignment))
+        out.append({"tensor": name, "op": op.name, "layout": str(plan.storage[name].layout),
+                    "replicas": int(plan.storage[name].layout.replicas),
+                    "bytes_per_tile_max": int(sizes[0].max()), "bytes_total": int(sizes[0].sum()),
+                    "compact_bytes_per_tile_max": int(sizes[1].max()), "compact_bytes_total": int(sizes[1].sum())})
+    return out
+
+
 def plan_to_json(plan) -> dict:
     storage = plan.storage
     ops, conversions = [], []
@@ -182,6 +208,9 @@ def plan_to_json(plan) -> dict:
         "runner_ups": {op: runner_ups(plan, op) for op in gemms},
         **({"imported": dict(plan.graph.imported)} if plan.graph.imported else {}),   # e.g. cast_bf16
     }
+    pre = prearranged(plan)
+    if pre:
+        doc["prearranged"] = pre
     if plan.pinned is not None:               # pins that changed the plan, beside the planner's own choice
         doc["pinned"] = {**plan.pinned, "cycles": int(plan.estimate.cycles)}
     return doc

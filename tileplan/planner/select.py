@@ -4,7 +4,9 @@ The problem (``Problem``) is solver-neutral: ops in a fixed order; per op its
 candidates, each with the layouts it needs for its activation inputs, the
 layout it gives its output, its cycles and its transient per-tile bytes;
 tensors with a fixed layout (host inputs, parameters read as values); a
-conversion price for every (tensor, from, to); per-tile bytes of every
+conversion price for every (tensor, from, to), paid once per tensor and target
+layout: the converted copy stays live to the tensor's last use and later
+readers of that layout read it (as ``MidGraph.build`` reuses it); per-tile bytes of every
 (tensor, layout); resident bytes per tile; the capacity.
 
 Memory at op i, per tile: resident + every live tensor in its layout + the
@@ -134,18 +136,26 @@ def evaluate(problem: Problem, picks: dict[str, int]) -> Solution:
             held += r
     ibase = problem.interleaved_base(held.size) + (held - problem.resident)
     ipeak = 0
+    copies: list = []                 # (tensor, layout) converted copies, reused by later readers
     for i, op in enumerate(problem.ops):
         ch = problem.choices[op][picks[op]]
         ipeak = max(ipeak, int((ibase + (ch.interleaved if ch.interleaved is not None else 0)).max()))
         mem = held.copy()
         for t in live:
             mem += problem.tile_bytes(t, layout[t])
+        for t, lay in copies:
+            if problem.convert(t, layout[t], lay)[1] is not None:
+                mem += problem.tile_bytes(t, lay)
         for t, want in zip(problem.inputs[op], ch.ins):
+            if any(ct == t and cl == want for ct, cl in copies):
+                continue
             c, tr = problem.convert(t, layout[t], want)
             cycles += c
-            if c and tr is not None:
-                mem += tr
-                mem += problem.tile_bytes(t, want)
+            if c:
+                copies.append((t, want))
+                if tr is not None:
+                    mem += tr
+                    mem += problem.tile_bytes(t, want)
         cycles += ch.cycles
         mem += ch.transient
         out = problem.output[op]
@@ -157,6 +167,7 @@ def evaluate(problem: Problem, picks: dict[str, int]) -> Solution:
             peak, peak_op, peak_tile = int(mem[tile]), op, tile
         live.add(out)
         live = {t for t in live if last.get(t, -1) > i}
+        copies = [(t, lay) for t, lay in copies if last.get(t, -1) > i]
     return Solution(dict(picks), int(cycles) if cycles != INF else INF, peak, peak_op, peak_tile,
                     interleaved_peak=ipeak)
 
@@ -262,28 +273,37 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
         ending.setdefault(last[t], []).append(t)
     states: dict[tuple, list[_Path]] = {}
     init: tuple = ()
-    states[key_of(init)] = [(_Path(0, 0, (), zero, zero, zero) if holds else _Path(0, 0, ()), init)]
+    states[(key_of(init), key_of(init))] = [(_Path(0, 0, (), zero, zero, zero) if holds else _Path(0, 0, ()),
+                                             init, init)]
     exact = paths is None
     for i, op in enumerate(problem.ops):
         nxt: dict[tuple, list] = {}
         for entries in states.values():
-            for path, live in entries:
+            for path, live, copies in entries:
                 layout = dict(live)
                 base = fixed_base.copy()
                 for t, lay in live:
                     base += tile_bytes(t, lay)
+                for t, lay in copies:
+                    if convert(t, layout[t] if t in layout else fixed[t], lay)[1] is not None:
+                        base += tile_bytes(t, lay)
                 for ci, ch in enumerate(problem.choices[op]):
                     cyc = path.cycles + ch.cycles
                     mem = base + ch.transient
                     ok = True
+                    made = list(copies)
                     for t, want in zip(problem.inputs[op], ch.ins):
+                        if any(ct == t and cl == want for ct, cl in made):
+                            continue                    # a copy an earlier reader converted
                         c, tr = convert(t, layout[t] if t in layout else fixed[t], want)
                         if c == INF:
                             ok = False
                             break
                         cyc += c
-                        if c and tr is not None:
-                            mem = mem + tr + tile_bytes(t, want)
+                        if c:
+                            made.append((t, want))
+                            if tr is not None:
+                                mem = mem + tr + tile_bytes(t, want)
                     if not ok:
                         continue
                     out = problem.output[op]
@@ -306,13 +326,16 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
                         new = _Path(cyc, peak, path.picks + (ci,))
                     new_live = tuple(sorted([(t, l) for t, l in live if last.get(t, -1) > i]
                                             + ([(out, ch.out)] if last.get(out, -1) > i else [])))
-                    _insert(nxt.setdefault(key_of(new_live), []), (new, new_live), paths)
+                    new_copies = tuple(sorted(((t, l) for t, l in made if last.get(t, -1) > i),
+                                              key=lambda e: (e[0], str(e[1]))))
+                    _insert(nxt.setdefault((key_of(new_live), key_of(new_copies)), []), (new, new_live, new_copies),
+                            paths)
         for t in ending.get(i, ()):             # fixed values whose last use was this op
             fixed_base = fixed_base - tile_bytes(t, fixed[t])
         if not nxt:
             return None
         states = nxt
-    best = min((p for entries in states.values() for p, _ in entries), key=lambda p: (p.cycles, p.peak, p.picks))
+    best = min((e[0] for entries in states.values() for e in entries), key=lambda p: (p.cycles, p.peak, p.picks))
     picks = dict(zip(problem.ops, best.picks))
     sol = evaluate(problem, picks)
     sol.exact = exact
@@ -322,7 +345,7 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
 def _insert(bucket: list, entry, bound: int | None) -> None:
     """Keep the bucket a Pareto set over (cycles, peak), at most ``bound`` entries (fastest kept)."""
     p = entry[0]
-    for q, _ in bucket:
+    for q, *_ in bucket:
         if q.covers(p):
             return
     bucket[:] = [e for e in bucket if not p.covers(e[0])]

@@ -1,6 +1,7 @@
-"""Stationary weights: a GEMM whose grid reads each weight block on one tile stores the weights
-there, and stops moving them; the package still validates, with the estimate equal to the IPU
-model's cycles."""
+"""Pre-arranged weights: a GEMM's weights stored as its grid reads them (replicated over row blocks
+where the grid needs that) stop moving; selection decides under every tile's memory, the host
+uploads them in that layout, and the package validates with the estimate equal to the IPU model's
+cycles."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tileplan.graph.loaders import load_model
 from tileplan.layout.gemm_grid import Grid
 from tileplan.lowering.compile import compile_model
 from tileplan.lowering.package import load_package
-from tileplan.planner.gemm import GemmChoice, GemmShape, stationary_b, tile_of
+from tileplan.planner.gemm import GemmChoice, GemmShape, prearranged_b, tile_of
 from tileplan.planner.plan import plan
 from tileplan.planner.planjson import plan_to_json
 from tileplan.planner.quality import model_floor
@@ -35,8 +36,8 @@ def test_the_weights_of_a_decode_projection_stay_where_the_grid_multiplies_them(
     st = kept.storage["w"]
     assert isinstance(st.layout, Grid) and st.private
     chosen = kept.candidates["proj"][kept.picks["proj"]]
-    assert chosen.desc.endswith("w stored in the grid") and chosen.choice.gm == 1
-    assert st.layout == stationary_b(GemmShape.of(graph, graph.ops[0], target), chosen.choice)
+    assert chosen.desc.endswith("B pre-arranged") and chosen.weights == st.layout
+    assert st.layout == prearranged_b(GemmShape.of(graph, graph.ops[0], target), chosen.choice)
     # The preparation now moves only the activations (4 x 2048 FP16, to every column block).
     prep = [s for s in kept.detailed.steps if s.name == "proj.prep"]
     x_bytes = 4 * 2048 * 2
@@ -48,17 +49,43 @@ def test_the_weights_of_a_decode_projection_stay_where_the_grid_multiplies_them(
     assert entry["layouts"]["inputs"]["w"] == str(st.layout)
 
 
-def test_a_grid_with_weight_replicas_or_serial_k_keeps_the_resident_panels():
+def test_pre_arranged_weights_are_replicated_over_the_row_blocks_that_read_them():
     graph = load_model(FIXTURES / "siglip_mlp_fp8_b4.toml")
     target = load_target("ipu21")
     shape = GemmShape.of(graph, graph.op("mlp_up"), target)
-    assert stationary_b(shape, GemmChoice(1, 8, 46, 4, "bilj", "rows")) is None          # 8 row blocks
-    assert stationary_b(shape, GemmChoice(1, 1, 92, 16, "bilj", "rows", sk=2)) is None   # serial K
-    grid = stationary_b(shape, GemmChoice(1, 1, 92, 16, "bilj", "rows"))
-    # One replica per block, held by the tile of its (j, l) cell.
+    assert prearranged_b(shape, GemmChoice(1, 1, 92, 16, "bilj", "rows", sk=2)) is None   # serial K
+    grid = prearranged_b(shape, GemmChoice(1, 1, 92, 16, "bilj", "rows"))
+    # One row block: one replica per block, held by the tile of its (j, l) cell.
     T = tile_of(GemmChoice(1, 1, 92, 16, "bilj", "rows"))
     assert grid.replicas == 1
     assert np.array_equal(grid.holder_array()[:, :, 0], T[0, 0].T)
+    # Eight row blocks: each block on the eight tiles of its (j, l) cells, one per row block.
+    choice = GemmChoice(1, 8, 46, 4, "bilj", "rows")
+    grid = prearranged_b(shape, choice)
+    T = tile_of(choice)
+    assert grid.replicas == 8
+    assert np.array_equal(np.sort(grid.holder_array(), axis=2), np.sort(T[0].transpose(2, 1, 0), axis=2))
+
+
+def test_selection_pre_arranges_replicated_weights_and_the_package_validates(tmp_path):
+    graph = load_model(FIXTURES / "mlp_smoke_fp8.toml")
+    target = load_target(graph.target)
+    compact = plan(graph, target, stationary=False)
+    p, _, path = compile_model(graph, target, tmp_path / "pkg", jobs=1)
+    assert p.estimate.cycles < compact.estimate.cycles
+    pre = {op: c for op, i in p.picks.items() if (c := p.candidates[op][i]).weights is not None}
+    assert pre, "no weights pre-arranged"
+    assert any(c.weights.replicas > 1 for c in pre.values())
+    for op, c in pre.items():
+        assert p.storage[graph.op(op).inputs[1]].layout == c.weights
+    # The plan says which parameters are pre-arranged and what that costs per tile.
+    doc = plan_to_json(p)
+    assert {e["tensor"] for e in doc["prearranged"]} == {graph.op(op).inputs[1] for op in pre}
+    assert all(e["bytes_per_tile_max"] >= e["compact_bytes_per_tile_max"] > 0 for e in doc["prearranged"])
+    v = validate_package(load_package(path))
+    assert v.passed
+    assert v.profile.cycles == p.estimate.cycles
+    assert model_floor(graph, target)["cycles"] <= p.estimate.cycles
 
 
 def test_the_decode_package_validates_with_the_estimate_equal_to_the_simulation(tmp_path):
