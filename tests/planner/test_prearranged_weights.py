@@ -16,6 +16,7 @@ from tileplan.layout.gemm_grid import Grid
 from tileplan.lowering.compile import compile_model
 from tileplan.lowering.package import load_package
 from tileplan.planner.gemm import GemmChoice, GemmShape, prearranged_b, tile_of
+from tileplan.planner.pins import parse_pin
 from tileplan.planner.plan import plan
 from tileplan.planner.planjson import plan_to_json
 from tileplan.planner.quality import model_floor
@@ -53,7 +54,9 @@ def test_pre_arranged_weights_are_replicated_over_the_row_blocks_that_read_them(
     graph = load_model(FIXTURES / "siglip_mlp_fp8_b4.toml")
     target = load_target("ipu21")
     shape = GemmShape.of(graph, graph.op("mlp_up"), target)
-    assert prearranged_b(shape, GemmChoice(1, 1, 92, 16, "bilj", "rows", sk=2)) is None   # serial K
+    # Serial K: every chunk of a tile's K range resident at once (16 x 2 K blocks).
+    serial = prearranged_b(shape, GemmChoice(1, 1, 92, 16, "bilj", "rows", sk=2))
+    assert serial.shape_blocks == (32, 92) and serial.replicas == 1
     grid = prearranged_b(shape, GemmChoice(1, 1, 92, 16, "bilj", "rows"))
     # One row block: one replica per block, held by the tile of its (j, l) cell.
     T = tile_of(GemmChoice(1, 1, 92, 16, "bilj", "rows"))
@@ -103,3 +106,19 @@ def test_the_decode_package_validates_with_the_estimate_equal_to_the_simulation(
     assert copies
     assert not any(c.src == "w" for s in scheduled(p.mid.program, target.tiles).steps
                    if isinstance(s, ExchangeStep) for c in s.copies)
+
+
+def test_serial_k_reads_its_pre_arranged_chunks_in_place_and_validates(tmp_path):
+    graph = load_model(FIXTURES / "mlp_fp16_small.toml")
+    target = load_target(graph.target)
+    p, _, path = compile_model(graph, target, tmp_path / "pkg", jobs=1,
+                               pins=[parse_pin("fc1=grid:4x4x4,serial:2,storage:grid")])
+    chosen = p.candidates["fc1"][p.picks["fc1"]]
+    assert chosen.choice.sk == 2 and chosen.weights is not None
+    # Every chunk of every tile's K range is resident: 4 K blocks x 2 chunks; the preparations move A only.
+    assert p.storage["w1"].layout.shape_blocks[0] == 8
+    preps = [s for s in p.mid.program.steps if isinstance(s, ExchangeStep) and s.name.startswith("fc1.prep")]
+    assert len(preps) == 2 and not any(c.src == "w1" for s in preps for c in s.copies)
+    v = validate_package(load_package(path))
+    assert v.passed
+    assert v.profile.cycles == p.estimate.cycles

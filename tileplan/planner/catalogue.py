@@ -91,13 +91,10 @@ def prearrangeable(ctx, op: MatMul) -> bool:
 
 
 def prearranged_context(ctx, op: MatMul, shape, choice):
-    """(the context with op's B pre-arranged for ``choice``, that storage), or None when the choice
-    reads B in serial chunks (``gemm.prearranged_b``)."""
+    """(the context with op's B pre-arranged for ``choice`` (``gemm.prearranged_b``), that storage)."""
     from .candidates import Storage
     from .gemm import prearranged_b
     grid = prearranged_b(shape, choice)
-    if grid is None:
-        return None
     st = Storage(grid, True, ctx.storage[op.inputs[1]].transpose)
     return ctx.with_storage(op.inputs[1], st), st
 

@@ -255,7 +255,8 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     The boundary-free part of every row is the GEMM's ``coarse_table``, shared by its
     boundary combinations (``table``: one built for at least these boundary bytes). With ``bias``
     the rows are the options whose reducers also add the bias (``gk > 1`` only); with ``pre`` the
-    options that read B pre-arranged (``prearranged_b``: no B exchange, no serial K).
+    options that read B pre-arranged (``prearranged_b``: no B exchange; with serial K every chunk's
+    B block resident).
     """
     io = in_bytes_per_tile + out_bytes_per_tile
     t = table if table is not None else coarse_table(g, target, io, bias, pre)
@@ -284,7 +285,8 @@ class CoarseTable:
     fit with ``retry_bytes`` of boundary pieces on a tile (``parent``: the option a row splits, -1
     for an option at once), their boundary-free cycles and memory (``estimate.coarse.coarse_parts``).
     With ``bias`` only options with a reduction, each adding the bias in it. With ``pre`` the options
-    that read B pre-arranged (``prearranged_b``): B's preparation moves nothing, and no serial K."""
+    that read B pre-arranged (``prearranged_b``): B's preparation moves nothing, and with serial K
+    every chunk's B block stays resident."""
 
     retry_bytes: int
     grid: np.ndarray
@@ -330,9 +332,6 @@ def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False, pre
     sk = np.ones(len(grid), dtype=np.int64)
     parts = coarse_parts(g, target, grid, order, red, ptype, sk, _grid_amp(g, target, 1)[ptype, gidx],
                          b_moves=not pre)
-    if pre:
-        return CoarseTable(retry_bytes, grid, order, red, ptype, sk, np.full(len(grid), -1, dtype=np.int64), *parts,
-                           pre=True)
     fits = (parts.memory + retry_bytes <= target.usable_bytes) & (parts.interleaved <= target.interleaved_bytes)
     # Serial K splits for the options that may not fit at once (one batch element per tile).
     units = -(-g.K // k_unit(g))
@@ -344,11 +343,13 @@ def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False, pre
         idx = np.concatenate([i for i, _ in extra])
         sk2 = np.concatenate([np.full(i.size, s, dtype=np.int64) for i, s in extra])
         amp2 = np.concatenate([_grid_amp(g, target, s)[ptype[i], gidx[i]] for i, s in extra])
-        p2 = coarse_parts(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2, amp2)
+        p2 = coarse_parts(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2, amp2, b_moves=not pre)
+        if pre:         # every chunk's B block stays resident: sk of them, the one in use counted already
+            p2 = p2._replace(memory=p2.memory + p2.interleaved * (sk2 - 1), interleaved=p2.interleaved * sk2)
         grid, order, red, ptype = (np.concatenate((a, a[idx])) for a in (grid, order, red, ptype))
         sk, parent = np.concatenate((sk, sk2)), np.concatenate((parent, idx))
         parts = CoarseParts(*(np.concatenate((a, b)) for a, b in zip(parts, p2)))
-    return _frozen(CoarseTable(retry_bytes, grid, order, red, ptype, sk, parent, *parts))
+    return _frozen(CoarseTable(retry_bytes, grid, order, red, ptype, sk, parent, *parts, pre=pre))
 
 
 def _frozen(t: CoarseTable) -> CoarseTable:
@@ -399,7 +400,12 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
     """
     if choice.bias != (bias_buf is not None):
         raise ValueError(f"{g.op}: {choice} needs a bias buffer exactly when it adds the bias")
-    core, _ = _core(g, choice, caches or shared_caches(target), bias_buf.name if bias_buf is not None else None)
+    # Serial K with B pre-arranged: the matmuls read each chunk from the weights' own storage.
+    in_place = choice.sk > 1 and b_buf.kind == "parameter" and b_buf.layout == prearranged_b(g, choice)
+    if in_place and b_buf.name != g.b:
+        raise ValueError(f"{g.op}: pre-arranged weights must be the resident buffer {g.b!r}, got {b_buf.name!r}")
+    core, _ = _core(g, choice, caches or shared_caches(target), bias_buf.name if bias_buf is not None else None,
+                    in_place)
     names = {_A: a_buf.name, _B: b_buf.name, _C: c_buf.name}
     prog = Program()
     for b in (a_buf, b_buf, c_buf) + ((bias_buf,) if bias_buf is not None else ()):
@@ -414,16 +420,17 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
     return prog
 
 
-def _core(g: GemmShape, choice: GemmChoice, caches: Caches, bias: str | None) -> tuple[Program, tuple]:
+def _core(g: GemmShape, choice: GemmChoice, caches: Caches, bias: str | None,
+          in_place: bool = False) -> tuple[Program, tuple]:
     """(core program, the (first column, columns) of each reducer vertex's block), kept in ``caches``. A
     choice with the bias in its reduction is its plain choice's core with the reducers also reading
     the bias (``_add_bias``): only the reduction step differs, the rest is shared."""
     def build():
         if choice.bias:
-            plain, cols = _core(g, dataclasses.replace(choice, bias=False), caches, None)
+            plain, cols = _core(g, dataclasses.replace(choice, bias=False), caches, None, in_place)
             return _add_bias(g, plain, cols, bias, caches), cols
-        return _build_core(g, choice, caches)
-    return caches.core((g, choice, bias), build)
+        return _build_core(g, choice, caches, in_place)
+    return caches.core((g, choice, bias, in_place), build)
 
 
 def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str, caches: Caches) -> Program:
@@ -447,7 +454,7 @@ def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str, caches: Cach
     return out
 
 
-def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches) -> tuple[Program, tuple]:
+def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches, in_place: bool = False) -> tuple[Program, tuple]:
     """The fragment program: prep exchange, AMP compute, reduction, output conversion; and the
     (first column, columns) of each reducer vertex's block (empty when ``gk == 1``).
 
@@ -457,7 +464,9 @@ def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches) -> tuple[Progr
     With a serial K split (``sk > 1``) each tile walks its K range in ``sk``
     chunks: per chunk one exchange brings the next A and B blocks and the AMP
     adds the chunk's product into the partials it wrote for the earlier chunks
-    (an accumulating matmul, in place).
+    (an accumulating matmul, in place). With ``in_place`` (serial K, B pre-arranged: the resident
+    buffer ``g.b`` laid out as ``prearranged_b``) the exchanges bring A only and the matmuls read
+    each B chunk from the weights' storage.
     """
     target = caches.target
     prog = Program()
@@ -511,15 +520,20 @@ def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches) -> tuple[Progr
     out_off = out_grid.block_offsets(ptype.itemsize)
     scale = g.a_scale + g.b_scale - (0 if gk > 1 else g.c_scale)
 
+    stored_off = prearranged_b(g, choice).block_offsets(g.in_dtype.itemsize) if in_place else None
     for s in range(sk):
         a_grid, b_grid, ah, bh = step_grids(s)
         suffix = f"{s}" if sk > 1 else ""
         A = prog.add_buffer(Buffer(f"{name}.A{suffix}", a_grid, g.a2, g.in_dtype, scale=g.a_scale))
-        B = prog.add_buffer(Buffer(f"{name}.B{suffix}", b_grid, g.b2, g.in_dtype, region="interleaved",
-                                   scale=g.b_scale))
-        prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(_A, A.name), Copy(_B, B.name))))
         a_off = a_grid.block_offsets(g.in_dtype.itemsize)
-        b_off = b_grid.block_offsets(g.in_dtype.itemsize)
+        if in_place:
+            prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(_A, A.name),)))
+            B, b_off = Buffer(g.b, b_grid, g.b2, g.in_dtype), stored_off
+        else:
+            B = prog.add_buffer(Buffer(f"{name}.B{suffix}", b_grid, g.b2, g.in_dtype, region="interleaved",
+                                       scale=g.b_scale))
+            prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(_A, A.name), Copy(_B, B.name))))
+            b_off = b_grid.block_offsets(g.in_dtype.itemsize)
         amp = []
         calls: dict = {}
         for b in range(g.batch):
@@ -606,15 +620,20 @@ def _b_grid(g: GemmShape, b_rows, nb, holders) -> Grid:
 
 def prearranged_b(g: GemmShape, choice: GemmChoice) -> Grid | None:
     """The pre-arranged storage of a parameter B (poplin's ``inputRHSIsPreArranged``): the choice's
-    own B grid, each block on every tile that multiplies it (replicated over the grid's row blocks,
-    and batch groups of a shared B, where the grid reads it so), so its preparation copy moves
-    nothing (``estimate.detailed.moves_nothing``) and no run exchanges the weights again. For
-    choices that read B at once (no serial K: its chunks would each need their own storage) and a
-    parameter B read as AMP panels or row-major blocks; None otherwise."""
-    if not g.b_param or choice.sk != 1:
+    own B blocks, each on every tile that multiplies it (replicated over the grid's row blocks, and
+    batch groups of a shared B, where the grid reads it so), every serial K chunk of a tile's K
+    range at once. With one K chunk it is the grid's B buffer itself, so the preparation copy
+    moves nothing (``estimate.detailed.moves_nothing``); with serial K the matmuls read their
+    chunk from it in place (``_build_core``). Either way no run exchanges the weights again.
+    None when B is not a parameter."""
+    if not g.b_param:
         return None
     hold = _b_holders(g, choice, tile_of(choice), _batch_groups(g.batch, choice.gb))
-    kb = aligned_bounds(g.K, choice.gk, k_unit(g))
+    if choice.sk > 1:                 # K block q = l * sk + s is held where block l of the grid is
+        batch_b = g.batch if g.b_batched else 1
+        hold = np.repeat(hold.reshape(batch_b, choice.gk, *hold.shape[1:]), choice.sk, axis=1)
+        hold = hold.reshape(batch_b * choice.gk * choice.sk, *hold.shape[2:])
+    kb = aligned_bounds(g.K, choice.gk * choice.sk, k_unit(g))
     return _b_grid(g, _b_rows(g, kb), _col_bounds(g, choice.gn), hold)
 
 

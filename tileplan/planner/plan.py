@@ -321,9 +321,9 @@ def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, sta
     detailed = cost_program(scheduled(mid.program, target.tiles), target)
     for name, pin in pinned.items():
         if pin.storage == "grid" and cands[name][picks[name]].weights is None:
-            raise TileplanError(f"pin of {name!r} ({pin}): its weights cannot be pre-arranged for this grid (it "
-                                "reads them in serial K chunks, they are not a parameter read by this op only, or "
-                                "the whole program does not fit with them): drop storage:grid")
+            raise TileplanError(f"pin of {name!r} ({pin}): its weights cannot be pre-arranged for this grid (they "
+                                "are not a parameter read by this op only, or the whole program does not fit with "
+                                "them): drop storage:grid")
     return ctx, cands, picks, mid, detailed, sol
 
 
