@@ -40,6 +40,7 @@ class CoarseParts(NamedTuple):
     interleaved: np.ndarray   # int64
     cut_runs: np.ndarray      # int64 A's row pieces a cut inside a row can split (0 when K is not split)
     k: np.ndarray             # int64 K elements per block
+    b_prep: np.ndarray        # int64 the part of ``cycles`` that brings B's blocks
 
 
 def widest_block_n(g, gn) -> np.ndarray:
@@ -57,10 +58,10 @@ def cut_cycles(target, parts: CoarseParts, sk, a_cut_density: float) -> np.ndarr
     return cuts * (target.receive_control_cycles + 1) * sk
 
 
-def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None, b_moves: bool = True) -> CoarseParts:
+def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarseParts:
     """The boundary-free figures per option row; ``amp``: the rows' matmul cycles when the caller
-    has them (``amp_cycles`` of their grids), else computed. ``b_moves=False``: B is stored as the
-    grid reads it (pre-arranged weights), so its preparation receives nothing."""
+    has them (``amp_cycles`` of their grids), else computed. ``b_prep`` says what of the cycles
+    brings B's blocks (pre-arranged weights skip it: ``planner.gemm._pre_rows``)."""
     gb, gm, gn, gkk = grid.T
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
@@ -97,7 +98,7 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None, b_moves: bool
     b_runs = -(-n // g.grain) if g.panels else np.where(gn > 1, k * (per_group if g.b_batched else 1), 1)
     b_bytes = -(-b_blk // b_runs)
     b_rate = np.where((order == 2) & (gm % 2 == 0) & pair_aligned(0, 0, b_bytes), pbw, bw)
-    b_cycles = b_runs * (-(-b_bytes // b_rate) + ctrl) if b_moves else 0
+    b_cycles = b_runs * (-(-b_bytes // b_rate) + ctrl)
     local_runs = np.where(gkk > 1, rows_here, 1)
     a_local = local_runs * target.local_copy_call_cycles + \
         -(-(rows_here * k * ia) // target.local_copy_bytes_per_cycle)
@@ -118,7 +119,8 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None, b_moves: bool
     reduced = piece * n * ob * per_group
     memory = np.where(has_red, np.maximum(a_blk + b_blk + p_blk, p_blk + reducer_in + reduced), a_blk + b_blk + c_blk)
     return CoarseParts(cycles.astype(np.int64), memory.astype(np.int64), np.asarray(b_blk, dtype=np.int64),
-                       np.asarray(cut_runs, dtype=np.int64), np.broadcast_to(k, cycles.shape).astype(np.int64))
+                       np.asarray(cut_runs, dtype=np.int64), np.broadcast_to(k, cycles.shape).astype(np.int64),
+                       np.broadcast_to(b_cycles * sk, cycles.shape).astype(np.int64))
 
 
 def reduction_bias_cycles(g, target, grid, red, ptype) -> np.ndarray:

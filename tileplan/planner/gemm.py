@@ -300,18 +300,21 @@ class CoarseTable:
     interleaved: np.ndarray
     cut_runs: np.ndarray
     k: np.ndarray
+    b_prep: np.ndarray
     bias: bool = False
     pre: bool = False
 
     def parts(self, sel: np.ndarray) -> CoarseParts:
         return CoarseParts(self.cycles[sel], self.memory[sel], self.interleaved[sel], self.cut_runs[sel],
-                           self.k[sel])
+                           self.k[sel], self.b_prep[sel])
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=16)
 def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False, pre: bool = False) -> CoarseTable:
     if bias:
         return _bias_rows(coarse_table(g, target, retry_bytes, False, pre), g, target)
+    if pre:
+        return _pre_rows(coarse_table(g, target, retry_bytes), g)
     grids = _grid_options(g, target.tiles)
     n_ptypes = len(g.partial_types())
     gk = grids[:, 3]
@@ -330,8 +333,7 @@ def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False, pre
     red = np.concatenate([np.full(len(i), r) for i, _, r, _ in rows]).astype(np.int64)
     ptype = np.concatenate([np.full(len(i), p) for i, _, _, p in rows]).astype(np.int64)
     sk = np.ones(len(grid), dtype=np.int64)
-    parts = coarse_parts(g, target, grid, order, red, ptype, sk, _grid_amp(g, target, 1)[ptype, gidx],
-                         b_moves=not pre)
+    parts = coarse_parts(g, target, grid, order, red, ptype, sk, _grid_amp(g, target, 1)[ptype, gidx])
     fits = (parts.memory + retry_bytes <= target.usable_bytes) & (parts.interleaved <= target.interleaved_bytes)
     # Serial K splits for the options that may not fit at once (one batch element per tile).
     units = -(-g.K // k_unit(g))
@@ -343,13 +345,11 @@ def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False, pre
         idx = np.concatenate([i for i, _ in extra])
         sk2 = np.concatenate([np.full(i.size, s, dtype=np.int64) for i, s in extra])
         amp2 = np.concatenate([_grid_amp(g, target, s)[ptype[i], gidx[i]] for i, s in extra])
-        p2 = coarse_parts(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2, amp2, b_moves=not pre)
-        if pre:         # every chunk's B block stays resident: sk of them, the one in use counted already
-            p2 = p2._replace(memory=p2.memory + p2.interleaved * (sk2 - 1), interleaved=p2.interleaved * sk2)
+        p2 = coarse_parts(g, target, grid[idx], order[idx], red[idx], ptype[idx], sk2, amp2)
         grid, order, red, ptype = (np.concatenate((a, a[idx])) for a in (grid, order, red, ptype))
         sk, parent = np.concatenate((sk, sk2)), np.concatenate((parent, idx))
         parts = CoarseParts(*(np.concatenate((a, b)) for a, b in zip(parts, p2)))
-    return _frozen(CoarseTable(retry_bytes, grid, order, red, ptype, sk, parent, *parts, pre=pre))
+    return _frozen(CoarseTable(retry_bytes, grid, order, red, ptype, sk, parent, *parts))
 
 
 def _frozen(t: CoarseTable) -> CoarseTable:
@@ -359,6 +359,16 @@ def _frozen(t: CoarseTable) -> CoarseTable:
         if isinstance(v, np.ndarray):
             v.flags.writeable = False
     return t
+
+
+def _pre_rows(t: CoarseTable, g: GemmShape) -> CoarseTable:
+    """The pre-arranged table from the plain one (``prearranged_b``), row for row: without the cycles
+    that bring B's blocks, and with every serial K chunk's B block resident at once (``sk`` of
+    them; the one in use is counted already). Which options need serial K does not change: at
+    once, the B block is the same bytes either way."""
+    extra = t.interleaved * (t.sk - 1)
+    return _frozen(dataclasses.replace(t, cycles=t.cycles - t.b_prep, memory=t.memory + extra,
+                                       interleaved=t.interleaved * t.sk, b_prep=np.zeros_like(t.b_prep), pre=True))
 
 
 def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
@@ -372,7 +382,7 @@ def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
     cycles = t.cycles[sel] + reduction_bias_cycles(g, target, t.grid[sel], t.reduction[sel], t.partials[sel])
     return _frozen(CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel],
                                t.sk[sel], parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel],
-                               t.k[sel], bias=True, pre=t.pre))
+                               t.k[sel], t.b_prep[sel], bias=True, pre=t.pre))
 
 
 # ---- the fragment program of one candidate -----------------------------------------------
