@@ -89,6 +89,18 @@ def test_selection_pre_arranges_replicated_weights_and_the_package_validates(tmp
     assert v.passed
     assert v.profile.cycles == p.estimate.cycles
     assert model_floor(graph, target)["cycles"] <= p.estimate.cycles
+    # The terminal and HTML reports name them and their bytes.
+    from rich.console import Console
+    from tileplan.report.html import load_report_data, render_html
+    from tileplan.report.terminal import render_package
+    console = Console(width=300, record=True)
+    console.print(render_package(doc, verbose=True))
+    text = console.export_text()
+    page = render_html(load_report_data(path))
+    for e in doc["prearranged"]:
+        assert f"pre-arranged: {e['tensor']} (read by {e['op']})" in text
+        assert f"{e['bytes_total']:,} B in all" in text
+        assert f"<td>{e['tensor']}</td><td>{e['op']}</td>" in page
 
 
 def test_the_decode_package_validates_with_the_estimate_equal_to_the_simulation(tmp_path):
