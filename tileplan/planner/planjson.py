@@ -153,7 +153,7 @@ def prearranged(plan) -> list[dict]:
     """The parameters a plan stores pre-arranged (as their GEMM's grid reads them), each with its
     layout and its bytes (most on one tile, and over all tiles) beside its compact storage's."""
     from ..estimate.memory import buffer_tile_bytes
-    from ..estimate.program import Buffer
+    from ..program import Buffer
     from .plan import parameter_storage
     compact = parameter_storage(plan.graph, plan.target)
     out = []
