@@ -186,7 +186,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
                 "cycles_by_family": cycles_by_family(p)})
             # The same graph with every weight in its compact resident storage (no stationary weights):
             # the plan beside the planner's own storage choice.
-            compact = plan(graph, target, jobs=jobs, stationary=False, cache=cache)
+            compact = plan(graph, target, jobs=jobs, weights="compact", cache=cache)
             send("figures", {"estimate_compact_weights": {"cycles": compact.estimate.cycles,
                                                           "total_memory": compact.estimate.total_memory},
                              "storage_in_grid": sorted(n for n, st in p.storage.items()

@@ -80,9 +80,12 @@ def bias_fusion(ctx, op: MatMul) -> tuple | None:
 
 
 def prearrangeable(ctx, op: MatMul) -> bool:
-    """The MatMul's B may be pre-arranged: a parameter in its compact resident storage (``Packed`` or
-    ``PackedPanels``), no layout pinned by the model file, read by this op only."""
+    """The MatMul's B may be pre-arranged: the plan lets the planner choose the storage
+    (``ctx.weights``, not ``"compact"``), and B is a parameter in its compact resident storage
+    (``Packed`` or ``PackedPanels``), no layout pinned by the model file, read by this op only."""
     from ..layout import Packed, PackedPanels
+    if ctx.weights == "compact":
+        return False
     b = op.inputs[1]
     st = ctx.storage.get(b)
     t = ctx.graph.tensors[b]
@@ -473,7 +476,7 @@ class Catalogues:
             tkey = canon.target_key(ctx.target)
             self.cache_keys = {op.name: cache.full_key(self.keys[op.name], tkey,
                                                        {"frontier_bound": ctx.frontier_bound,
-                                                        "kinds": CATALOGUE_KINDS})
+                                                        "kinds": CATALOGUE_KINDS, "weights": ctx.weights})
                                for op in self.reps}
             for op in self.reps:
                 got = cache.load(self.cache_keys[op.name])

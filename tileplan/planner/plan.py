@@ -23,7 +23,9 @@
    selection holds over the whole program beside every other layer's weights,
    in the total and in the interleaved region; the storage of the picked
    candidates replaces the compact one (``Plan.storage``), and the host uploads
-   the weights in it. ``stationary=False`` plans with compact weights only.
+   the weights in it. ``weights="compact"`` (``graph.core.WEIGHTS``; the model
+   file's ``[plan] weights``, the command line's ``--weights``) plans with compact
+   weights only: the catalogue offers no pre-arranged candidate.
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ class Context:
     one of the target)."""
 
     def __init__(self, graph: Graph, target, jobs: int = 1, frontier_bound: int = 32, progress=None,
-                 caches: Caches | None = None):
+                 caches: Caches | None = None, weights: str = "planner"):
         self.graph, self.target, self.jobs = graph, target, jobs
+        self.weights = weights          # parameter storage (``graph.core.WEIGHTS``): "compact" pre-arranges none
         self.caches = caches if caches is not None else shared_caches(target)
         self.frontier_bound = frontier_bound
         self.progress = progress
@@ -203,6 +206,7 @@ class Plan:
     storage: dict = field(default_factory=dict)   # parameter storage as planned (``parameter_storage``
                                                   # with the picked pre-arranged weights)
     pinned: dict | None = None    # pins that changed the plan: the pins, the planner's own choice and cycles
+    weights: str = "planner"      # the parameter storage it was planned with (``graph.core.WEIGHTS``)
 
     @property
     def ratio(self) -> float:
@@ -221,9 +225,18 @@ def _pinned_layouts(graph: Graph) -> Graph:
     return dataclasses.replace(graph, tensors=tensors)
 
 
+def resolve_weights(graph: Graph, weights: str | None) -> str:
+    """The parameter storage a plan uses: ``weights`` when given (checked), else the model file's
+    (``graph.weights``), else ``"planner"``."""
+    from ..graph.core import check_weights
+    if weights is not None:
+        return check_weights(weights, "weights")
+    return graph.weights or "planner"
+
+
 @pausing
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
-         dp_paths: int | None = 16, progress=None, stationary: bool = True, pins=(), share: bool = True,
+         dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
          cache=None, caches: Caches | None = None) -> Plan:
     """Plan ``graph`` on ``target``: the catalogue of every op, whole-graph selection, the MidGraph
     and its detailed estimate. ``pins`` (``planner.pins.Pin``) restrict GEMMs to a grid; a pinned
@@ -232,13 +245,20 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     copies of their candidates (the same result as costing each; ``share=False`` is the
     reference). ``cache``: a ``planner.cache.PlanCache`` of GEMM catalogues (None: no cache); the
     plan does not depend on what it holds. ``caches``: the in-memory memo tables of the run
-    (``estimate.caches.Caches``; None: this process's shared ones of the target); nor on those."""
+    (``estimate.caches.Caches``; None: this process's shared ones of the target); nor on those.
+    ``weights``: the parameter storage, ``"planner"`` (selection may pre-arrange a GEMM's weights)
+    or ``"compact"`` (never); None: the model file's (``graph.weights``), else ``"planner"``."""
     from . import canon
     from .pins import check_pins, pinned_candidates
     t0 = time.perf_counter()
-    graph = _pinned_layouts(canonical(graph))
-    ctx = Context(graph, target, jobs, frontier_bound, progress, caches)
+    weights = resolve_weights(graph, weights)
+    graph = dataclasses.replace(_pinned_layouts(canonical(graph)), weights=weights)
+    ctx = Context(graph, target, jobs, frontier_bound, progress, caches, weights)
     pinned = check_pins(graph, [*graph.pins, *pins])
+    for name, pin in sorted(pinned.items()):
+        if pin.storage == "grid" and weights == "compact":
+            raise TileplanError(f"pin of {name!r} ({pin}): storage:grid pre-arranges its weights, but the plan "
+                                "keeps every weight compact (weights = \"compact\"): drop one of them")
     for name, t in graph.tensors.items():
         if t.layout is not None:
             t.layout.verify(t.shape, t.dtype, target)
@@ -266,12 +286,12 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         pending.cancel()
         raise
     gemms = pending.result()
-    own = _solve(ctx, gemms, ew_cands, solver, dp_paths, stationary, {})
+    own = _solve(ctx, gemms, ew_cands, solver, dp_paths, {})
     result, record = own, None
     if pinned:
         with_pins = {name: pinned_candidates(ctx, graph.op(name), pinned[name], cs, ctx.runner_ups.get(name, []))
                      if name in pinned else cs for name, cs in gemms.items()}
-        run = _solve(ctx, with_pins, ew_cands, solver, dp_paths, stationary, pinned)
+        run = _solve(ctx, with_pins, ew_cands, solver, dp_paths, pinned)
         chosen = lambda r: {op.name: str(r[1][op.name][r[2][op.name]]) for op in graph.ops}  # noqa: E731
         if chosen(run) != chosen(own) or run[4].estimate.cycles != own[4].estimate.cycles:
             record = {"pins": {n: str(p) for n, p in sorted(pinned.items())},
@@ -280,17 +300,15 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
             result = run
     ctx, cands, picks, mid, detailed, sol = result
     return Plan(graph, target, mid, cands, picks, detailed.estimate, detailed, graph.roofline_cycles(target),
-                time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage, pinned=record)
+                time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage, pinned=record, weights=weights)
 
 
-def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, stationary: bool, pinned: dict):
-    """Selection over the ops' candidates (with ``stationary``, pre-arranged weights included), the
+def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, pinned: dict):
+    """Selection over the ops' candidates (pre-arranged weights included unless ``ctx.weights`` is compact), the
     MidGraph on the storage selection picked and its detailed cost: ``(context, candidates, picks,
     MidGraph, detailed cost, solution)``."""
     graph, target = ctx.graph, ctx.target
     ew_cands = dict(ew_cands)
-    if not stationary:
-        gemms = {n: [c for c in cs if c.weights is None] for n, cs in gemms.items()}
     # A bias Add some GEMM candidates do in their reduction: absorbed candidates, one per layout
     # they write the Add's output in.
     for name, cs in gemms.items():

@@ -6,7 +6,10 @@ model and target give byte-identical files (``write_plan_json`` sorts keys).
 
 Contents:
 
-- ``model``, ``target``, ``solver``;
+- ``model``, ``target``, ``solver``; ``weights``, the parameter storage the plan was made with
+  (``"planner"``: selection may pre-arrange a GEMM's weights; ``"compact"``: never);
+- ``prearranged`` (only when some are): the parameters stored as their GEMM's grid reads them,
+  with their bytes beside their compact storage's;
 - ``ops`` in execution order: the chosen candidate as one line, the layouts of
   its inputs (activation inputs as the candidate reads them, private parameters
   in their resident storage) and of its output, the GEMM grid, cycles by phase
@@ -188,7 +191,7 @@ def plan_to_json(plan) -> dict:
     tile_memory = plan.detailed.tile_memory
     peak_tile = int(np.argmax(tile_memory)) if tile_memory is not None and tile_memory.size else -1
     from .quality import model_floor
-    floor = model_floor(plan.graph, plan.target)
+    floor = model_floor(plan.graph, plan.target, plan.weights)
     for entry in ops:
         entry["floor"] = floor["ops"].get(entry["name"], {}).get("cycles")
     doc = {
@@ -197,6 +200,7 @@ def plan_to_json(plan) -> dict:
         "target": plan.target.name,
         "tiles": int(plan.target.tiles),
         "solver": plan.solver,
+        "weights": plan.weights,
         "ops": ops,
         "conversions": conversions,
         "totals": {**{k: int(v) for k, v in plan.estimate.as_dict().items()}, "peak_tile": peak_tile},
