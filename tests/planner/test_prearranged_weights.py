@@ -33,7 +33,7 @@ def decode():
 
 def test_the_weights_of_a_decode_projection_stay_where_the_grid_multiplies_them():
     graph, target = decode()
-    moved, kept = plan(graph, target, stationary=False), plan(graph, target)
+    moved, kept = plan(graph, target, weights="compact"), plan(graph, target)
     st = kept.storage["w"]
     assert isinstance(st.layout, Grid) and st.private
     chosen = kept.candidates["proj"][kept.picks["proj"]]
@@ -73,7 +73,7 @@ def test_pre_arranged_weights_are_replicated_over_the_row_blocks_that_read_them(
 def test_selection_pre_arranges_replicated_weights_and_the_package_validates(tmp_path):
     graph = load_model(FIXTURES / "mlp_smoke_fp8.toml")
     target = load_target(graph.target)
-    compact = plan(graph, target, stationary=False)
+    compact = plan(graph, target, weights="compact")
     p, _, path = compile_model(graph, target, tmp_path / "pkg", jobs=1)
     assert p.estimate.cycles < compact.estimate.cycles
     pre = {op: c for op, i in p.picks.items() if (c := p.candidates[op][i]).weights is not None}
