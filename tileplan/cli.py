@@ -442,6 +442,10 @@ def validate_command(
     out.print(f"memory peak: {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "
               f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g}"
               f"{' x max(1, max |want|)' if atol is None else ''} rtol {v.rtol:g}; run {elapsed:.2f} s")
+    weights = pkg.plan.get("weights")        # the parameter storage it was planned with (--weights)
+    if weights is not None:
+        pre = [e["tensor"] for e in pkg.plan.get("prearranged", [])]
+        out.print(f"weights: {weights}" + (f"; pre-arranged: {', '.join(pre)}" if pre else "; none pre-arranged"))
     write_validation(pkg, v)
     if outputs is not None:                  # exactly the path given (np.savez would add .npz)
         write_file(outputs, npz_bytes({k: val for k, val in sorted(v.values.items())}))
@@ -451,7 +455,7 @@ def validate_command(
             out.print(f"  {st.name}: {st.kind} {_n(st.cycles + st.sync)} cycles"
                       + (f", {_n(st.bytes)} B" if st.bytes else ""))
     out.document({**validation_record(v), "passed": v.passed, "model": pkg.graph.name,
-                  "target": pkg.target.name, "run_seconds": round(elapsed, 3)})
+                  "target": pkg.target.name, "weights": weights, "run_seconds": round(elapsed, 3)})
     if not v.passed:
         out.print("[red]validation FAILED[/red]: outputs outside tolerance")
         raise typer.Exit(1)

@@ -54,6 +54,8 @@ def test_compile_with_compact_weights_writes_a_package_that_validates(cli, tmp_p
     assert planned["weights"] == "compact" and "prearranged" not in planned
     v = tileplan.validate(tmp_path / "pkg")
     assert v.passed and v.profile.cycles == planned["totals"]["cycles"]
+    code, out, err = cli("validate", tmp_path / "pkg", "--json")        # validate says how it was planned
+    assert code == 0 and json.loads(out)["weights"] == "compact" and "weights: compact; none pre-arranged" in err
 
 
 def test_a_plan_table_in_the_model_file_sets_the_storage_and_the_command_line_wins(cli, tmp_path):
