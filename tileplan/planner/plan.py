@@ -123,7 +123,8 @@ class Context:
 
     def with_storage(self, tensor: str, storage: "Storage") -> "Context":
         """A copy of this context with one parameter stored differently (caches shared)."""
-        other = copy.copy(self)
+        other = copy.copy(self)          # (``__getstate__``: what a worker gets; the copy keeps the rest)
+        other.progress, other.runner_ups = self.progress, self.runner_ups
         other.storage = {**self.storage, tensor: storage}
         other._bytes = {}          # bytes per tile follow the storage
         return other
