@@ -53,9 +53,19 @@ def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
     assert search["optimum_method"] == "exhaustive" and search["paths"] == 16
     assert search["bounded_cycles"] >= search["optimum_cycles"] and search["gap"] >= 0
     assert [t["target"] for t in doc["targets"]] and all("met" in t for t in doc["targets"])
+    # the same benchmark with compact weights, beside it: planned, compiled and validated too
+    compact = rec["compact"]
+    assert compact["status"] == "ok" and compact["stages_done"] == compact["stages"] == ["plan", "compile", "validate"]
+    assert set(compact) == set(FIGURES) - {"compact"}
+    assert compact["simulated"]["cycles"] == compact["estimate"]["cycles"] and compact["outputs_passed"] is True
+    assert compact["model_floor_cycles"] <= compact["estimate"]["cycles"]
+    assert compact["model_floor_cycles"] >= rec["model_floor_cycles"]      # the compact space is the narrower
+    assert rec["storage_in_grid"] and set(rec["storage_in_grid"]) <= {"w1", "w2"}
 
     md = (out / "BENCH.md").read_text()
-    assert "| figure | mlp_smoke_fp8 |" in md and "| target | tileplan | met | model floor | reference |" in md
+    assert "| figure | mlp_smoke_fp8 | mlp_smoke_fp8 (compact) |" in md
+    assert "| target | tileplan | compact weights | met | model floor | reference |" in md
+    assert "compiled and validated with compact weights too: mlp_smoke_fp8" in md
     for label in ("plan time", "compile time", "planner peak RSS", "simulated: cycles", "estimate / simulated",
                   "memory peak", "max abs error", "Spearman", "bounded search", "AMP floor", "model floor",
                   "HTML report: size"):

@@ -37,17 +37,18 @@ MAX_ABS_ERROR = {"mlp_smoke_fp8": 0.01, "mlp_fp16_small": 0.001, "odd_fp8_panels
 
 @pytest.fixture(scope="module")
 def validated(tmp_path_factory):
-    """Per fixture: (package, validation), compiled and validated once for this module."""
+    """Per fixture and parameter storage (``weights``, None: the planner's): (package, validation),
+    compiled and validated once for this module."""
     cache = {}
 
-    def get(name: str):
-        if name not in cache:
+    def get(name: str, weights: str | None = None):
+        if (name, weights) not in cache:
             graph = load_model(FIXTURES / f"{name}.toml")
             target = load_target(graph.target)
-            _, _, path = compile_model(graph, target, tmp_path_factory.mktemp(name) / "pkg", jobs=1)
+            _, _, path = compile_model(graph, target, tmp_path_factory.mktemp(name) / "pkg", jobs=1, weights=weights)
             pkg = load_package(path)
-            cache[name] = pkg, validate_package(pkg)
-        return cache[name]
+            cache[name, weights] = pkg, validate_package(pkg)
+        return cache[name, weights]
 
     return get
 
@@ -76,9 +77,10 @@ def test_the_detailed_estimate_is_within_five_percent_of_the_simulated_cycles(va
                                                   ("mlp_smoke_fp8", "fc2", "w2")])
 def test_fp8_weights_with_a_partial_last_panel_are_read_as_panels_and_estimated_exactly(validated, fixture, op,
                                                                                        weight):
-    # N % 32 != 0: the weight is stored as panels (the last one narrower), the AMP reads them without
-    # an in-kernel pack, the package validates, and the detailed estimate is the simulated figure.
-    pkg, v = validated(fixture)
+    # N % 32 != 0: with compact weights, the weight is stored as panels (the last one narrower), the AMP
+    # reads them without an in-kernel pack, the package validates, and the detailed estimate is the
+    # simulated figure.
+    pkg, v = validated(fixture, "compact")
     w = next(b for b in pkg.program.buffers if b.kind == "parameter" and b.tensor == weight)
     assert w.shape[-1] % 32 and w.space == "panels32" and w.layout.startswith("Packed(32,")
     amp = [g for s in pkg.program.steps if s.name == f"{op}.amp" for g in s.groups]

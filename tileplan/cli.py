@@ -280,6 +280,17 @@ PinsFileOption = Annotated[Optional[Path], typer.Option("--pins", metavar="FILE"
                                                         help="A TOML file with a [pin] table (what --emit-pins writes).")]
 
 
+WeightsOption = Annotated[Optional[str], typer.Option(
+    "--weights", metavar="planner|compact",
+    help="Parameter storage: planner (selection may store a GEMM's weights as its grid reads them) or compact "
+         "(never); default: the model file's [plan] weights, else planner.")]
+
+
+def _weights(weights: str | None) -> str | None:
+    from .graph.core import check_weights
+    return None if weights is None else check_weights(weights, "--weights")
+
+
 def _pins(pin: list[str] | None, pins_file: Path | None) -> list:
     """The command line's pins: a --pins file's, then each --pin (a later pin of an op replaces an earlier one,
     and both replace the model file's)."""
@@ -315,6 +326,7 @@ def plan_command(
     emit_pins: Annotated[Optional[Path], typer.Option("--emit-pins", metavar="FILE",
                                                       help="Write the pins that reproduce this plan (TOML).")] = None,
     cast_bf16: CastBf16Option = None,
+    weights: WeightsOption = None,
 ) -> None:
     """Plan a model: choose every op's implementation and print the cost report.
     With --json (or -o -) the plan, as plan.json holds it, goes to stdout."""
@@ -327,12 +339,13 @@ def plan_command(
     if output == Path("-"):
         as_json, output = True, None
     out = Output(as_json, quiet, verbose)
+    weights = _weights(weights)
     graph, tgt, _ = _model_and_target(model, target, solver, cast_bf16)
     if output is not None:
         check_file(output)                   # before planning, not after
     with _catalogue_progress(quiet) as on_progress, _naming(model):
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
-                      pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache))
+                      pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights)
     print_report(result, out.console, verbose=verbose)
     if output is not None:
         write_plan_json(result, output)
@@ -358,6 +371,7 @@ def compile_command(
     pin: PinOption = None,
     pins_file: PinsFileOption = None,
     cast_bf16: CastBf16Option = None,
+    weights: WeightsOption = None,
 ) -> None:
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
     import time
@@ -365,13 +379,14 @@ def compile_command(
     from .atomic import check_folder
     from .lowering.compile import compile_model
 
+    weights = _weights(weights)
     graph, tgt, params = _model_and_target(model, target, solver, cast_bf16)   # one import: a factory runs once
     check_folder(output)                     # before planning, not after
     t0 = time.perf_counter()
     with _catalogue_progress(quiet) as on_progress, _naming(model):
         p, state, path = compile_model(graph, tgt, output, params=params, jobs=jobs or os.cpu_count() or 1,
                                        solver=solver, progress=on_progress, pins=_pins(pin, pins_file),
-                                       cache=_plan_cache(cache, no_cache))
+                                       cache=_plan_cache(cache, no_cache), weights=weights)
     elapsed = time.perf_counter() - t0
     out = Output(quiet=quiet, verbose=verbose)
     est = p.estimate
@@ -429,6 +444,10 @@ def validate_command(
               f"{' x max(1, max |want|)' if atol is None else ''}"
               f"{' x sqrt(FP8 GEMM depth / 2)' if any('fp8_depth' in o for o in v.outputs.values()) else ''}"
               f" rtol {v.rtol:g}; run {elapsed:.2f} s")
+    weights = pkg.plan.get("weights")        # the parameter storage it was planned with (--weights)
+    if weights is not None:
+        pre = [e["tensor"] for e in pkg.plan.get("prearranged", [])]
+        out.print(f"weights: {weights}" + (f"; pre-arranged: {', '.join(pre)}" if pre else "; none pre-arranged"))
     write_validation(pkg, v)
     if outputs is not None:                  # exactly the path given (np.savez would add .npz)
         write_file(outputs, npz_bytes({k: val for k, val in sorted(v.values.items())}))
@@ -438,7 +457,7 @@ def validate_command(
             out.print(f"  {st.name}: {st.kind} {_n(st.cycles + st.sync)} cycles"
                       + (f", {_n(st.bytes)} B" if st.bytes else ""))
     out.document({**validation_record(v), "passed": v.passed, "model": pkg.graph.name,
-                  "target": pkg.target.name, "run_seconds": round(elapsed, 3)})
+                  "target": pkg.target.name, "weights": weights, "run_seconds": round(elapsed, 3)})
     if not v.passed:
         out.print("[red]validation FAILED[/red]: outputs outside tolerance")
         raise typer.Exit(1)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tileplan.graph.core import Add, Cast, GeLU, Graph, MatMul, Role, Tensor
 from tileplan.graph.dtypes import DType
 from tileplan.graph.loaders import load_model
-from tileplan.lowering.compile import compile_model
+from tileplan.lowering.compile import compile_model, compile_plan
 from tileplan.lowering.lower import lower
 from tileplan.lowering.package import Package, load_package
 from tileplan.planner import catalogue
@@ -79,8 +79,9 @@ def test_the_catalogue_keeps_both_kinds_and_adds_the_bias_only_where_there_is_a_
 
 
 def test_the_plan_does_the_bias_in_the_reduction_when_the_whole_graph_is_faster(small_mlp, monkeypatch):
+    # With compact weights (with its weights pre-arranged, fc1 is faster unsplit: no reduction).
     graph, target = small_mlp
-    fused = plan(graph, target)
+    fused = plan(graph, target, weights="compact")
     picked = {op: fused.candidates[op][i] for op, i in fused.picks.items()}
     assert picked["fc1"].choice.bias and picked["fc2"].choice.bias
     assert picked["bias1"].absorbed and picked["bias2"].absorbed
@@ -88,7 +89,7 @@ def test_the_plan_does_the_bias_in_the_reduction_when_the_whole_graph_is_faster(
     assert not picked["act"].absorbed                     # a plain GeLU on the GEMM's output
     # Without the new kind the same graph plans slower (the GEMM, then the fused bias-GeLU).
     monkeypatch.setattr(catalogue, "bias_fusion", lambda ctx, op: None)
-    before = plan(graph, target)
+    before = plan(graph, target, weights="compact")
     assert before.picks["fc1"] is not None and not any(c.fused for c in before.candidates["fc1"])
     assert fused.estimate.cycles < before.estimate.cycles
 
@@ -108,7 +109,7 @@ def test_the_selection_keeps_the_gemm_and_fused_bias_gelu_where_that_is_faster()
 def test_dp_cpsat_and_the_exhaustive_oracle_agree_with_both_fusions_on_offer(fixture):
     graph = load_model(FIXTURES / f"{fixture}.toml")
     target = load_target(graph.target)
-    full = plan(graph, target, stationary=False)      # the selection's own candidates, as it costed them
+    full = plan(graph, target, weights="compact")      # the selection's own candidates, as it costed them
     # A few candidates per op keep the oracle small: the chosen one, and per GEMM the two fastest
     # of each kind; elementwise ops keep every candidate (plain, bias-GeLU and absorbed).
     cands = {}
@@ -130,7 +131,8 @@ def test_dp_cpsat_and_the_exhaustive_oracle_agree_with_both_fusions_on_offer(fix
 
 def test_the_package_validates_with_the_estimate_equal_to_the_simulated_cycles(small_mlp, tmp_path):
     graph, target = small_mlp
-    p, _, path = compile_model(graph, target, tmp_path / "pkg", jobs=1)
+    p = plan(graph, target, weights="compact")        # compact weights: both GEMMs split K
+    _, path = compile_plan(p, target, tmp_path / "pkg")
     pkg = load_package(path)
     v = validate_package(pkg)
     assert v.passed and v.outputs["y"]["max_abs"] <= 0.001 and v.outputs["y"]["cosine"] > 0.999
@@ -145,7 +147,7 @@ def test_the_package_validates_with_the_estimate_equal_to_the_simulated_cycles(s
 
 def test_plan_json_and_the_report_say_the_bias_is_fused_into_the_reduction(small_mlp):
     graph, target = small_mlp
-    data = plan_to_json(plan(graph, target))
+    data = plan_to_json(plan(graph, target, weights="compact"))
     ops = {o["name"]: o for o in data["ops"]}
     assert ops["fc1"]["grid"]["bias_in_reduction"] is True and ops["fc1"]["fused_with"] == "bias1"
     assert ops["bias1"]["absorbed"] and ops["bias1"]["absorbed_into"] == "fc1"

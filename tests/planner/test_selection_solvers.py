@@ -2,7 +2,9 @@
 
 Random small ``select.Problem``s (2-5 ops in a chain or a small DAG, 1-4
 choices each, 2-3 layouts plus a fused marker, random cycles, per-tile bytes
-over 2-8 tiles, conversion prices and capacities, feasible or not).
+over 2-8 tiles, conversion prices and capacities, feasible or not; in some, choices
+that hold storage over the whole program, as pre-arranged weights do, and an
+interleaved region checked on its own).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tileplan.planner.cpsat import SelectionModel, solve_cpsat
-from tileplan.planner.select import Choice, Fused, Problem, evaluate, solve_dp, solve_exhaustive
+from tileplan.planner.select import Choice, Fused, Problem, evaluate, fits, solve_dp, solve_exhaustive
 
 LAYOUTS = ("R", "I", "W")
 
@@ -26,6 +28,8 @@ def problems(draw) -> Problem:
     dag = draw(st.booleans())
     arr = lambda hi: np.array(draw(st.lists(st.integers(0, hi), min_size=tiles, max_size=tiles)), dtype=np.int64)
 
+    holds = draw(st.booleans())           # some choices hold storage all along (pre-arranged weights)
+    regions = draw(st.booleans())         # the interleaved region is checked on its own
     fixed = {"x": draw(st.sampled_from(layouts))}
     if dag and draw(st.booleans()):
         fixed["p"] = draw(st.sampled_from(layouts))
@@ -48,7 +52,10 @@ def problems(draw) -> Problem:
                 pool = layouts + [fused] if fused_out.get(t) else layouts
                 want.append(draw(st.sampled_from(pool)))
             out = draw(st.sampled_from(layouts + [fused])) if i < n_ops - 1 else draw(st.sampled_from(layouts))
-            chs.append(Choice(tuple(want), out, draw(st.integers(0, 1000)), arr(60), f"c{len(chs)}"))
+            resident = arr(40) if holds and draw(st.booleans()) else None
+            interleaved = arr(30) if regions else None
+            chs.append(Choice(tuple(want), out, draw(st.integers(0, 1000)), arr(60), f"c{len(chs)}",
+                              resident, interleaved))
         ops.append(op)
         inputs[op], output[op], choices[op] = ins, f"t{i}", chs
         fused_out[f"t{i}"] = any(isinstance(c.out, Fused) for c in chs)
@@ -64,12 +71,14 @@ def problems(draw) -> Problem:
                     prices[t, a, b] = (draw(st.integers(0, 400)), tr)
     resident = arr(50)
     capacity = draw(st.integers(60, 500))
+    inter = dict(interleaved_capacity=draw(st.integers(30, 200)), resident_interleaved=resident // 2) \
+        if regions else {}
     return Problem(
         ops=ops, inputs=inputs, output=output, choices=choices, fixed=fixed,
         outputs={output[ops[-1]]},
         tile_bytes=lambda t, lay: bytes_of[t, lay],
         conversion=lambda t, a, b: prices[t, a, b],
-        resident=resident, capacity=capacity,
+        resident=resident, capacity=capacity, **inter,
     )
 
 
@@ -89,7 +98,7 @@ def test_dp_cpsat_and_exhaustive_search_find_the_same_optimum(problem):
     assert dp.cycles == oracle.cycles == cp.cycles
     for sol in (dp, cp):
         again = evaluate(problem, sol.picks)
-        assert again.cycles == sol.cycles and again.peak <= problem.capacity
+        assert again.cycles == sol.cycles and fits(problem, again)
     assert dp.exact and cp.exact
 
 
@@ -103,7 +112,7 @@ def test_bounded_dp_stays_within_one_percent_of_the_oracle(problem):
         return
     assert bounded is not None
     assert bounded.cycles <= oracle.cycles * 1.01
-    assert evaluate(problem, bounded.picks).peak <= problem.capacity
+    assert fits(problem, evaluate(problem, bounded.picks))
 
 
 def _uniform_problem(tiles: int, hot: tuple[int, ...]) -> Problem:
@@ -138,7 +147,8 @@ def test_memory_constraints_collapse_identical_and_dominated_tiles():
 
 def test_every_cpsat_constraint_is_named_after_its_family():
     model = SelectionModel(_uniform_problem(8, hot=(1,))).build()
-    families = ("one_choice[", "layout[", "conversion[", "forbidden[", "memory[")
+    families = ("one_choice[", "layout[", "read[", "copy_made[", "conversion[", "forbidden[", "memory[",
+                "interleaved[")
     names = [c.name for c in model.model.proto.constraints]
     assert names and all(n.startswith(families) for n in names)
     assert any(n.startswith("conversion[") for n in names)
@@ -163,3 +173,32 @@ def test_a_fused_value_is_never_converted():
     # Fused(R) -> I would be cheapest (10 + 5 + 1) if it were allowed; the fused pair costs 10.
     for sol in (solve_cpsat(problem), solve_dp(problem, paths=None), solve_exhaustive(problem)):
         assert sol.picks == {"add": 0, "gelu": 0} and sol.cycles == 10
+
+
+def test_storage_a_later_choice_holds_counts_at_every_earlier_op():
+    """Two ops, each with a fast choice that holds 60 bytes on tile 0 all along (pre-arranged
+    weights) and a slow one that holds nothing: either fits alone, not both; the first op's
+    peak includes the second's storage, so the solvers take the better single one (b's)."""
+    z = np.zeros(2, dtype=np.int64)
+    held = np.array([60, 0], dtype=np.int64)
+    choices = {"a": [Choice(("R",), "R", 100, z, "a.compact"), Choice(("R",), "R", 40, z, "a.pre", held)],
+               "b": [Choice(("R",), "R", 100, z, "b.compact"), Choice(("R",), "R", 30, z, "b.pre", held)]}
+    problem = Problem(ops=["a", "b"], inputs={"a": ["x"], "b": ["h"]}, output={"a": "h", "b": "y"},
+                      choices=choices, fixed={"x": "R"}, outputs={"y"}, tile_bytes=lambda t, lay: z + 10,
+                      conversion=lambda t, a, b: (0, None), resident=z, capacity=100)
+    for sol in (solve_dp(problem, paths=None), solve_dp(problem), solve_cpsat(problem), solve_exhaustive(problem)):
+        assert sol.picks == {"a": 0, "b": 1} and sol.cycles == 130
+        assert evaluate(problem, sol.picks).peak == 60 + 20
+    assert evaluate(problem, {"a": 1, "b": 1}).peak == 120 + 20
+
+
+def test_the_interleaved_region_is_checked_beside_the_total():
+    """A choice whose interleaved transients overflow the region is refused though the total fits."""
+    z = np.zeros(2, dtype=np.int64)
+    choices = {"a": [Choice(("R",), "R", 10, z + 50, "big", None, z + 50), Choice(("R",), "R", 20, z + 50, "small",
+                                                                                   None, z + 10)]}
+    problem = Problem(ops=["a"], inputs={"a": ["x"]}, output={"a": "y"}, choices=choices, fixed={"x": "R"},
+                      outputs={"y"}, tile_bytes=lambda t, lay: z, conversion=lambda t, a, b: (0, None),
+                      resident=z + 20, capacity=1000, interleaved_capacity=40, resident_interleaved=z + 20)
+    for sol in (solve_dp(problem), solve_cpsat(problem), solve_exhaustive(problem)):
+        assert sol.picks == {"a": 1} and sol.interleaved_peak == 30

@@ -545,6 +545,17 @@ def _broadcast(*shapes):
     return np.broadcast_shapes(*(tuple(s) for s in shapes))
 
 
+WEIGHTS = ("planner", "compact")   # parameter storage: the planner may pre-arrange a GEMM's weights as its
+                                   # grid reads them (planner.plan), or every weight stays compact
+
+
+def check_weights(value, where: str) -> str:
+    """``value`` when it names a parameter storage (``WEIGHTS``), else the one error line."""
+    if value not in WEIGHTS:
+        raise TileplanError(f"{where} must be {' or '.join(repr(w) for w in WEIGHTS)}, got {value!r}")
+    return value
+
+
 @dataclass
 class Graph:
     """A model graph. Build it with ``Graph.build``; treat it as immutable after."""
@@ -556,11 +567,14 @@ class Graph:
     producers: dict[str, Op] = field(default_factory=dict)
     consumers: dict[str, list[Op]] = field(default_factory=dict)
     pins: tuple = ()                       # the model file's GEMM pins (planner.pins.Pin), a planning input
+    weights: str | None = None             # the model file's parameter storage ([plan] weights: one of
+                                           # WEIGHTS), a planning input; None: not said (the planner's)
     imported: dict[str, Any] = field(default_factory=dict)   # conversions an importer made (cast_bf16)
 
     @classmethod
     def build(cls, name: str, tensors: list[Tensor], ops: list[Op], *,
-              outputs: list[str] | None = None, target: str | None = None, pins: tuple = ()) -> "Graph":
+              outputs: list[str] | None = None, target: str | None = None, pins: tuple = (),
+              weights: str | None = None) -> "Graph":
         """Check and complete a graph: declared tensors plus ops whose outputs may be undeclared.
 
         Op outputs that are not declared get their inferred shape and dtype
@@ -653,7 +667,7 @@ class Graph:
             raise TileplanError(f"tensor(s) {', '.join(repr(u) for u in unused)} are declared but no op uses them")
         if not ordered:
             raise TileplanError("the graph has no ops")
-        return cls(name, table, ordered, target, producers, consumers, tuple(pins))
+        return cls(name, table, ordered, target, producers, consumers, tuple(pins), weights)
 
     # ---- queries -------------------------------------------------------------
 

@@ -44,6 +44,12 @@ Layouts (``layout = {...}`` on a tensor) pin the tensor's boundary layout:
 - ``{ kind = "explicit", intervals = [[tile, start, stop], ...] }``: flat row-major
   element ranges ``[start, stop)`` on the given tiles, covering the tensor exactly once.
 
+Two optional tables set planning inputs: ``[pin]`` (GEMM grids, ``graph.pins``) and
+``[plan]``, whose ``weights = "planner" | "compact"`` says how parameters are stored
+(``"planner"``, the default: selection may pre-arrange a GEMM's weights as its grid reads
+them; ``"compact"``: every weight stays in its compact resident storage). The command
+line's ``--pin`` and ``--weights`` win over them.
+
 Every key is checked: an unknown key, a value of the wrong type or a missing
 required key is an error naming the table it is in. Errors are ``TileplanError``;
 the loader (``tileplan.graph.loaders``) prefixes them with the file path.
@@ -60,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TileplanError
-from .core import OP_KINDS, Graph, Op, Role, Tensor
+from .core import OP_KINDS, Graph, Op, Role, Tensor, check_weights
 from .dtypes import DType
 
 # ---- explicit boundary layouts ---------------------------------------------------
@@ -267,7 +273,9 @@ def _layout(v: Any, where: str) -> LayoutSpec:
 
 # ---- the model file ------------------------------------------------------------
 
+TOP_KEYS = ("model", "tensors", "ops", "pin", "plan")
 MODEL_KEYS = (set(), {"name", "target", "outputs", "description"})
+PLAN_KEYS = (set(), {"weights"})          # [plan]: planning options the model file sets (the command line's win)
 TENSOR_KEYS = ({"shape", "dtype"}, {"role", "scale", "layout"})
 OP_KEYS = ({"name", "op", "inputs", "output"}, {"dtype", "scale"})
 OP_OPTIONS = {"matmul": {"transpose_a": _bool, "transpose_b": _bool},
@@ -296,8 +304,8 @@ def parse_model(doc: dict, *, name: str = "model", base_dir: Path | None = None)
     file stem); ``base_dir`` resolves a relative target file path.
     """
     for key in doc:
-        if key not in ("model", "tensors", "ops", "pin"):
-            raise TileplanError(f"unknown top-level key {key!r}{_did_you_mean(key, ('model', 'tensors', 'ops', 'pin'))}")
+        if key not in TOP_KEYS:
+            raise TileplanError(f"unknown top-level key {key!r}{_did_you_mean(key, TOP_KEYS)}")
     for key, how in (("model", "[model]"), ("tensors", "[tensors]"), ("ops", "[[ops]]")):
         if key not in doc:
             raise TileplanError(f"missing the {how} table")
@@ -341,7 +349,11 @@ def parse_model(doc: dict, *, name: str = "model", base_dir: Path | None = None)
     outputs = _outputs(model, entries, table)
     from .pins import pins_from_table         # the [pin] table: GEMM grids (planner.pins applies them)
     pins = pins_from_table(doc.get("pin", {}), "[pin]")
-    graph = Graph.build(name, declared + inline, [e.op for e in entries], outputs=outputs, target=target, pins=pins)
+    options = _table(doc.get("plan", {}), "[plan]")
+    _check_keys(options, "[plan]", *PLAN_KEYS)
+    weights = check_weights(options["weights"], "[plan] weights") if "weights" in options else None
+    graph = Graph.build(name, declared + inline, [e.op for e in entries], outputs=outputs, target=target, pins=pins,
+                        weights=weights)
     for t in graph.tensors.values():
         if t.layout is not None:
             t.layout.check(t)

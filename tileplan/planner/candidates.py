@@ -38,10 +38,13 @@ class Candidate:
     choice: Any = None            # GemmChoice for GEMMs
     boundary: tuple | None = None # GEMMs: (A layout, B layout, C layout) of its chunk (None: private storage)
     detailed: bool = True
-    weights: Any = None           # GEMMs: B's storage when the candidate keeps its weights in its grid
-                                  # (``plan.stationary_weights``); None: costed with the default storage
+    weights: Any = None           # GEMMs: B's pre-arranged storage (``gemm.prearranged_b``) when the
+                                  # candidate reads its weights so; None: costed with the default storage
     template: Any = None          # (program, renaming): the program of an op with the same planning
                                   # problem and how to rename it (``canon.retarget``), made on demand
+    resident: np.ndarray | None = None     # int64 [tiles]: with ``weights``, that storage's bytes per tile,
+                                           # resident over the whole program (interleaved region)
+    interleaved: np.ndarray | None = None  # int64 [tiles]: transient bytes in the interleaved region (GEMMs)
 
     @functools.cached_property
     def renamed_program(self) -> Program | None:

@@ -17,6 +17,14 @@ output (their output is ``Fused``: the product is never stored) and carry
 in the catalogue: the whole-graph selection decides (bias in the reduction then a
 plain GeLU, or the GEMM then a fused bias-GeLU, ...).
 
+A MatMul whose B is a parameter in compact resident storage read by this op only
+(``prearrangeable``) has pre-arranged chunks too: the same boundary combinations, options
+read with B stored as their grid reads it (``gemm.prearranged_b``: replicated over the row
+blocks that need it), so their preparation never exchanges B. Their candidates carry that
+storage (``Candidate.weights``) and its bytes per tile over the whole program
+(``Candidate.resident``): selection decides, under every tile's memory, which weights are
+pre-arranged.
+
 Every dropped option that reached the frontier stage stays available as a
 runner-up with the reason it lost: ``over memory``, ``dominated`` (another
 option of its chunk is no slower and no larger) or ``thinned`` (the frontier was
@@ -49,7 +57,10 @@ KEEP_PER_CHUNK = 6          # detailed candidates per boundary combination kept 
 DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the fastest by coarse cycles,
                             # plus the least-memory entries of each class
 BIAS_DETAIL_BUDGET = 4      # the same for a chunk of the bias-in-reduction kind: its fastest entries only
+PRE_DETAIL_BUDGET = 4       # the same for a chunk of pre-arranged weights: its fastest entries only
 RUNNERS_UP = 8              # coarse runner-ups kept per chunk for the report
+CATALOGUE_KINDS = "plain, bias in the reduction, pre-arranged B"   # in the plan cache key: what a
+                            # cached catalogue holds (one written before a kind existed is not read)
 POOL_MIN_WORK = 8192        # detailed choices x tiles below which the catalogue stays in-process
 POOL_MIN_TILES = 256        # targets below this plan their GEMMs' catalogues in-process: a whole catalogue
                             # costs less than starting a worker (the 64-tile smoke plan takes ~40 ms)
@@ -66,6 +77,29 @@ def bias_fusion(ctx, op: MatMul) -> tuple | None:
     if st is None or not st.private or st.layout != ew.replicated(ctx.graph.tensors[bias].shape, ctx.target.tiles):
         return None
     return add, bias
+
+
+def prearrangeable(ctx, op: MatMul) -> bool:
+    """The MatMul's B may be pre-arranged: the plan lets the planner choose the storage
+    (``ctx.weights``, not ``"compact"``), and B is a parameter in its compact resident storage
+    (``Packed`` or ``PackedPanels``), no layout pinned by the model file, read by this op only."""
+    from ..layout import Packed, PackedPanels
+    if ctx.weights == "compact":
+        return False
+    b = op.inputs[1]
+    st = ctx.storage.get(b)
+    t = ctx.graph.tensors[b]
+    return (st is not None and st.private and isinstance(st.layout, (Packed, PackedPanels)) and t.layout is None
+            and len(ctx.graph.consumers.get(b, [])) == 1)
+
+
+def prearranged_context(ctx, op: MatMul, shape, choice):
+    """(the context with op's B pre-arranged for ``choice`` (``gemm.prearranged_b``), that storage)."""
+    from .candidates import Storage
+    from .gemm import prearranged_b
+    grid = prearranged_b(shape, choice)
+    st = Storage(grid, True, ctx.storage[op.inputs[1]].transpose)
+    return ctx.with_storage(op.inputs[1], st), st
 
 
 def boundary_combinations(ctx, op: MatMul, bias: bool = False) -> list[tuple]:
@@ -94,6 +128,7 @@ class Chunk:
     runners: list = field(default_factory=list)
     error: str | None = None
     bias: bool = False           # options that add the bias in their reduction (output: the bias Add's)
+    pre: bool = False            # options that read B pre-arranged (``gemm.prearranged_b``)
 
     @property
     def out(self):
@@ -113,12 +148,12 @@ def boundary_figures(ctx, op, shape, combo) -> tuple[int, int, float]:
     return in_bytes, out_bytes, float(np.count_nonzero(cuts % shape.K)) / max(a_om.size, 1)
 
 
-def _select(ctx, op, shape, combo, figures=None, table=None, bias: bool = False) -> Chunk:
+def _select(ctx, op, shape, combo, figures=None, table=None, bias: bool = False, pre: bool = False) -> Chunk:
     """Coarse rows of one boundary combination, its bounded frontier and the entries to detail."""
     la, lb, lc = combo
     in_bytes, out_bytes, a_cut_density = figures or boundary_figures(ctx, op, shape, combo)
-    rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, a_cut_density, table, bias)
-    chunk = Chunk(combo, tuple(l for l in (la, lb) if l is not None), rows, bias=bias)
+    rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, a_cut_density, table, bias, pre)
+    chunk = Chunk(combo, tuple(l for l in (la, lb) if l is not None), rows, bias=bias, pre=pre)
     fits = np.flatnonzero(rows.fits)
     if fits.size == 0:
         chunk.error = _overflow(rows, shape, op, ctx.target)
@@ -128,9 +163,9 @@ def _select(ctx, op, shape, combo, figures=None, table=None, bias: bool = False)
     by_speed = front[np.lexsort((front, rows.cycles[front]))]
     # The least-memory entries are the fallbacks when memory is tight; the bias-in-reduction kind is a
     # speed option, so its chunks detail their fastest entries only (the plain kind keeps the fallbacks).
-    least = set() if bias else \
+    least = set() if bias or pre else \
         {int(front[np.lexsort((front, rows.cycles[front], col[front]))[0]]) for col in (rows.memory, rows.interleaved)}
-    budget = BIAS_DETAIL_BUDGET if bias else DETAIL_BUDGET
+    budget = PRE_DETAIL_BUDGET if pre else BIAS_DETAIL_BUDGET if bias else DETAIL_BUDGET
     chunk.keep = np.array(sorted(set(by_speed[:budget].tolist()) | least), dtype=np.int64)
     # Runner-ups that never reached the detailed stage: frontier entries beyond the detail budget,
     # then the fastest options the frontier dropped.
@@ -138,16 +173,16 @@ def _select(ctx, op, shape, combo, figures=None, table=None, bias: bool = False)
     off = np.ones(len(rows.cycles), dtype=bool)
     off[front] = False
     off_front = fits[off[fits]]
-    budget_rule = f"{budget} fastest" + ("" if bias else " and the least-memory entries")
+    budget_rule = f"{budget} fastest" + ("" if bias or pre else " and the least-memory entries")
     for group, why in ((on_front, f"on the coarse frontier, outside the detail budget ({budget_rule})"),
                        (off_front, "off the coarse frontier: dominated (another grid is no slower and no larger) "
                                    "or thinned from a crowded frontier")):
         for i in _fastest(group, rows.cycles, RUNNERS_UP).tolist():
             choice = rows.choice(shape, i)
             coarse = Estimate(compute=int(rows.cycles[i]), total_memory=int(rows.memory[i]))
-            chunk.runners.append(RunnerUp(Candidate(op.name, chunk.ins, chunk.out, str(choice), coarse, coarse,
-                                                    None, np.zeros(0, dtype=np.int64), choice=choice,
-                                                    detailed=False), why))
+            chunk.runners.append(RunnerUp(Candidate(op.name, chunk.ins, chunk.out, describe(choice, pre), coarse,
+                                                    coarse, None, np.zeros(0, dtype=np.int64), choice=choice,
+                                                    detailed=False, weights=PRE if pre else None), why))
     return chunk
 
 
@@ -161,6 +196,13 @@ def _fastest(idx: np.ndarray, cycles: np.ndarray, count: int) -> np.ndarray:
     return idx[np.argsort(c, kind="stable")][:count]
 
 
+PRE = "pre-arranged"      # a coarse runner-up's ``weights`` marker: it would read B pre-arranged
+
+
+def describe(choice, pre: bool) -> str:
+    return f"{choice}, B pre-arranged" if pre else str(choice)
+
+
 def _detail(args) -> list:
     """Detailed estimates of some grid choices in every boundary combination that kept them.
 
@@ -172,13 +214,28 @@ def _detail(args) -> list:
     shape = GemmShape.of(ctx.graph, op, ctx.target)
     fusion = bias_fusion(ctx, op)
     out = []
-    for choice, combos in work:
+    for (choice, pre), combos in work:
+        used, weights, resident = ctx, None, None
+        if pre:
+            used, st = prearranged_context(ctx, op, shape, choice)
+            weights, resident = st.layout, used.tile_bytes(op.inputs[1], st.layout)
         for combo in combos:
-            prog = fragment(ctx, op, shape, choice, combo, fusion)
+            prog = fragment(used, op, shape, choice, combo, fusion)
             d = cost_program(prog, ctx.target)
-            out.append((combo, choice, d.estimate, transient_of(ctx, d, choice, combo, fusion),
-                        prog if keep_programs else None))
+            out.append((combo, choice, pre, d.estimate, transient_of(used, d, choice, combo, fusion),
+                        interleaved_of(used, d, prog), weights, resident, prog if keep_programs else None))
     return out
+
+
+def interleaved_of(ctx, cost, prog) -> np.ndarray:
+    """int64 [tiles]: a detailed GEMM candidate's transient bytes in the interleaved region (its peak
+    there less the resident parameters it reads from the region), for the selection's check of
+    the region beside the total."""
+    il = np.asarray(cost.memory.interleaved, dtype=np.int64)
+    for b in prog.buffers.values():
+        if b.kind == "parameter" and b.region == "interleaved":
+            il = il - ctx.tile_bytes(b.tensor or b.name, ctx.storage[b.tensor or b.name].layout)
+    return np.maximum(il, 0)
 
 
 def transient_of(ctx, cost, choice, combo, fusion) -> np.ndarray:
@@ -219,18 +276,18 @@ def _overflow(rows, shape, op, target) -> str:
             f"the least overflowing ({rows.choice(shape, i)}) needs on tile 0, which holds the largest blocks, {what}")
 
 
-def _chunks(ctx, op, shape, bias: bool = False, combos=None, tick=None) -> list[Chunk]:
+def _chunks(ctx, op, shape, bias: bool = False, combos=None, tick=None, pre: bool = False) -> list[Chunk]:
     """The chunks of one kind (plain, or the bias in the reduction): every boundary combination,
     from one coarse table shared by them (built for the largest boundary bytes among them).
     ``tick()`` is called after each chunk is costed (the progress display)."""
     combos = boundary_combinations(ctx, op, bias) if combos is None else combos
     figures = [boundary_figures(ctx, op, shape, c) for c in combos]
-    table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures), bias)
+    table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures), bias, pre)
     if not len(table.grid):
         return []
     out = []
     for c, f in zip(combos, figures):
-        out.append(_select(ctx, op, shape, c, f, table, bias))
+        out.append(_select(ctx, op, shape, c, f, table, bias, pre))
         if tick is not None:
             tick()
     return out
@@ -292,7 +349,8 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     # Progress: one unit per chunk costed, then one per part of the detailed work.
     plain = boundary_combinations(ctx, op, False)
     biased = boundary_combinations(ctx, op, True) if fusion is not None else []
-    count = [0, len(plain) + len(biased) + 1]
+    pre = prearrangeable(ctx, op)
+    count = [0, (len(plain) + len(biased)) * (2 if pre else 1) + 1]
 
     def tick(units: int = 1, total: int | None = None) -> None:
         count[0] += units
@@ -306,14 +364,19 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
         # The bias-in-reduction kind: the Add's output layouts for C (same shape and type as the
         # product), options with a reduction only (none when K is too short to split).
         chunks += _chunks(ctx, op, shape, bias=True, combos=biased, tick=tick)
-    count[0] = len(plain) + len(biased)       # a kind with no feasible grid costs no chunk
+    if pre:
+        # The pre-arranged kinds: the same boundary combinations, B stored as each grid reads it.
+        chunks += _chunks(ctx, op, shape, combos=plain, tick=tick, pre=True)
+        if fusion is not None:
+            chunks += _chunks(ctx, op, shape, bias=True, combos=biased, tick=tick, pre=True)
+    count[0] = (len(plain) + len(biased)) * (2 if pre else 1)    # a kind with no feasible grid costs no chunk
     # The detailed work, by grid choice: each choice is built once for all the chunks that kept it.
     wanted: dict = {}
     for ch in chunks:
         if ch.error is None:
             for i in ch.keep.tolist():
-                wanted.setdefault(ch.rows.choice(shape, i), []).append(ch.combo)
-    work = sorted(wanted.items(), key=lambda kv: str(kv[0]))
+                wanted.setdefault((ch.rows.choice(shape, i), ch.pre), []).append(ch.combo)
+    work = sorted(wanted.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))
     # The pool pays for itself only on big grids: worker start-up and pickling cost more than a
     # few small detailed estimates (POOL_MIN_WORK: choices x tiles).
     pooled = ctx.jobs > 1 and len(work) > 1 and len(work) * ctx.target.tiles >= POOL_MIN_WORK
@@ -325,7 +388,7 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
         pool = worker_pool(len(tasks))
         try:
             for k, res in enumerate(pool.map(_detail, tasks)):
-                detailed.update({(combo, choice): r for combo, choice, *r in res})
+                detailed.update({(combo, choice, pre): r for combo, choice, pre, *r in res})
                 tick()
         except BaseException:
             stop_pool(pool)
@@ -333,7 +396,7 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
         pool.shutdown()
     else:
         for k, t in enumerate(tasks):
-            detailed.update({(combo, choice): r for combo, choice, *r in _detail(t)})
+            detailed.update({(combo, choice, pre): r for combo, choice, pre, *r in _detail(t)})
             tick()
     results = []
     for ch in chunks:
@@ -343,11 +406,12 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
         survivors = []
         for i in ch.keep.tolist():
             choice = ch.rows.choice(shape, i)
-            est, transient, prog = detailed[(ch.combo, choice)]
+            est, transient, interleaved, weights, resident, prog = detailed[(ch.combo, choice, ch.pre)]
             coarse = Estimate(compute=int(ch.rows.cycles[i]), total_memory=int(ch.rows.memory[i]))
-            survivors.append(Candidate(op.name, ch.ins, ch.out, str(choice), coarse, est, prog, transient,
+            survivors.append(Candidate(op.name, ch.ins, ch.out, describe(choice, ch.pre), coarse, est, prog, transient,
                                        choice=choice, boundary=ch.combo,
-                                       fused=fusion[0].name if ch.bias else None))
+                                       fused=fusion[0].name if ch.bias else None, weights=weights,
+                                       resident=resident, interleaved=interleaved))
         results.append((survivors, ch.runners, None))
     kept: list[Candidate] = []
     lost: list[RunnerUp] = []
@@ -411,7 +475,8 @@ class Catalogues:
         if cache is not None:
             tkey = canon.target_key(ctx.target)
             self.cache_keys = {op.name: cache.full_key(self.keys[op.name], tkey,
-                                                       {"frontier_bound": ctx.frontier_bound})
+                                                       {"frontier_bound": ctx.frontier_bound,
+                                                        "kinds": CATALOGUE_KINDS, "weights": ctx.weights})
                                for op in self.reps}
             for op in self.reps:
                 got = cache.load(self.cache_keys[op.name])

@@ -228,6 +228,7 @@ class CoarseRows:
     interleaved: np.ndarray # int64 bytes of AMP weight operands per tile
     fits: np.ndarray        # bool
     bias: bool = False      # every row adds the bias in its reduction (GemmChoice.bias)
+    pre: bool = False       # every row reads B pre-arranged (``prearranged_b``)
 
     def choice(self, g: GemmShape, i: int) -> GemmChoice:
         gb, gm, gn, gk = (int(x) for x in self.grid[i])
@@ -237,7 +238,8 @@ class CoarseRows:
 
 
 def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile: int,
-                a_cut_density: float = 0.0, table: "CoarseTable | None" = None, bias: bool = False) -> CoarseRows:
+                a_cut_density: float = 0.0, table: "CoarseTable | None" = None, bias: bool = False,
+                pre: bool = False) -> CoarseRows:
     """Every option of one boundary combination, costed at once (numpy, one row per option).
 
     Exchange: bytes each tile receives (A block + B block; partials; the C block
@@ -252,12 +254,14 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
 
     The boundary-free part of every row is the GEMM's ``coarse_table``, shared by its
     boundary combinations (``table``: one built for at least these boundary bytes). With ``bias``
-    the rows are the options whose reducers also add the bias (``gk > 1`` only).
+    the rows are the options whose reducers also add the bias (``gk > 1`` only); with ``pre`` the
+    options that read B pre-arranged (``prearranged_b``: no B exchange; with serial K every chunk's
+    B block resident).
     """
     io = in_bytes_per_tile + out_bytes_per_tile
-    t = table if table is not None else coarse_table(g, target, io, bias)
-    if t.bias != bias:
-        raise ValueError(f"coarse table built with bias={t.bias}, asked for bias={bias}")
+    t = table if table is not None else coarse_table(g, target, io, bias, pre)
+    if (t.bias, t.pre) != (bias, pre):
+        raise ValueError(f"coarse table built with bias={t.bias}, pre={t.pre}, asked for bias={bias}, pre={pre}")
     if io > t.retry_bytes:
         raise ValueError(f"coarse table built for {t.retry_bytes} boundary bytes, asked for {io}")
     memory = t.memory + io
@@ -272,7 +276,7 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     if a_cut_density:
         cycles = cycles + cut_cycles(target, t.parts(sel), t.sk[sel], a_cut_density)
     return CoarseRows(t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel], t.sk[sel], cycles,
-                      memory[sel], t.interleaved[sel], fits[sel], t.bias)
+                      memory[sel], t.interleaved[sel], fits[sel], t.bias, t.pre)
 
 
 @dataclass(frozen=True, eq=False)
@@ -280,7 +284,9 @@ class CoarseTable:
     """Every option of a GEMM without its boundaries: the serial K rows of the options that do not
     fit with ``retry_bytes`` of boundary pieces on a tile (``parent``: the option a row splits, -1
     for an option at once), their boundary-free cycles and memory (``estimate.coarse.coarse_parts``).
-    With ``bias`` only options with a reduction, each adding the bias in it."""
+    With ``bias`` only options with a reduction, each adding the bias in it. With ``pre`` the options
+    that read B pre-arranged (``prearranged_b``): B's preparation moves nothing, and with serial K
+    every chunk's B block stays resident."""
 
     retry_bytes: int
     grid: np.ndarray
@@ -294,17 +300,21 @@ class CoarseTable:
     interleaved: np.ndarray
     cut_runs: np.ndarray
     k: np.ndarray
+    b_prep: np.ndarray
     bias: bool = False
+    pre: bool = False
 
     def parts(self, sel: np.ndarray) -> CoarseParts:
         return CoarseParts(self.cycles[sel], self.memory[sel], self.interleaved[sel], self.cut_runs[sel],
-                           self.k[sel])
+                           self.k[sel], self.b_prep[sel])
 
 
-@functools.lru_cache(maxsize=8)
-def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False) -> CoarseTable:
+@functools.lru_cache(maxsize=16)
+def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False, pre: bool = False) -> CoarseTable:
     if bias:
-        return _bias_rows(coarse_table(g, target, retry_bytes), g, target)
+        return _bias_rows(coarse_table(g, target, retry_bytes, False, pre), g, target)
+    if pre:
+        return _pre_rows(coarse_table(g, target, retry_bytes), g)
     grids = _grid_options(g, target.tiles)
     n_ptypes = len(g.partial_types())
     gk = grids[:, 3]
@@ -351,6 +361,16 @@ def _frozen(t: CoarseTable) -> CoarseTable:
     return t
 
 
+def _pre_rows(t: CoarseTable, g: GemmShape) -> CoarseTable:
+    """The pre-arranged table from the plain one (``prearranged_b``), row for row: without the cycles
+    that bring B's blocks, and with every serial K chunk's B block resident at once (``sk`` of
+    them; the one in use is counted already). Which options need serial K does not change: at
+    once, the B block is the same bytes either way."""
+    extra = t.interleaved * (t.sk - 1)
+    return _frozen(dataclasses.replace(t, cycles=t.cycles - t.b_prep, memory=t.memory + extra,
+                                       interleaved=t.interleaved * t.sk, b_prep=np.zeros_like(t.b_prep), pre=True))
+
+
 def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
     """The bias-in-reduction table from the plain one: its rows with a reduction (serial K rows
     too, their parents renumbered), each paying the bias's addend (``reduction_bias_cycles``);
@@ -362,7 +382,7 @@ def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
     cycles = t.cycles[sel] + reduction_bias_cycles(g, target, t.grid[sel], t.reduction[sel], t.partials[sel])
     return _frozen(CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel],
                                t.sk[sel], parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel],
-                               t.k[sel], bias=True))
+                               t.k[sel], t.b_prep[sel], bias=True, pre=t.pre))
 
 
 # ---- the fragment program of one candidate -----------------------------------------------
@@ -390,7 +410,12 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
     """
     if choice.bias != (bias_buf is not None):
         raise ValueError(f"{g.op}: {choice} needs a bias buffer exactly when it adds the bias")
-    core, _ = _core(g, choice, caches or shared_caches(target), bias_buf.name if bias_buf is not None else None)
+    # Serial K with B pre-arranged: the matmuls read each chunk from the weights' own storage.
+    in_place = choice.sk > 1 and b_buf.kind == "parameter" and b_buf.layout == prearranged_b(g, choice)
+    if in_place and b_buf.name != g.b:
+        raise ValueError(f"{g.op}: pre-arranged weights must be the resident buffer {g.b!r}, got {b_buf.name!r}")
+    core, _ = _core(g, choice, caches or shared_caches(target), bias_buf.name if bias_buf is not None else None,
+                    in_place)
     names = {_A: a_buf.name, _B: b_buf.name, _C: c_buf.name}
     prog = Program()
     for b in (a_buf, b_buf, c_buf) + ((bias_buf,) if bias_buf is not None else ()):
@@ -405,16 +430,17 @@ def build_program(g: GemmShape, choice: GemmChoice, a_buf: Buffer, b_buf: Buffer
     return prog
 
 
-def _core(g: GemmShape, choice: GemmChoice, caches: Caches, bias: str | None) -> tuple[Program, tuple]:
+def _core(g: GemmShape, choice: GemmChoice, caches: Caches, bias: str | None,
+          in_place: bool = False) -> tuple[Program, tuple]:
     """(core program, the (first column, columns) of each reducer vertex's block), kept in ``caches``. A
     choice with the bias in its reduction is its plain choice's core with the reducers also reading
     the bias (``_add_bias``): only the reduction step differs, the rest is shared."""
     def build():
         if choice.bias:
-            plain, cols = _core(g, dataclasses.replace(choice, bias=False), caches, None)
+            plain, cols = _core(g, dataclasses.replace(choice, bias=False), caches, None, in_place)
             return _add_bias(g, plain, cols, bias, caches), cols
-        return _build_core(g, choice, caches)
-    return caches.core((g, choice, bias), build)
+        return _build_core(g, choice, caches, in_place)
+    return caches.core((g, choice, bias, in_place), build)
 
 
 def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str, caches: Caches) -> Program:
@@ -438,7 +464,7 @@ def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str, caches: Cach
     return out
 
 
-def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches) -> tuple[Program, tuple]:
+def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches, in_place: bool = False) -> tuple[Program, tuple]:
     """The fragment program: prep exchange, AMP compute, reduction, output conversion; and the
     (first column, columns) of each reducer vertex's block (empty when ``gk == 1``).
 
@@ -448,7 +474,9 @@ def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches) -> tuple[Progr
     With a serial K split (``sk > 1``) each tile walks its K range in ``sk``
     chunks: per chunk one exchange brings the next A and B blocks and the AMP
     adds the chunk's product into the partials it wrote for the earlier chunks
-    (an accumulating matmul, in place).
+    (an accumulating matmul, in place). With ``in_place`` (serial K, B pre-arranged: the resident
+    buffer ``g.b`` laid out as ``prearranged_b``) the exchanges bring A only and the matmuls read
+    each B chunk from the weights' storage.
     """
     target = caches.target
     prog = Program()
@@ -502,15 +530,20 @@ def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches) -> tuple[Progr
     out_off = out_grid.block_offsets(ptype.itemsize)
     scale = g.a_scale + g.b_scale - (0 if gk > 1 else g.c_scale)
 
+    stored_off = prearranged_b(g, choice).block_offsets(g.in_dtype.itemsize) if in_place else None
     for s in range(sk):
         a_grid, b_grid, ah, bh = step_grids(s)
         suffix = f"{s}" if sk > 1 else ""
         A = prog.add_buffer(Buffer(f"{name}.A{suffix}", a_grid, g.a2, g.in_dtype, scale=g.a_scale))
-        B = prog.add_buffer(Buffer(f"{name}.B{suffix}", b_grid, g.b2, g.in_dtype, region="interleaved",
-                                   scale=g.b_scale))
-        prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(_A, A.name), Copy(_B, B.name))))
         a_off = a_grid.block_offsets(g.in_dtype.itemsize)
-        b_off = b_grid.block_offsets(g.in_dtype.itemsize)
+        if in_place:
+            prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(_A, A.name),)))
+            B, b_off = Buffer(g.b, b_grid, g.b2, g.in_dtype), stored_off
+        else:
+            B = prog.add_buffer(Buffer(f"{name}.B{suffix}", b_grid, g.b2, g.in_dtype, region="interleaved",
+                                       scale=g.b_scale))
+            prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(_A, A.name), Copy(_B, B.name))))
+            b_off = b_grid.block_offsets(g.in_dtype.itemsize)
         amp = []
         calls: dict = {}
         for b in range(g.batch):
@@ -595,16 +628,22 @@ def _b_grid(g: GemmShape, b_rows, nb, holders) -> Grid:
     return Grid.of(b_rows, nb, holders, grain=g.grain if g.panels else 0, panel_space=g.panels)
 
 
-def stationary_b(g: GemmShape, choice: GemmChoice) -> Grid | None:
-    """The storage of a parameter B that keeps each block on the tile that multiplies it: the
-    choice's own B grid, so its preparation copy moves nothing (``estimate.detailed.moves_nothing``).
-    Only for choices that read each B block on one tile, at once (no replicas, no serial K);
-    None otherwise."""
-    replicas = choice.gm * (1 if g.b_batched else choice.gb)       # _b_holders' last axis
-    if not g.b_param or choice.sk != 1 or replicas != 1:
+def prearranged_b(g: GemmShape, choice: GemmChoice) -> Grid | None:
+    """The pre-arranged storage of a parameter B (poplin's ``inputRHSIsPreArranged``): the choice's
+    own B blocks, each on every tile that multiplies it (replicated over the grid's row blocks, and
+    batch groups of a shared B, where the grid reads it so), every serial K chunk of a tile's K
+    range at once. With one K chunk it is the grid's B buffer itself, so the preparation copy
+    moves nothing (``estimate.detailed.moves_nothing``); with serial K the matmuls read their
+    chunk from it in place (``_build_core``). Either way no run exchanges the weights again.
+    None when B is not a parameter."""
+    if not g.b_param:
         return None
     hold = _b_holders(g, choice, tile_of(choice), _batch_groups(g.batch, choice.gb))
-    kb = aligned_bounds(g.K, choice.gk, k_unit(g))
+    if choice.sk > 1:                 # K block q = l * sk + s is held where block l of the grid is
+        batch_b = g.batch if g.b_batched else 1
+        hold = np.repeat(hold.reshape(batch_b, choice.gk, *hold.shape[1:]), choice.sk, axis=1)
+        hold = hold.reshape(batch_b * choice.gk * choice.sk, *hold.shape[2:])
+    kb = aligned_bounds(g.K, choice.gk * choice.sk, k_unit(g))
     return _b_grid(g, _b_rows(g, kb), _col_bounds(g, choice.gn), hold)
 
 

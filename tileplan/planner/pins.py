@@ -4,7 +4,7 @@
 A pin is one line, ``OP=grid:GMxGNxGK`` (or ``GBxGMxGNxGK`` for a batched GEMM), optionally with
 ``,order:bjli`` (which physical tile runs which grid cell), ``,reduction:gather|rows``,
 ``,partials:fp16|fp32``, ``,serial:N`` (serial K steps) and ``,storage:panels|grid`` (the weights
-in resident panels, or kept in the grid: stationary weights). On the command line ``--pin`` is
+in resident panels, or pre-arranged as the grid reads them). On the command line ``--pin`` is
 repeatable and ``--pins FILE`` reads a TOML file with a ``[pin]`` table (``OP = "grid:..."``), the
 format ``tileplan plan --emit-pins FILE`` writes and a model file's own ``[pin]`` table uses.
 
@@ -67,14 +67,16 @@ def pinned_candidates(ctx, op, pin: Pin, cands: list, runner_ups: list) -> list:
     """The candidates of a pinned GEMM: those its catalogue costed that match, else the pinned grid
     built and costed in every boundary combination and open form; an error says why none fits."""
     found = [c for c in cands + [r.candidate for r in runner_ups]
-             if c.detailed and c.choice is not None and pin.matches(c.choice)]
+             if c.detailed and c.choice is not None and pin.matches(c.choice)
+             and (pin.storage is None or (pin.storage == "grid") == (c.weights is not None))]
     if found:
         return found
     from ..estimate.cost import Estimate
     from ..estimate.detailed import cost_program
     from ..kernels import NoVariantError
     from .candidates import Candidate, Fused
-    from .catalogue import bias_fusion, boundary_combinations, fragment, transient_of
+    from .catalogue import (bias_fusion, boundary_combinations, describe, fragment, interleaved_of, prearrangeable,
+                            prearranged_context, transient_of)
     from .gemm import GemmChoice, GemmShape
     shape = GemmShape.of(ctx.graph, op, ctx.target)
     target = ctx.target
@@ -98,11 +100,21 @@ def pinned_candidates(ctx, op, pin: Pin, cands: list, runner_ups: list) -> list:
     reductions = [pin.reduction] if pin.reduction else (list(REDUCTIONS) if gk > 1 else ["none"])
     partials = [pin.partials] if pin.partials else list(shape.partial_types())
     serials = [pin.serial] if pin.serial else [1]
+    pre_ok = prearrangeable(ctx, op)
+    if pin.storage == "grid" and not pre_ok:
+        raise TileplanError(f"{what}: its weights cannot be pre-arranged (they are not a parameter in compact "
+                            "storage read by this op only): drop storage:grid")
+    pres = [True] if pin.storage == "grid" else [False] if pin.storage == "panels" or not pre_ok else [False, True]
     out, missing, closest = [], None, None
-    for (bias, combo), order, red, ptype, sk in itertools.product(kinds, orders, reductions, partials, serials):
+    for (bias, combo), order, red, ptype, sk, pre in itertools.product(kinds, orders, reductions, partials, serials,
+                                                                       pres):
         choice = GemmChoice(gb, gm, gn, gk, order, red, ptype if gk > 1 else shape.out_dtype, sk, bias)
+        used, weights, resident = ctx, None, None
+        if pre:
+            used, st = prearranged_context(ctx, op, shape, choice)
+            weights, resident = st.layout, used.tile_bytes(op.inputs[1], st.layout)
         try:
-            prog = fragment(ctx, op, shape, choice, combo, fusion)
+            prog = fragment(used, op, shape, choice, combo, fusion)
             d = cost_program(prog, target)
         except NoVariantError as e:
             missing = str(e).splitlines()[0]
@@ -114,9 +126,10 @@ def pinned_candidates(ctx, op, pin: Pin, cands: list, runner_ups: list) -> list:
                 closest = (over, est, choice)
             continue
         ins = tuple(lay for lay in combo[:2] if lay is not None)
-        out.append(Candidate(op.name, ins, Fused(combo[2]) if bias else combo[2], str(choice), Estimate(), est, prog,
-                             transient_of(ctx, d, choice, combo, fusion), choice=choice, boundary=combo,
-                             fused=fusion[0].name if bias else None))
+        out.append(Candidate(op.name, ins, Fused(combo[2]) if bias else combo[2], describe(choice, pre), Estimate(), est,
+                             prog, transient_of(used, d, choice, combo, fusion), choice=choice, boundary=combo,
+                             fused=fusion[0].name if bias else None, weights=weights, resident=resident,
+                             interleaved=interleaved_of(used, d, prog)))
     if out:
         return out
     if closest is not None:

@@ -16,19 +16,23 @@
 3. Selection (``select.solve_dp``, or CP-SAT with ``solver="cpsat"``).
 4. The ``MidGraph``: chosen fragments and explicit conversions as one program,
    costed in detail; the ``Plan`` wraps it with the report data.
-5. Stationary weights (``stationary_weights``): a GEMM's B parameter is stored
-   in a grid that reads each of its blocks on one tile, at once, instead of
-   ``PackedPanels``, when the whole program is then faster and fits: that grid's
-   preparation copy moves nothing. Decided after selection, among the grids of
-   the GEMM's detailed candidates with the picked one's boundary layouts (the
-   catalogue ranks them with the default storage): a decode-shaped GEMM (few
-   rows, one row block) stops moving its weights every call.
+5. Pre-arranged weights: a GEMM's catalogue also offers candidates that read a
+   B parameter stored as their grid reads it (``gemm.prearranged_b``, replicated
+   over row blocks where the grid needs that), which never exchange it. Each
+   carries that storage's bytes per tile (``Candidate.resident``), which
+   selection holds over the whole program beside every other layer's weights,
+   in the total and in the interleaved region; the storage of the picked
+   candidates replaces the compact one (``Plan.storage``), and the host uploads
+   the weights in it. ``weights="compact"`` (``graph.core.WEIGHTS``; the model
+   file's ``[plan] weights``, the command line's ``--weights``) plans with compact
+   weights only: the catalogue offers no pre-arranged candidate.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,8 +102,9 @@ class Context:
     one of the target)."""
 
     def __init__(self, graph: Graph, target, jobs: int = 1, frontier_bound: int = 32, progress=None,
-                 caches: Caches | None = None):
+                 caches: Caches | None = None, weights: str = "planner"):
         self.graph, self.target, self.jobs = graph, target, jobs
+        self.weights = weights          # parameter storage (``graph.core.WEIGHTS``): "compact" pre-arranges none
         self.caches = caches if caches is not None else shared_caches(target)
         self.frontier_bound = frontier_bound
         self.progress = progress
@@ -119,7 +124,8 @@ class Context:
 
     def with_storage(self, tensor: str, storage: "Storage") -> "Context":
         """A copy of this context with one parameter stored differently (caches shared)."""
-        other = copy.copy(self)
+        other = copy.copy(self)          # (``__getstate__``: what a worker gets; the copy keeps the rest)
+        other.progress, other.runner_ups = self.progress, self.runner_ups
         other.storage = {**self.storage, tensor: storage}
         other._bytes = {}          # bytes per tile follow the storage
         return other
@@ -200,8 +206,9 @@ class Plan:
     runner_ups: dict[str, list[RunnerUp]] = field(default_factory=dict)    # per GEMM: the losers and why
     selection: Any = None         # the solver's select.Solution (its objective: candidate + conversion cycles)
     storage: dict = field(default_factory=dict)   # parameter storage as planned (``parameter_storage``
-                                                  # plus stationary weights)
+                                                  # with the picked pre-arranged weights)
     pinned: dict | None = None    # pins that changed the plan: the pins, the planner's own choice and cycles
+    weights: str = "planner"      # the parameter storage it was planned with (``graph.core.WEIGHTS``)
 
     @property
     def ratio(self) -> float:
@@ -220,9 +227,18 @@ def _pinned_layouts(graph: Graph) -> Graph:
     return dataclasses.replace(graph, tensors=tensors)
 
 
+def resolve_weights(graph: Graph, weights: str | None) -> str:
+    """The parameter storage a plan uses: ``weights`` when given (checked), else the model file's
+    (``graph.weights``), else ``"planner"``."""
+    from ..graph.core import check_weights
+    if weights is not None:
+        return check_weights(weights, "weights")
+    return graph.weights or "planner"
+
+
 @pausing
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
-         dp_paths: int | None = 16, progress=None, stationary: bool = True, pins=(), share: bool = True,
+         dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
          cache=None, caches: Caches | None = None) -> Plan:
     """Plan ``graph`` on ``target``: the catalogue of every op, whole-graph selection, the MidGraph
     and its detailed estimate. ``pins`` (``planner.pins.Pin``) restrict GEMMs to a grid; a pinned
@@ -231,13 +247,20 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     copies of their candidates (the same result as costing each; ``share=False`` is the
     reference). ``cache``: a ``planner.cache.PlanCache`` of GEMM catalogues (None: no cache); the
     plan does not depend on what it holds. ``caches``: the in-memory memo tables of the run
-    (``estimate.caches.Caches``; None: this process's shared ones of the target); nor on those."""
+    (``estimate.caches.Caches``; None: this process's shared ones of the target); nor on those.
+    ``weights``: the parameter storage, ``"planner"`` (selection may pre-arrange a GEMM's weights)
+    or ``"compact"`` (never); None: the model file's (``graph.weights``), else ``"planner"``."""
     from . import canon
     from .pins import check_pins, pinned_candidates
     t0 = time.perf_counter()
-    graph = _pinned_layouts(canonical(graph))
-    ctx = Context(graph, target, jobs, frontier_bound, progress, caches)
+    weights = resolve_weights(graph, weights)
+    graph = dataclasses.replace(_pinned_layouts(canonical(graph)), weights=weights)
+    ctx = Context(graph, target, jobs, frontier_bound, progress, caches, weights)
     pinned = check_pins(graph, [*graph.pins, *pins])
+    for name, pin in sorted(pinned.items()):
+        if pin.storage == "grid" and weights == "compact":
+            raise TileplanError(f"pin of {name!r} ({pin}): storage:grid pre-arranges its weights, but the plan "
+                                "keeps every weight compact (weights = \"compact\"): drop one of them")
     for name, t in graph.tensors.items():
         if t.layout is not None:
             t.layout.verify(t.shape, t.dtype, target)
@@ -265,12 +288,12 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         pending.cancel()
         raise
     gemms = pending.result()
-    own = _solve(ctx, gemms, ew_cands, solver, dp_paths, stationary, {}, cache)
+    own = _solve(ctx, gemms, ew_cands, solver, dp_paths, {}, cache)
     result, record = own, None
     if pinned:
         with_pins = {name: pinned_candidates(ctx, graph.op(name), pinned[name], cs, ctx.runner_ups.get(name, []))
                      if name in pinned else cs for name, cs in gemms.items()}
-        run = _solve(ctx, with_pins, ew_cands, solver, dp_paths, stationary, pinned, cache)
+        run = _solve(ctx, with_pins, ew_cands, solver, dp_paths, pinned, cache)
         chosen = lambda r: {op.name: str(r[1][op.name][r[2][op.name]]) for op in graph.ops}  # noqa: E731
         if chosen(run) != chosen(own) or run[4].estimate.cycles != own[4].estimate.cycles:
             record = {"pins": {n: str(p) for n, p in sorted(pinned.items())},
@@ -279,15 +302,14 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
             result = run
     ctx, cands, picks, mid, detailed, sol = result
     return Plan(graph, target, mid, cands, picks, detailed.estimate, detailed, graph.roofline_cycles(target),
-                time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage, pinned=record)
+                time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage, pinned=record, weights=weights)
 
 
-def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, stationary: bool, pinned: dict,
-           cache=None):
-    """Selection over the ops' candidates, the MidGraph, its detailed cost and the stationary
-    weights step: ``(context, candidates, picks, MidGraph, detailed cost, solution)``. With a plan
-    ``cache``, the selection comes from it when this very problem was solved before
-    (``selection``)."""
+def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, pinned: dict, cache=None):
+    """Selection over the ops' candidates (pre-arranged weights included unless ``ctx.weights`` is compact), the
+    MidGraph on the storage selection picked and its detailed cost: ``(context, candidates, picks,
+    MidGraph, detailed cost, solution)``. With a plan ``cache``, the selection comes from it when this
+    very problem was solved before (``selection``)."""
     graph, target = ctx.graph, ctx.target
     ew_cands = dict(ew_cands)
     # A bias Add some GEMM candidates do in their reduction: absorbed candidates, one per layout
@@ -307,17 +329,18 @@ def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, sta
     sol = selection(ctx, problem, solver, dp_paths, pinned, cache)
     if sol is None:
         raise no_fit_error(problem)
-    mid = MidGraph.build(ctx, cands, sol.picks)
-    detailed = cost_program(scheduled(mid.program, target.tiles), target)
     picks = sol.picks
-    if stationary:
-        skip = {n for n, p in pinned.items() if p.storage == "panels"}
-        ctx, cands, picks, mid, detailed = stationary_weights(ctx, cands, picks, mid, detailed, skip)
+    for op in graph.ops:                         # the picked pre-arranged weights replace their compact storage
+        cand = cands[op.name][picks[op.name]]
+        if cand.weights is not None:
+            ctx = ctx.with_storage(op.inputs[1], Storage(cand.weights, True, ctx.storage[op.inputs[1]].transpose))
+    mid = MidGraph.build(ctx, cands, picks)
+    detailed = cost_program(scheduled(mid.program, target.tiles), target)
     for name, pin in pinned.items():
         if pin.storage == "grid" and cands[name][picks[name]].weights is None:
-            raise TileplanError(f"pin of {name!r} ({pin}): its weights cannot stay in this grid (it reads each "
-                                "weight block on more than one tile, or the whole program is then slower or "
-                                "does not fit): drop storage:grid")
+            raise TileplanError(f"pin of {name!r} ({pin}): its weights cannot be pre-arranged for this grid (they "
+                                "are not a parameter read by this op only, or the whole program does not fit with "
+                                "them): drop storage:grid")
     return ctx, cands, picks, mid, detailed, sol
 
 
@@ -336,11 +359,14 @@ def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dic
     g = ctx.graph
     key = None
     if cache is not None:
-        digest = canon.digest([[[[str(x) for x in ch.ins], str(ch.out), int(ch.cycles)] for ch in problem.choices[op]]
-                               for op in problem.ops] + [sorted(str(v) for v in problem.fixed.values()),
-                                                         problem.resident.tolist()])
+        digest = canon.digest([[[[str(x) for x in ch.ins], str(ch.out), int(ch.cycles), ch.label,
+                                 _array_digest(ch.transient), _array_digest(ch.resident), _array_digest(ch.interleaved)]
+                                for ch in problem.choices[op]] for op in problem.ops]
+                              + [sorted(str(v) for v in problem.fixed.values()), problem.resident.tolist(),
+                                 problem.capacity, problem.interleaved_capacity,
+                                 _array_digest(problem.resident_interleaved)])
         key = cache.full_key(canon.subgraph_key(g, ctx.storage, g.ops), canon.target_key(ctx.target),
-                             {"kind": "selection", "solver": solver, "dp_paths": dp_paths,
+                             {"kind": "selection", "solver": solver, "dp_paths": dp_paths, "weights": ctx.weights,
                               "frontier": ctx.frontier_bound, "problem": digest,
                               "pins": {n: str(p) for n, p in sorted(pinned.items())}})
         got = cache.load(key)
@@ -365,115 +391,11 @@ def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dic
     return sol
 
 
-STATIONARY_TRIES = 6      # per GEMM: detailed candidates re-costed with their weights stored in their grid
-
-
-def stationary_weights(ctx: Context, cands: dict[str, list[Candidate]], picks: dict[str, int], mid: MidGraph,
-                       detailed, skip: set = frozenset()) -> tuple:
-    """Step 5 of ``plan``: per GEMM in op order whose B is a resident-panels parameter read by this
-    op only (no pinned layout), store B in a grid that multiplies each of its blocks on one tile
-    (``gemm.stationary_b``) when the whole program is then faster and fits the target (total and
-    interleaved peaks). The grids tried are those of the detailed candidates (kept or runner-up)
-    with the picked one's boundary layouts and fusion, fastest first (``STATIONARY_TRIES``): the
-    conversions around the GEMM stay as selected, so a grid whose fragment is not faster than the
-    pick's cannot make the program faster and is not tried on the whole program. The one faster
-    with its weights in place is rebuilt on the new storage, says so in its description, and
-    becomes the pick (taken out of the runner-ups if it was one).
-
-    GEMMs with one planning problem (``canon.op_key``: the projections of every layer of a tower)
-    are decided together: each one's fragment trial is costed once per (key, grid) and renamed
-    for the others, and the group's moves are tried on the whole program at once; when the group
-    together is not faster or does not fit, its members are tried one by one. So a tower costs a
-    whole-program trial per group, not per GEMM. Returns the (context, candidates, picks,
-    MidGraph, detailed cost) in effect."""
-    from . import canon
-    from .catalogue import bias_fusion, fragment, transient_of
-    from .gemm import GemmShape, stationary_b
-    g, target = ctx.graph, ctx.target
-    picks = dict(picks)
-    trials: dict = {}             # (op key, grid choice, boundary, fusion) -> (op, cost, program)
-
-    def best_move(ctx, cands, picks, op):
-        """(op, moved candidate, its source candidate, trial context) or None."""
-        cand = cands[op.name][picks[op.name]]
-        if cand.choice is None or op.name in skip:       # not a GEMM candidate, or pinned to panels
-            return None
-        b = op.inputs[1]
-        st = ctx.storage.get(b)
-        if st is None or not isinstance(st.layout, (Packed, PackedPanels)) \
-                or g.tensors[b].layout is not None or len(g.consumers.get(b, [])) != 1:
-            return None
-        shape = GemmShape.of(g, op, target)
-        same = [c for c in cands[op.name] + [r.candidate for r in ctx.runner_ups.get(op.name, [])]
-                if c.detailed and c.choice is not None and c.boundary == cand.boundary and c.fused == cand.fused]
-        same.sort(key=lambda c: (c is not cand, c.estimate.cycles))
-        grids = [(c, grid) for c in same if (grid := stationary_b(shape, c.choice)) is not None]
-        key = canon.op_key(g, ctx.storage, op)
-        best = None
-        for c, grid in grids[:STATIONARY_TRIES]:
-            trial = ctx.with_storage(b, Storage(grid, True, st.transpose))
-            memo = (key, c.choice, c.boundary, c.fused is not None)
-            if memo not in trials:
-                prog = fragment(trial, op, shape, c.choice, c.boundary)
-                trials[memo] = (op, cost_program(prog, target), prog)
-            d = trials[memo][1]
-            if best is None or d.estimate.cycles < best[0].estimate.cycles:
-                best = (d, c, trial, memo)
-        if best is None or best[0].estimate.cycles >= cand.estimate.cycles:
-            return None
-        d, c, trial, memo = best
-        src, _, prog = trials[memo]           # renamed only for a move worth trying
-        prog = canon.rename_program(prog, canon.Renaming(canon.op_names(g, src), canon.op_names(g, op)))
-        moved = dataclasses.replace(c, desc=f"{c.desc}, {b} stored in the grid", estimate=d.estimate, program=prog,
-                                    weights=trial.storage[b].layout, template=None,
-                                    transient=transient_of(ctx, d, c.choice, c.boundary, bias_fusion(ctx, op)))
-        return op, moved, c, trial.storage[b]
-
-    def attempt(state, moves):
-        ctx, cands, picks, mid, detailed = state
-        trial_ctx = ctx
-        trial_cands, trial_picks = dict(cands), dict(picks)
-        for op, moved, c, storage in moves:
-            trial_ctx = trial_ctx.with_storage(op.inputs[1], storage)
-            kept = list(trial_cands[op.name])
-            at = next((i for i, k in enumerate(kept) if k is c), None)
-            if at is None:
-                kept.append(moved)
-                at = len(kept) - 1
-            else:
-                kept[at] = moved
-            trial_cands[op.name] = kept
-            trial_picks[op.name] = at
-        trial_mid = MidGraph.build(trial_ctx, trial_cands, trial_picks)
-        trial_cost = cost_program(scheduled(trial_mid.program, target.tiles), target)
-        est = trial_cost.estimate
-        if est.cycles < detailed.estimate.cycles and est.total_memory <= target.usable_bytes \
-                and est.interleaved <= target.interleaved_bytes:
-            for op, moved, c, storage in moves:
-                if any(r.candidate is c for r in trial_ctx.runner_ups.get(op.name, [])):
-                    trial_ctx.runner_ups = {**trial_ctx.runner_ups,
-                                            op.name: [r for r in trial_ctx.runner_ups[op.name] if r.candidate is not c]}
-            return trial_ctx, trial_cands, trial_picks, trial_mid, trial_cost
+def _array_digest(a) -> str | None:
+    """A short content hash of a per-tile array of the selection problem (None stays None)."""
+    if a is None:
         return None
-
-    groups: dict[str, list] = {}
-    for op in g.ops:
-        if cands[op.name][picks[op.name]].choice is not None:
-            groups.setdefault(canon.op_key(g, ctx.storage, op), []).append(op)
-    state = (ctx, cands, picks, mid, detailed)
-    for members in groups.values():
-        moves = [m for op in members if (m := best_move(state[0], state[1], state[2], op)) is not None]
-        if not moves:
-            continue
-        got = attempt(state, moves) if len(moves) > 1 else None
-        if got is not None:
-            state = got
-            continue
-        for op in members:
-            m = best_move(state[0], state[1], state[2], op)
-            if m is not None:
-                state = attempt(state, [m]) or state
-    return state
+    return hashlib.sha256(np.ascontiguousarray(a, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
 def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
@@ -484,15 +406,31 @@ def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
             fixed[name] = ew.input_layout(t, target.tiles)
         elif name in ctx.storage and not ctx.storage[name].private:
             fixed[name] = ctx.storage[name].layout
+    # A GEMM with pre-arranged candidates holds its B's storage as its choice says: every choice of it
+    # carries the bytes of the storage it reads (compact or pre-arranged), not the resident total.
+    chosen_b = {g.op(op).inputs[1]: op for op, cs in cands.items() if any(c.weights is not None for c in cs)}
     resident = np.zeros(target.tiles, dtype=np.int64)
+    interleaved = np.zeros(target.tiles, dtype=np.int64)
     parts = {}
     for name, st in ctx.storage.items():
         if st.private:
             b = ctx.tile_bytes(name, st.layout)
+            region = ctx.tensor_buffer(name, st.layout).region
+            parts[name] = (b, region)
+            if name in chosen_b:
+                continue
             resident += b
-            parts[name] = (b, ctx.tensor_buffer(name, st.layout).region)
-    choices = {op: [Choice(c.ins, c.out, c.estimate.cycles, c.transient, str(c)) for c in cs]
-               for op, cs in cands.items()}
+            if region == "interleaved":
+                interleaved += b
+
+    def choice(op, c):
+        res = None
+        if g.op(op).inputs[1:2] and g.op(op).inputs[1] in chosen_b:
+            b = g.op(op).inputs[1]
+            res = c.resident if c.weights is not None else ctx.tile_bytes(b, ctx.storage[b].layout)
+        return Choice(c.ins, c.out, c.estimate.cycles, c.transient, str(c), res, c.interleaved)
+
+    choices = {op: [choice(op, c) for c in cs] for op, cs in cands.items()}
     return Problem(
         ops=[op.name for op in g.ops],
         inputs={op.name: activation_inputs(ctx.storage, op) for op in g.ops},
@@ -505,4 +443,6 @@ def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
         resident=resident,
         capacity=target.usable_bytes,
         resident_parts=parts,
+        interleaved_capacity=target.interleaved_bytes,
+        resident_interleaved=interleaved,
     )

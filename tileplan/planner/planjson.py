@@ -6,7 +6,10 @@ model and target give byte-identical files (``write_plan_json`` sorts keys).
 
 Contents:
 
-- ``model``, ``target``, ``solver``;
+- ``model``, ``target``, ``solver``; ``weights``, the parameter storage the plan was made with
+  (``"planner"``: selection may pre-arrange a GEMM's weights; ``"compact"``: never);
+- ``prearranged`` (only when some are): the parameters stored as their GEMM's grid reads them,
+  with their bytes beside their compact storage's;
 - ``ops`` in execution order: the chosen candidate as one line, the layouts of
   its inputs (activation inputs as the candidate reads them, private parameters
   in their resident storage) and of its output, the GEMM grid, cycles by phase
@@ -149,6 +152,32 @@ def _selection_loss(c, chosen) -> str:
     return "selection: as fast on its own; the chosen one fits the rest of the graph at least as well"
 
 
+def prearranged(plan) -> list[dict]:
+    """The parameters a plan stores pre-arranged (as their GEMM's grid reads them), each with its
+    layout and its bytes (most on one tile, and over all tiles) beside its compact storage's."""
+    from ..estimate.memory import buffer_tile_bytes
+    from ..program import Buffer
+    from .plan import parameter_storage
+    compact = parameter_storage(plan.graph, plan.target)
+    out = []
+    for op in plan.graph.ops:
+        cand = plan.candidates[op.name][plan.picks[op.name]]
+        if cand.weights is None:
+            continue
+        name = op.inputs[1]
+        t = plan.graph.tensors[name]
+        sizes = []
+        for st in (plan.storage[name], compact[name]):
+            shape = t.shape[:-2] + (t.shape[-1], t.shape[-2]) if st.transpose else t.shape
+            sizes.append(buffer_tile_bytes(Buffer(name, st.layout, shape, t.dtype, "parameter"), plan.target.tiles,
+                                           plan.target.alignment))
+        out.append({"tensor": name, "op": op.name, "layout": str(plan.storage[name].layout),
+                    "replicas": int(plan.storage[name].layout.replicas),
+                    "bytes_per_tile_max": int(sizes[0].max()), "bytes_total": int(sizes[0].sum()),
+                    "compact_bytes_per_tile_max": int(sizes[1].max()), "compact_bytes_total": int(sizes[1].sum())})
+    return out
+
+
 def plan_to_json(plan) -> dict:
     storage = plan.storage
     ops, conversions = [], []
@@ -162,7 +191,7 @@ def plan_to_json(plan) -> dict:
     tile_memory = plan.detailed.tile_memory
     peak_tile = int(np.argmax(tile_memory)) if tile_memory is not None and tile_memory.size else -1
     from .quality import model_floor
-    floor = model_floor(plan.graph, plan.target)
+    floor = model_floor(plan.graph, plan.target, plan.weights)
     for entry in ops:
         entry["floor"] = floor["ops"].get(entry["name"], {}).get("cycles")
     doc = {
@@ -171,6 +200,7 @@ def plan_to_json(plan) -> dict:
         "target": plan.target.name,
         "tiles": int(plan.target.tiles),
         "solver": plan.solver,
+        "weights": plan.weights,
         "ops": ops,
         "conversions": conversions,
         "totals": {**{k: int(v) for k, v in plan.estimate.as_dict().items()}, "peak_tile": peak_tile},
@@ -182,6 +212,9 @@ def plan_to_json(plan) -> dict:
         "runner_ups": {op: runner_ups(plan, op) for op in gemms},
         **({"imported": dict(plan.graph.imported)} if plan.graph.imported else {}),   # e.g. cast_bf16
     }
+    pre = prearranged(plan)
+    if pre:
+        doc["prearranged"] = pre
     if plan.pinned is not None:               # pins that changed the plan, beside the planner's own choice
         doc["pinned"] = {**plan.pinned, "cycles": int(plan.estimate.cycles)}
     return doc

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -199,9 +200,13 @@ def gemm_op_floor(graph, op, target, storage, fused_adds) -> dict:
     from .gemm import GemmShape, _grid_options
     shape = GemmShape.of(graph, op, target)
     grids = _grid_options(shape, target.tiles)
-    # A pinned (Explicit) layout may hold replicas: no credit for what it holds then.
+    # A pinned (Explicit) layout may hold replicas: no credit for what it holds then. A B that may be
+    # pre-arranged (``catalogue.prearrangeable``) is held wherever any grid reads it: no B exchange.
+    from .catalogue import prearrangeable
+    pre = prearrangeable(_Storage(graph, storage), op)
     held = tuple(target.tiles if t.layout is not None or (t.name in storage and storage[t.name].layout
-                 == ew.replicated(t.shape, target.tiles)) else 1 for t in graph.inputs_of(op))
+                 == ew.replicated(t.shape, target.tiles)) or (k == 1 and pre) else 1
+                 for k, t in enumerate(graph.inputs_of(op)))
     best = None
     for p, ptype in enumerate(shape.partial_types()):
         floors = gemm_floor(shape, target, grids, np.full(len(grids), p), held)
@@ -210,6 +215,14 @@ def gemm_op_floor(graph, op, target, storage, fused_adds) -> dict:
             gb, gm, gn, gk = (int(x) for x in grids[i])
             best = (int(floors[i]), f"grid {f'{gb}x' if gb > 1 else ''}{gm}x{gn}x{gk} {ptype}")
     return {"cycles": best[0], "grid": best[1]}
+
+
+class _Storage:
+    """What ``catalogue.prearrangeable`` reads of a planning context: the graph, the storage and the
+    parameter storage option (``graph.weights``)."""
+
+    def __init__(self, graph, storage):
+        self.graph, self.storage, self.weights = graph, storage, graph.weights or "planner"
 
 
 POINTWISE_SPAN = 96       # a multiple of every pointwise kernel's block (GeLU 96, casts 48 and 12,
@@ -269,11 +282,11 @@ FLOORS = {"Rowwise": rowwise_op_floor, "Gemm": gemm_op_floor, "Pointwise": point
           "View": view_op_floor, "Transpose": transpose_op_floor}
 
 
-_FLOOR_MEMO: dict[tuple, dict] = {}     # (family, canon.op_key, target key, fused) -> an op's share
+_FLOOR_MEMO: dict[tuple, dict] = {}     # (family, canon.op_key, target key, fused, weights) -> an op's share
 _FLOOR_MEMO_SIZE = 4096
 
 
-def model_floor(graph, target) -> dict:
+def model_floor(graph, target, weights: str | None = None) -> dict:
     """A lower bound on the cycles of any plan of ``graph`` on ``target`` in tileplan's candidate
     space, under the same machine model and kernel formulas (no planning needed): per op its
     family's share (``FLOORS``: ``gemm_op_floor``, ``pointwise_op_floor``); conversions between ops
@@ -286,20 +299,25 @@ def model_floor(graph, target) -> dict:
     An op's share depends on its planning problem only (``canon.op_key``: its neighbourhood's
     structure and parameter storage, not names or values) and on whether its bias Add fuses, so
     it is computed once per distinct problem and remembered across calls: a tower's 27 layers
-    cost one, and the plan's, the bench's and ``tileplan show``'s floors one between them."""
+    cost one, and the plan's, the bench's and ``tileplan show``'s floors one between them.
+
+    ``weights`` (``planner.plan.resolve_weights``: None is the model file's, else ``"planner"``):
+    with ``"compact"`` no B is pre-arranged, so none is credited as held."""
     from . import canon
     from . import elementwise as ew
     from .families import family_of
     from .plan import parameter_storage
+    from .plan import resolve_weights
     from .rewrite import canonical
-    graph = canonical(graph)
+    weights = resolve_weights(graph, weights)
+    graph = dataclasses.replace(canonical(graph), weights=weights)
     storage = parameter_storage(graph, target)
     fused_adds = {found[0].name for op in graph.ops if (found := ew.fusable_bias(graph, op)) is not None}
     tkey = canon.target_key(target)
     ops = {}
     for op in graph.ops:
         fam = family_of(op).name
-        key = (fam, canon.op_key(graph, storage, op), tkey, op.name in fused_adds)
+        key = (fam, canon.op_key(graph, storage, op), tkey, op.name in fused_adds, weights)
         share = _FLOOR_MEMO.get(key)
         if share is None:
             share = FLOORS[fam](graph, op, target, storage, fused_adds)

@@ -4,13 +4,20 @@ The problem (``Problem``) is solver-neutral: ops in a fixed order; per op its
 candidates, each with the layouts it needs for its activation inputs, the
 layout it gives its output, its cycles and its transient per-tile bytes;
 tensors with a fixed layout (host inputs, parameters read as values); a
-conversion price for every (tensor, from, to); per-tile bytes of every
+conversion price for every (tensor, from, to), paid once per tensor and target
+layout: the converted copy stays live to the tensor's last use and later
+readers of that layout read it (as ``MidGraph.build`` reuses it); per-tile bytes of every
 (tensor, layout); resident bytes per tile; the capacity.
 
 Memory at op i, per tile: resident + every live tensor in its layout + the
-converted copies op i reads + op i's transients + its output. A tensor is
-live from its production (or the start) to its last use (outputs: the end).
-A path's peak is the largest such total over ops, worst tile.
+converted copies op i reads + op i's transients + its output + the storage
+every op's chosen candidate holds over the whole program (``Choice.resident``:
+a GEMM's weights, compact or pre-arranged as its candidate reads them). A
+tensor is live from its production (or the start) to its last use (outputs:
+the end). A path's peak is the largest such total over ops, worst tile.
+The interleaved region is checked on its own (``interleaved_capacity``): its
+resident parameters + every choice's resident storage (weights live there) +
+op i's interleaved transients, at every op, every tile.
 
 Solvers:
 - ``solve_dp``: a DP over the op order whose state is the layouts of the live
@@ -26,7 +33,7 @@ fused with its consumer; it converts to nothing else.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -57,6 +64,8 @@ class Choice:
     cycles: int
     transient: np.ndarray         # int64 [tiles] bytes the op needs besides its boundary values
     label: str = ""
+    resident: np.ndarray | None = None     # int64 [tiles] storage it holds over the whole program (interleaved)
+    interleaved: np.ndarray | None = None  # int64 [tiles] of its transients in the interleaved region
 
 
 @dataclass
@@ -72,6 +81,16 @@ class Problem:
     resident: np.ndarray                      # int64 [tiles]
     capacity: int
     resident_parts: dict | None = None        # tensor -> (int64 [tiles], region): what ``resident`` sums
+    interleaved_capacity: int | None = None   # bytes of the interleaved region (None: not checked)
+    resident_interleaved: np.ndarray | None = None   # int64 [tiles]: the part of ``resident`` kept there
+
+    def holds(self) -> bool:
+        """Some choice holds storage over the whole program: paths then carry per-tile figures."""
+        return any(ch.resident is not None for chs in self.choices.values() for ch in chs)
+
+    def interleaved_base(self, tiles: int) -> np.ndarray:
+        r = self.resident_interleaved
+        return np.zeros(tiles, dtype=np.int64) if r is None else np.asarray(r, dtype=np.int64)
 
     def last_use(self) -> dict[str, int]:
         last: dict[str, int] = {}
@@ -100,6 +119,7 @@ class Solution:
     peak_op: str = ""
     peak_tile: int = -1
     exact: bool = True
+    interleaved_peak: int = 0                 # worst tile, worst op, interleaved region
 
 
 def evaluate(problem: Problem, picks: dict[str, int]) -> Solution:
@@ -109,17 +129,33 @@ def evaluate(problem: Problem, picks: dict[str, int]) -> Solution:
     live = set(problem.fixed) & set(last)
     cycles = 0
     peak, peak_op, peak_tile = -1, "", -1
+    held = problem.resident.astype(np.int64).copy()       # resident + every choice's storage, all along
+    for op in problem.ops:
+        r = problem.choices[op][picks[op]].resident
+        if r is not None:
+            held += r
+    ibase = problem.interleaved_base(held.size) + (held - problem.resident)
+    ipeak = 0
+    copies: list = []                 # (tensor, layout) converted copies, reused by later readers
     for i, op in enumerate(problem.ops):
         ch = problem.choices[op][picks[op]]
-        mem = problem.resident.astype(np.int64).copy()
+        ipeak = max(ipeak, int((ibase + (ch.interleaved if ch.interleaved is not None else 0)).max()))
+        mem = held.copy()
         for t in live:
             mem += problem.tile_bytes(t, layout[t])
+        for t, lay in copies:
+            if problem.convert(t, layout[t], lay)[1] is not None:
+                mem += problem.tile_bytes(t, lay)
         for t, want in zip(problem.inputs[op], ch.ins):
+            if any(ct == t and cl == want for ct, cl in copies):
+                continue
             c, tr = problem.convert(t, layout[t], want)
             cycles += c
-            if c and tr is not None:
-                mem += tr
-                mem += problem.tile_bytes(t, want)
+            if c:
+                copies.append((t, want))
+                if tr is not None:
+                    mem += tr
+                    mem += problem.tile_bytes(t, want)
         cycles += ch.cycles
         mem += ch.transient
         out = problem.output[op]
@@ -131,7 +167,15 @@ def evaluate(problem: Problem, picks: dict[str, int]) -> Solution:
             peak, peak_op, peak_tile = int(mem[tile]), op, tile
         live.add(out)
         live = {t for t in live if last.get(t, -1) > i}
-    return Solution(dict(picks), int(cycles) if cycles != INF else INF, peak, peak_op, peak_tile)
+        copies = [(t, lay) for t, lay in copies if last.get(t, -1) > i]
+    return Solution(dict(picks), int(cycles) if cycles != INF else INF, peak, peak_op, peak_tile,
+                    interleaved_peak=ipeak)
+
+
+def fits(problem: Problem, sol: Solution) -> bool:
+    """The solution's peaks fit the capacity and, when checked, the interleaved region."""
+    return sol.peak <= problem.capacity and (problem.interleaved_capacity is None
+                                             or sol.interleaved_peak <= problem.interleaved_capacity)
 
 
 def solve_exhaustive(problem: Problem) -> Solution | None:
@@ -139,7 +183,7 @@ def solve_exhaustive(problem: Problem) -> Solution | None:
     best = None
     for combo in itertools.product(*(range(len(problem.choices[op])) for op in problem.ops)):
         s = evaluate(problem, dict(zip(problem.ops, combo)))
-        if s.cycles == INF or s.peak > problem.capacity:
+        if s.cycles == INF or not fits(problem, s):
             continue
         if best is None or (s.cycles, s.peak) < (best.cycles, best.peak):
             best = s
@@ -151,11 +195,71 @@ class _Path:
     cycles: float
     peak: int
     picks: tuple[int, ...]
+    top: np.ndarray | None = None      # per tile, the largest memory over its ops without held storage
+    held: np.ndarray | None = None     # per tile, the storage its choices hold over the whole program
+    itop: np.ndarray | None = None     # per tile, the largest interleaved transients over its ops
+    # With per-tile figures, made once per path (``covers`` runs far more often than paths are made):
+    # the three side by side, and their sums (a path with a larger sum cannot be no larger on every tile).
+    vec: np.ndarray | None = field(default=None, repr=False)
+    sums: tuple | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.top is not None:
+            self.vec = np.concatenate((self.top, self.held, self.itop))
+            self.sums = (int(self.top.sum()), int(self.held.sum()), int(self.itop.sum()))
+
+    def covers(self, other: "_Path") -> bool:
+        """No slower and, whatever comes next, never more memory on any tile in either class."""
+        if self.cycles > other.cycles or self.peak > other.peak:
+            return False
+        if self.top is None:
+            return True
+        a, b = self.sums, other.sums
+        if a[0] > b[0] or a[1] > b[1] or a[2] > b[2]:
+            return False
+        return bool((self.vec <= other.vec).all())
 
 
 def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
-    """DP over the op order; state = layouts of the values live after the op."""
+    """DP over the op order; state = layouts of the values live after the op. When some choice holds
+    storage over the whole program (``Problem.holds``: pre-arranged weights), a path carries per
+    tile its largest memory so far without that storage, the storage its choices hold, and its
+    largest interleaved transients (its peak: the first plus the second, worst tile), and
+    dominance compares them tile by tile: a choice made later still adds its storage to every op
+    before it.
+
+    That per-tile dominance keeps several times more paths. So the bounded DP (``paths`` given)
+    first runs with the scalar (cycles, peak) dominance of a problem without held storage, each
+    op's memory counting the storage held by the choices made up to it (a lower bound on its
+    true memory); when the pick it finds fits (``evaluate`` with every choice's storage held over
+    the whole program, both regions), that is the answer, else the per-tile DP runs. The exact DP
+    (``paths=None``) runs the per-tile one only."""
+    if paths is not None and problem.holds():
+        sol = _solve_dp(problem, paths, per_tile=False)
+        if sol is not None and fits(problem, sol):
+            return sol
+    return _solve_dp(problem, paths, per_tile=problem.holds())
+
+
+def _solve_dp(problem: Problem, paths: int | None, per_tile: bool) -> Solution | None:
+    """``solve_dp`` with per-tile path figures (``per_tile``) or scalar dominance, where held storage
+    counts from the op whose choice holds it."""
     last = problem.last_use()
+    holds = per_tile
+    relaxed = problem.holds() and not per_tile
+    icap = problem.interleaved_capacity
+    tiles = int(np.asarray(problem.resident).size)
+    ibase = problem.interleaved_base(tiles)
+    zero = np.zeros(tiles, dtype=np.int64)
+    ifits: dict = {}
+
+    def inter_ok(ch) -> bool:            # without held storage: the region at one op, one choice
+        if icap is None or ch.interleaved is None:
+            return True
+        v = ifits.get(id(ch))
+        if v is None:
+            v = ifits[id(ch)] = (int((ibase + ch.interleaved).max()) <= icap, ch)
+        return v[0]
     # Memoised by the layout objects' identity (the choices' own objects, alive for the whole
     # solve): hashing a layout dataclass field by field for every path was most of the time.
     tb_memo: dict = {}
@@ -198,46 +302,78 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
         ending.setdefault(last[t], []).append(t)
     states: dict[tuple, list[_Path]] = {}
     init: tuple = ()
-    states[key_of(init)] = [(_Path(0, 0, ()), init)]
+    start = _Path(0, 0, (), zero, zero, zero) if holds else _Path(0, 0, (), held=zero) if relaxed else _Path(0, 0, ())
+    states[(key_of(init), key_of(init))] = [(start, init, init)]
     exact = paths is None
     for i, op in enumerate(problem.ops):
         nxt: dict[tuple, list] = {}
         for entries in states.values():
-            for path, live in entries:
+            for path, live, copies in entries:
                 layout = dict(live)
                 base = fixed_base.copy()
                 for t, lay in live:
                     base += tile_bytes(t, lay)
+                for t, lay in copies:
+                    if convert(t, layout[t] if t in layout else fixed[t], lay)[1] is not None:
+                        base += tile_bytes(t, lay)
                 for ci, ch in enumerate(problem.choices[op]):
                     cyc = path.cycles + ch.cycles
                     mem = base + ch.transient
                     ok = True
+                    made = list(copies)
                     for t, want in zip(problem.inputs[op], ch.ins):
+                        if any(ct == t and cl == want for ct, cl in made):
+                            continue                    # a copy an earlier reader converted
                         c, tr = convert(t, layout[t] if t in layout else fixed[t], want)
                         if c == INF:
                             ok = False
                             break
                         cyc += c
-                        if c and tr is not None:
-                            mem = mem + tr + tile_bytes(t, want)
+                        if c:
+                            made.append((t, want))
+                            if tr is not None:
+                                mem = mem + tr + tile_bytes(t, want)
                     if not ok:
                         continue
                     out = problem.output[op]
                     if not isinstance(ch.out, Fused):
                         mem = mem + tile_bytes(out, ch.out)
-                    peak = max(path.peak, int(mem.max()))
-                    if peak > problem.capacity:
-                        continue
+                    if holds:
+                        top = np.maximum(path.top, mem)
+                        held = path.held if ch.resident is None else path.held + ch.resident
+                        peak = int((top + held).max())
+                        if peak > problem.capacity:
+                            continue
+                        itop = path.itop if ch.interleaved is None else np.maximum(path.itop, ch.interleaved)
+                        if icap is not None and int((ibase + held + itop).max()) > icap:
+                            continue
+                        new = _Path(cyc, peak, path.picks + (ci,), top, held, itop)
+                    elif relaxed:
+                        held = path.held if ch.resident is None else path.held + ch.resident
+                        peak = max(path.peak, int((mem + held).max()))
+                        if peak > problem.capacity:
+                            continue
+                        if icap is not None and int((ibase + held + (0 if ch.interleaved is None else
+                                                                       ch.interleaved)).max()) > icap:
+                            continue
+                        new = _Path(cyc, peak, path.picks + (ci,), held=held)
+                    else:
+                        peak = max(path.peak, int(mem.max()))
+                        if peak > problem.capacity or not inter_ok(ch):
+                            continue
+                        new = _Path(cyc, peak, path.picks + (ci,))
                     new_live = tuple(sorted([(t, l) for t, l in live if last.get(t, -1) > i]
                                             + ([(out, ch.out)] if last.get(out, -1) > i else [])))
-                    _insert(nxt.setdefault(key_of(new_live), []), (_Path(cyc, peak, path.picks + (ci,)), new_live),
+                    new_copies = tuple(sorted(((t, l) for t, l in made if last.get(t, -1) > i),
+                                              key=lambda e: (e[0], str(e[1]))))
+                    _insert(nxt.setdefault((key_of(new_live), key_of(new_copies)), []), (new, new_live, new_copies),
                             paths)
         for t in ending.get(i, ()):             # fixed values whose last use was this op
             fixed_base = fixed_base - tile_bytes(t, fixed[t])
         if not nxt:
             return None
         states = nxt
-    best = min((p for entries in states.values() for p, _ in entries), key=lambda p: (p.cycles, p.peak, p.picks))
+    best = min((e[0] for entries in states.values() for e in entries), key=lambda p: (p.cycles, p.peak, p.picks))
     picks = dict(zip(problem.ops, best.picks))
     sol = evaluate(problem, picks)
     sol.exact = exact
@@ -247,10 +383,10 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
 def _insert(bucket: list, entry, bound: int | None) -> None:
     """Keep the bucket a Pareto set over (cycles, peak), at most ``bound`` entries (fastest kept)."""
     p = entry[0]
-    for q, _ in bucket:
-        if q.cycles <= p.cycles and q.peak <= p.peak:
+    for q, *_ in bucket:
+        if q.covers(p):
             return
-    bucket[:] = [e for e in bucket if not (p.cycles <= e[0].cycles and p.peak <= e[0].peak)]
+    bucket[:] = [e for e in bucket if not p.covers(e[0])]
     bucket.append(entry)
     if bound is not None and len(bucket) > bound:
         # The bound - 1 fastest, and the least-memory path (or the next fastest if it is among them).

@@ -167,6 +167,13 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
     if floor:
         lines.append(f"model floor: {floor['cycles']:,} cycles (no plan in the candidate space is faster); "
                      f"the plan is {floor['plan_ratio']:.2f}x the floor")
+    if data.get("weights") == "compact":    # (plans written before the option have none: the planner's)
+        lines.append("weights: compact (--weights compact: every weight in its compact resident storage, none "
+                     "pre-arranged)")
+    for e in data.get("prearranged", []):   # weights stored as their grid reads them
+        lines.append(f"pre-arranged: {e['tensor']} (read by {e['op']}) as {e['layout']}: {e['bytes_per_tile_max']:,} B "
+                     f"on its fullest tile, {e['bytes_total']:,} B in all, against {e['compact_bytes_per_tile_max']:,}"
+                     f" B and {e['compact_bytes_total']:,} B compact")
     pinned = data.get("pinned")
     if pinned:
         delta = pinned["cycles"] - pinned["own_cycles"]
