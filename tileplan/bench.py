@@ -285,36 +285,37 @@ def _stages(bench: dict, work_dir: str, send) -> None:
         send("done", "quality")
 
     if "compile" in stages:
-        send("stage", "compile")
-        figures, pkg_path = _compile(p, target, Path(work_dir) / "pkg", load_params(path))
-        send("figures", figures)
-        send("done", "compile")
-
-        if "validate" in stages:
-            send("stage", "validate")
-            send("figures", _validate(p, pkg_path))
-            send("done", "validate")
-
-            if "report" in stages:
-                from .report import render
-                send("stage", "report")
-                t0 = time.perf_counter()
-                html = render(pkg_path, Path(work_dir) / "report.html")
-                report_s = time.perf_counter() - t0
-                send("figures", {"report_seconds": report_s, "report_html_bytes": html.stat().st_size})
-                load_s, note = page_load_seconds(html)
-                send("figures", {"report_load_seconds": load_s, "report_load_note": note})
-                send("done", "report")
+        pkg_path = _compile_validate(p, target, Path(work_dir) / "pkg", load_params(path), stages, send, "")
+        if "validate" in stages and "report" in stages:
+            from .report import render
+            send("stage", "report")
+            t0 = time.perf_counter()
+            html = render(pkg_path, Path(work_dir) / "report.html")
+            report_s = time.perf_counter() - t0
+            send("figures", {"report_seconds": report_s, "report_html_bytes": html.stat().st_size})
+            load_s, note = page_load_seconds(html)
+            send("figures", {"report_load_seconds": load_s, "report_load_note": note})
+            send("done", "report")
 
     if "compile" in compact_stages:
-        send("stage", "compact compile")
-        figures, pkg_path = _compile(compact, target, Path(work_dir) / "pkg-compact", load_params(path))
-        send("compact", figures)
-        send("compact-done", "compile")
-        if "validate" in compact_stages:
-            send("stage", "compact validate")
-            send("compact", _validate(compact, pkg_path))
-            send("compact-done", "validate")
+        _compile_validate(compact, target, Path(work_dir) / "pkg-compact", load_params(path), compact_stages, send,
+                          "compact")
+
+
+def _compile_validate(p, target, pkg_dir: Path, params, stages, send, storage: str) -> Path:
+    """The compile stage, then the validate stage when listed, of one plan; ``storage``: "" for the
+    planner's own storage (figures go to the record), "compact" for the compact-weights column (to
+    its sub-record). Returns the package's path."""
+    prefix, figures, done = (f"{storage} ", storage, f"{storage}-done") if storage else ("", "figures", "done")
+    send("stage", f"{prefix}compile")
+    got, pkg_path = _compile(p, target, pkg_dir, params)
+    send(figures, got)
+    send(done, "compile")
+    if "validate" in stages:
+        send("stage", f"{prefix}validate")
+        send(figures, _validate(p, pkg_path))
+        send(done, "validate")
+    return pkg_path
 
 
 def page_load_seconds(html: Path) -> tuple[float | None, str]:
