@@ -20,9 +20,13 @@ from typing import Annotated, Optional
 def _interrupted_while_starting(signum, frame):
     """SIGINT or SIGTERM before ``main()`` installs its handlers (the second or so the command line
     spends importing numpy, ml_dtypes and the rest): nothing exists yet to clean up, so the same
-    one line and exit status as an interrupted command, not a KeyboardInterrupt traceback."""
+    one line and exit status as an interrupted command, not a KeyboardInterrupt traceback. It ends
+    the process with ``os._exit``: a ``SystemExit`` raised here can land in a finalizer or a
+    weakref callback, where Python prints and ignores it and the command goes on (seen under load:
+    the line printed, then exit status 0)."""
     print(f"error: interrupted by {signal.Signals(signum).name}; no partial output left", file=sys.stderr)
-    sys.exit(128 + signum)
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 if (__name__ == "__main__" or Path(sys.argv[0]).name == "tileplan") \
