@@ -66,7 +66,9 @@ FIXTURES = REPO / "fixtures"
 
 QUICK_DEADLINE = 280.0            # seconds for the whole --quick run (5 minutes with a margin)
 SEARCH_PATHS = 16
-MAX_EXHAUSTIVE = 200_000          # choice combinations; past it the exact DP (checked against exhaustive search in the tests) is the oracle: with pre-arranged weights the smoke MLP has 1M, 170 s exhaustively, 0.6 s by the exact DP
+# Choice combinations; past it the exact DP (checked against exhaustive search in the tests) is the
+# oracle: with pre-arranged weights the smoke MLP has 1M, 170 s exhaustively, 0.6 s by the exact DP.
+MAX_EXHAUSTIVE = 200_000
 
 
 @dataclass(frozen=True)

@@ -233,12 +233,13 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
     removed: two paths with one state can carry different held storage into every later op, so
     scalar dominance pruned the path that fits and the bounded DP then kept a slower one (found
     by test_bounded_dp_stays_within_one_percent_of_the_oracle)."""
-    return _solve_dp(problem, paths, holds=problem.holds())
+    return _solve_dp(problem, paths)
 
 
-def _solve_dp(problem: Problem, paths: int | None, holds: bool) -> Solution | None:
-    """``solve_dp``; ``holds``: paths carry per-tile figures (some choice holds storage)."""
+def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
+    """``solve_dp``'s search."""
     last = problem.last_use()
+    holds = problem.holds()              # paths carry per-tile figures
     icap = problem.interleaved_capacity
     tiles = int(np.asarray(problem.resident).size)
     ibase = problem.interleaved_base(tiles)
