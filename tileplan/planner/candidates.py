@@ -42,6 +42,8 @@ class Candidate:
                                   # (``plan.stationary_weights``); None: costed with the default storage
     template: Any = None          # (program, renaming): the program of an op with the same planning
                                   # problem and how to rename it (``canon.retarget``), made on demand
+    through: tuple = ()           # the ops between it and ``fused`` whose work it also does and whose
+                                  # outputs are never stored (the GeLU of a bias-GeLU cast to FP8)
 
     @functools.cached_property
     def renamed_program(self) -> Program | None:

@@ -60,8 +60,11 @@ class _Numbering:
 
 
 def neighbourhood(graph: Graph, op: Op) -> list[Op]:
-    """The ops whose structure an op's candidates depend on: the op, then its output's consumers."""
-    return [op] + [c for c in graph.consumers.get(op.output, []) if c is not op]
+    """The ops whose structure an op's candidates depend on: the op, then its output's consumers,
+    then the further ops of a fused epilogue chain it may do (``epilogue.chain_ops``)."""
+    from .epilogue import chain_ops
+    near = [op] + [c for c in graph.consumers.get(op.output, []) if c is not op]
+    return near + [c for c in chain_ops(graph, op) if c not in near]
 
 
 def _ops_doc(graph: Graph, storage: dict, ops: list[Op]) -> tuple[list, list[str], list[str]]:
@@ -238,7 +241,7 @@ def retarget(cand, rename: Renaming, op_name: str, keep_program: bool = True, la
         src, first = cand.template
         template = (src, _Chain(first, rename))
     return dc.replace(cand, op=op_name, fused=rename(cand.fused), desc=rename(cand.desc),
-                      program=program, template=template)
+                      program=program, template=template, through=tuple(rename(t) for t in cand.through))
 
 
 def retarget_runner_up(r, rename: Renaming, op_name: str):

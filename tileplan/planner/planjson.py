@@ -92,7 +92,7 @@ def _op_entry(plan, node, storage) -> dict:
 def absorbed_into(plan, op: str) -> str | None:
     """The op whose chosen candidate did the work of the absorbed op ``op``."""
     for node in plan.mid.nodes:
-        if node.kind == "op" and node.candidate.fused == op:
+        if node.kind == "op" and (node.candidate.fused == op or op in node.candidate.through):
             return node.op
     return None
 
