@@ -151,3 +151,27 @@ def test_a_plan_whose_reducers_do_bias_gelu_in_fp16_validates(monkeypatch, tmp_p
     pkg, v, estimate = _validated(p, target, tmp_path / "pkg")
     assert v.passed and v.outputs["y"]["max_abs"] <= 0.002
     assert estimate["cycles"] == v.profile.cycles == p.estimate.cycles
+
+
+def _bias_gelu_graph(cols: int) -> Graph:
+    tensors = [Tensor("x", (8, cols), FP16, Role.INPUT), Tensor("b", (cols,), FP16, Role.PARAMETER)]
+    return Graph.build("bg", tensors, [Add("bias", ("x", "b"), "s"), GeLU("act", ("s",), "y")])
+
+
+def test_the_bias_gelu_pass_takes_the_aligned_path_exactly_where_its_operands_start_8_byte_aligned():
+    target = IPU64.with_tiles(4)
+    ctx = Context(_bias_gelu_graph(24), target)
+    for c in ew.candidates(ctx, ctx.graph.op("bias")):
+        if not c.desc.startswith("bias-gelu"):
+            continue
+        for v in (v for s in c.program.steps for v in s.vertices):
+            a, bias = v.ins
+            aligned = a.offset * 2 % 8 == 0 and bias.offset * 2 % 8 == 0 and v.outs[0].offset * 2 % 8 == 0
+            assert v.call.aligned == aligned
+            assert v.variant == ("bias_gelu_aligned_fp16" if aligned else "bias_gelu_fp16"), (c.desc, v.call)
+    # Whole rows of 13 halves are not whole 64-bit words: the general pass (a piece of a row may be).
+    ctx = Context(_bias_gelu_graph(13), target)
+    calls = {(v.call.cols, v.variant) for c in ew.candidates(ctx, ctx.graph.op("bias")) if c.desc.startswith("bias-gelu")
+             for s in c.program.steps for v in s.vertices}
+    assert (13, "bias_gelu_fp16") in calls and (13, "bias_gelu_aligned_fp16") not in calls
+    assert all(cols * 2 % 8 == 0 for cols, variant in calls if variant == "bias_gelu_aligned_fp16")

@@ -366,7 +366,7 @@ def model_floor(graph, target) -> dict:
             if _FLOOR_MEMO_SIZE:
                 _FLOOR_MEMO[key] = share
         ops[op.name] = dict(share)
-    _epilogue_shares(graph, target, storage, ops)
+    _epilogue_shares(graph, target, storage, ops, tkey)
     return {"ops": ops, "cycles": sum(v["cycles"] for v in ops.values())}
 
 
@@ -393,10 +393,11 @@ def gemm_epilogue_floor(graph, op, target, storage, chain) -> int:
                for p in range(len(shape.partial_types())))
 
 
-def _epilogue_shares(graph, target, storage, ops: dict) -> None:
+def _epilogue_shares(graph, target, storage, ops: dict, tkey) -> None:
     """A GEMM whose reducers may do an epilogue chain (``planner.epilogue``): its share becomes the
     lesser of its own plus the chain ops' shares (the chain done apart) and the least floor of its
     fused candidates (``gemm_epilogue_floor``); the chain ops then count 0 (their work is in it)."""
+    from . import canon
     from .epilogue import gemm_chain
     from . import elementwise as ew
     for op in graph.ops:
@@ -406,7 +407,12 @@ def _epilogue_shares(graph, target, storage, ops: dict) -> None:
                                                                              target.tiles)):
             continue
         absorbed = sum(ops[o.name]["cycles"] for o in chain.ops)
-        fused = gemm_epilogue_floor(graph, op, target, storage, chain)
+        key = ("epilogue", canon.op_key(graph, storage, op), tkey)      # a tower's layers: one each
+        fused = _FLOOR_MEMO.get(key)
+        if fused is None:
+            fused = gemm_epilogue_floor(graph, op, target, storage, chain)
+            if _FLOOR_MEMO_SIZE:
+                _FLOOR_MEMO[key] = fused
         ops[op.name] = {**ops[op.name], "cycles": min(ops[op.name]["cycles"] + absorbed, fused),
                         "absorbed": absorbed, "fused": fused}
         for o in chain.ops:
