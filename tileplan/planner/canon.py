@@ -28,7 +28,7 @@ import hashlib
 import json
 import re
 
-from ..graph.core import Graph, Op
+from ..graph.core import Cast, GeLU, Graph, Op
 
 _NAMES = ("name", "inputs", "output")
 
@@ -61,10 +61,17 @@ class _Numbering:
 
 def neighbourhood(graph: Graph, op: Op) -> list[Op]:
     """The ops whose structure an op's candidates depend on: the op, then its output's consumers,
-    then the further ops of a fused epilogue chain it may do (``epilogue.chain_ops``)."""
-    from .epilogue import chain_ops
+    then up to two further GeLU or Cast ops each the only consumer of the one before (the rest of
+    a fused epilogue chain the op may do: ``planner.epilogue``)."""
     near = [op] + [c for c in graph.consumers.get(op.output, []) if c is not op]
-    return near + [c for c in chain_ops(graph, op) if c not in near]
+    cur = near[-1] if len(near) == 2 else None
+    for _ in range(2):
+        users = graph.consumers.get(cur.output, []) if cur is not None else []
+        if len(users) != 1 or not isinstance(users[0], (GeLU, Cast)) or users[0] in near:
+            break
+        cur = users[0]
+        near.append(cur)
+    return near
 
 
 def _ops_doc(graph: Graph, storage: dict, ops: list[Op]) -> tuple[list, list[str], list[str]]:

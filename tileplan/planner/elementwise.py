@@ -332,7 +332,6 @@ def _elementwise(ctx, op, lay, acts, fused, cast: Cast | None = None) -> Candida
     kind = "bias-gelu-fp8 " if cast is not None else "bias-gelu " if fused is not None else ""
     desc = f"{kind}{op.kind} on {lay}"
     if cast is not None:
-        from .epilogue import chain_tag
         out_layout = Fused(lay, chain_tag("bias_gelu", (fused, cast)))
     else:
         out_layout = Fused(lay) if fused is not None else lay
@@ -340,6 +339,13 @@ def _elementwise(ctx, op, lay, acts, fused, cast: Cast | None = None) -> Candida
     return Candidate(op.name, tuple(by_name[n] for n in acts), out_layout, desc, d.estimate, d.estimate, prog, transient,
                      fused=last.name if last is not None else None,
                      through=(fused.name,) if cast is not None else ())
+
+
+def chain_tag(start: str, ops) -> str:
+    """The ``Fused.via`` of a fusion chain (``planner.epilogue``): what starts it and the kinds of
+    the ops it absorbs (each kind occurs once in a chain, so with the tensor it marks this names one
+    chain)."""
+    return f"{start}:{'+'.join(op.kind for op in ops)}"
 
 
 def absorbed_candidates(ctx, op, fused_layouts, into: str = "the bias Add", via: str = "",

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..graph.core import Graph, MatMul, Op, Role
 from . import elementwise as ew
+from .elementwise import chain_tag
 from .gemm import Epilogue
 
 
@@ -45,12 +46,6 @@ class Chain:
     @property
     def tag(self) -> str:
         return chain_tag("reduce", self.ops)
-
-
-def chain_tag(start: str, ops) -> str:
-    """The ``Fused.via`` of a chain: what starts it and the kinds of the ops it absorbs (each kind
-    occurs once in a chain, so with the tensor it marks this names one chain)."""
-    return f"{start}:{'+'.join(op.kind for op in ops)}"
 
 
 def _hidden(graph: Graph, op: Op) -> bool:
@@ -84,20 +79,6 @@ def gemm_chain(graph: Graph, op: Op) -> Chain | None:
         ops.append(cast)
         return Chain(tuple(ops), bias, Epilogue(gelu, True, graph.output_of(cast).scale))
     return Chain(tuple(ops), bias, Epilogue(gelu)) if gelu else None
-
-
-def chain_ops(graph: Graph, op: Op) -> list[Op]:
-    """The ops a fused candidate of ``op`` may absorb beyond its direct consumers (``canon``'s
-    neighbourhood: they shape its candidates): the rest of its GEMM chain, or the FP8 Cast after a
-    bias Add's GeLU."""
-    chain = gemm_chain(graph, op)
-    if chain is not None:
-        return list(chain.ops[1:])
-    gelu = ew.fusable_gelu(graph, op)
-    if gelu is not None:
-        cast = ew.fusable_cast(graph, gelu)
-        return [cast] if cast is not None else []
-    return []
 
 
 def absorbed(ctx, op: Op, producers, into: str) -> list:
