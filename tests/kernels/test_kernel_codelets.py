@@ -86,6 +86,28 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
     add("reduce_bias_fp16", ReduceCall(48, 4, FP16, FP16, bias_cols=16, own=True),
         own=random(rng, FP16, 48, 4.0), others=random(rng, FP16, 144, 4.0), bias=random(rng, FP16, 16))
 
+    # Reduction epilogues: the result cast to FP8 (scaled, saturating: large partials), bias-GeLU
+    # (both forms, FP16 and FP32 partials), bias-GeLU then FP8, with the own partial in place.
+    add("reduce_cast_fp16", ReduceCall(50, 3, FP16, FP16, cast_to=FP8, cast_scale=-1),
+        partials=random(rng, FP16, 150, 60.0))
+    add("reduce_cast_fp32", ReduceCall(24, 2, FP32, FP16, cast_to=FP8, cast_scale=2, own=True),
+        own=random(rng, FP32, 24, 100.0), others=random(rng, FP32, 24, 100.0))
+    add("reduce_bias_cast_fp16", ReduceCall(48, 3, FP16, FP16, bias_cols=16, cast_to=FP8),
+        partials=random(rng, FP16, 144, 4.0), bias=random(rng, FP16, 16))
+    add("reduce_bias_cast_fp32", ReduceCall(35, 4, FP32, FP16, bias_cols=7, cast_to=FP8, cast_scale=1),
+        partials=random(rng, FP32, 140, 10.0), bias=random(rng, FP16, 7, 10.0))
+    for form in ("tanh", "erf"):
+        add("reduce_bias_gelu_fp16", ReduceCall(96, 3, FP16, FP16, bias_cols=32, gelu=form), "gelu",
+            partials=random(rng, FP16, 288, 2.0), bias=random(rng, FP16, 32))
+        add("reduce_bias_gelu_fp32", ReduceCall(40, 2, FP32, FP32, bias_cols=8, gelu=form, own=True), "gelu",
+            own=random(rng, FP32, 40, 2.0), others=random(rng, FP32, 40, 2.0), bias=random(rng, FP32, 8))
+    add("reduce_bias_gelu_cast_fp16", ReduceCall(96, 4, FP16, FP16, bias_cols=16, gelu="tanh", cast_to=FP8,
+                                                 own=True),
+        own=random(rng, FP16, 96, 2.0), others=random(rng, FP16, 288, 2.0), bias=random(rng, FP16, 16))
+    add("reduce_bias_gelu_cast_fp32", ReduceCall(64, 2, FP32, FP16, bias_cols=32, gelu="erf", cast_to=FP8,
+                                                 cast_scale=-2),
+        partials=random(rng, FP32, 128, 2.0), bias=random(rng, FP16, 32))
+
     # Adds, dense and row broadcast, aligned and not.
     for variant, dt in (("binary_vector", FP16), ("binary_vector", FP32), ("binary_pairs", FP16), ("binary_pairs", FP32)):
         add(variant, BinaryCall(3, 8, dt, "dense"), a=random(rng, dt, 24), b=random(rng, dt, 24))
@@ -128,6 +150,14 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
             add(f"gelu_{dt}", GeLUCall(xs.size, dt, form), "gelu", **{"in": xs})
             add(f"bias_gelu_{dt}", BiasGeLUCall(9, 16, dt, form), "gelu",
                 a=random(rng, dt, 144, 3.0), bias=random(rng, dt, 16))
+        # The general pass with its result cast to FP8 (odd width), for both types.
+        add(f"bias_gelu_{dt}", BiasGeLUCall(5, 13, dt, "tanh", cast_to=FP8, cast_scale=-3),
+            a=random(rng, dt, 65, 3.0), bias=random(rng, dt, 13))
+    # The aligned FP16 path and the FP8-output pass (its scale, and saturation of large values).
+    add("bias_gelu_aligned_fp16", BiasGeLUCall(3, 24, FP16, "tanh", aligned=True), "gelu",
+        a=random(rng, FP16, 72, 3.0), bias=random(rng, FP16, 24))
+    add("bias_gelu_fp16_fp8", BiasGeLUCall(4, 32, FP16, "erf", cast_to=FP8, cast_scale=1),
+        a=random(rng, FP16, 128, 200.0), bias=random(rng, FP16, 32))
 
     # Casts: every FP16 value into FP8 (rounding ties, subnormals, saturation, NaN);
     # every FP8 byte out of FP8; FP32 -> FP16 overflow and ties.

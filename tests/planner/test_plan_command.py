@@ -53,7 +53,8 @@ def test_plan_json_holds_every_op_its_grid_the_conversions_totals_and_runner_ups
     data = json.loads(dumps(plan_to_json(p)))
     assert [op["name"] for op in data["ops"]] == [op.name for op in p.graph.ops]
     fc1 = next(op for op in data["ops"] if op["name"] == "fc1")
-    assert set(fc1["grid"]) == {"gb", "gm", "gn", "gk", "order", "reduction", "partials", "bias_in_reduction"}
+    assert set(fc1["grid"]) == {"gb", "gm", "gn", "gk", "order", "reduction", "partials", "bias_in_reduction",
+                                "epilogue"}
     assert set(fc1["layouts"]["inputs"]) == {"x8", "w1"}
     assert fc1["estimate"]["cycles"] == sum(fc1["estimate"][k] for k in ("compute", "exchange", "sync"))
     assert set(fc1["memory"]) == {"standard", "interleaved", "total"}

@@ -137,6 +137,31 @@ def reduction_bias_cycles(g, target, grid, red, ptype) -> np.ndarray:
     return np.where(red > 0, extra * per_group, 0).astype(np.int64)
 
 
+def reduction_epilogue_cycles(g, target, grid, red, ptype, bias: bool, fields: dict) -> np.ndarray:
+    """Per row, the cycles a fused epilogue (``fields``: ``ReduceCall``'s gelu, cast_to, cast_scale)
+    adds to the reducers of its piece (``piece`` rows of the widest column block, ``gk`` partials):
+    the dispatched reduction kernel with the epilogue less the one without (both with the bias row
+    when ``bias``), from the kernels' own formulas, once per distinct piece. Zero without a reduction."""
+    from ..kernels.calls import ReduceCall
+    gb, gm, gn, gkk = np.asarray(grid).T
+    per_group = -(-g.batch // gb)
+    m = -(-g.M // gm)
+    piece = np.where(red == 2, -(-m // gkk), m)
+    cols = widest_block_n(g, gn)
+    reg = default_registry()
+    types = g.partial_types()
+    keys = np.stack(np.broadcast_arrays(piece, cols, gkk, ptype), 1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    extra = np.zeros(len(uniq), dtype=np.int64)
+    for i, (rows, n, parts, p) in enumerate(uniq.tolist()):
+        if rows <= 0 or parts < 2:
+            continue
+        base = ReduceCall(rows * n, parts, types[p], g.out_dtype, -g.c_scale, n if bias else 0, own=True)
+        fused = ReduceCall(rows * n, parts, types[p], g.out_dtype, -g.c_scale, n if bias else 0, True, **fields)
+        extra[i] = (reg.dispatch(fused, target).cycles(fused, target) - reg.dispatch(base, target).cycles(base, target))
+    return np.where(red > 0, extra[inverse.reshape(-1)] * per_group, 0).astype(np.int64)
+
+
 def _reduce_work(g, target, ptype, elems, addends) -> np.ndarray:
     """Per row, ``kernels.cycles.reduce_work`` (the reduction loop without its setup) for the row's
     partials type (``ptype`` indexes ``g.partial_types()``): the kernels' own formula, vectorised."""

@@ -13,6 +13,15 @@ from .dtypes import DType
 ORDERS = ("bijl", "bilj", "bjli")      # the GEMM grid's tile orders (planner.gemm uses this tuple)
 REDUCTIONS = ("gather", "rows")
 STORAGES = ("panels", "grid")
+EPILOGUE_PARTS = ("bias", "gelu", "fp8")   # what a GEMM's reducers may do after the sum, in this order
+
+
+def epilogue_name(bias: bool, epilogue) -> str:
+    """A pin's ``epilogue``: what a GEMM's reducers do after the sum (``GemmChoice.bias`` and
+    ``GemmChoice.epilogue``, a ``planner.gemm.Epilogue`` or None): the bias Add, a GeLU, a Cast to
+    FP8, joined by ``+`` in that order, or ``none``."""
+    on = (bias, epilogue is not None and bool(epilogue.gelu), epilogue is not None and epilogue.cast)
+    return "+".join(name for name, yes in zip(EPILOGUE_PARTS, on) if yes) or "none"
 
 
 @dataclass(frozen=True)
@@ -24,20 +33,22 @@ class Pin:
     partials: DType | None = None
     serial: int | None = None
     storage: str | None = None
+    epilogue: str | None = None                # ``epilogue_name``: "none", "bias", "bias+gelu+fp8", ...
 
     def matches(self, choice) -> bool:
         return ((choice.gb, choice.gm, choice.gn, choice.gk) == self.grid
                 and (self.order is None or choice.order == self.order)
                 and (self.reduction is None or choice.reduction == self.reduction)
                 and (self.partials is None or choice.partials is self.partials)
-                and (self.serial is None or choice.sk == self.serial))
+                and (self.serial is None or choice.sk == self.serial)
+                and (self.epilogue is None or epilogue_name(choice.bias, choice.epilogue) == self.epilogue))
 
     def __str__(self) -> str:
         gb, gm, gn, gk = self.grid
         parts = [f"grid:{f'{gb}x' if gb > 1 else ''}{gm}x{gn}x{gk}"]
         for key, value in (("order", self.order), ("reduction", self.reduction),
                            ("partials", self.partials.value if self.partials else None), ("serial", self.serial),
-                           ("storage", self.storage)):
+                           ("storage", self.storage), ("epilogue", self.epilogue)):
             if value is not None:
                 parts.append(f"{key}:{value}")
         return ",".join(parts)
@@ -93,12 +104,33 @@ def parse_spec(op: str, spec: str, where: str) -> Pin:
             if value not in STORAGES:
                 raise TileplanError(f"{where}: pin of {op!r}: storage must be panels or grid, got {value!r}")
             pin["storage"] = value
+        elif key == "epilogue":
+            pin["epilogue"] = _epilogue(op, value, where)
         else:
             raise TileplanError(f"{where}: pin of {op!r}: unknown key {key!r} (grid, order, reduction, partials, "
-                                "serial, storage)")
+                                "serial, storage, epilogue)")
     if grid[3] == 1 and pin.get("reduction"):
         raise TileplanError(f"{where}: pin of {op!r}: a reduction needs gk > 1 (the grid's last number)")
+    if grid[3] == 1 and pin.get("epilogue", "none") != "none":
+        raise TileplanError(f"{where}: pin of {op!r}: epilogue:{pin['epilogue']} is done by the reducers, which "
+                            "need gk > 1 (the grid's last number)")
     return Pin(**pin)
+
+
+def _epilogue(op: str, value: str, where: str) -> str:
+    """A pin's ``epilogue`` value, checked: ``none``, or parts of ``bias+gelu+fp8`` (each once, in that
+    order; a GeLU needs the bias: the fused kernel is reduction + bias-GeLU)."""
+    parts = value.split("+")
+    if value == "none":
+        return value
+    if any(p not in EPILOGUE_PARTS for p in parts) or len(set(parts)) != len(parts) \
+            or parts != sorted(parts, key=EPILOGUE_PARTS.index):
+        raise TileplanError(f"{where}: pin of {op!r}: epilogue must be none or parts of bias+gelu+fp8 in that "
+                            f"order, each once, got {value!r}")
+    if "gelu" in parts and "bias" not in parts:
+        raise TileplanError(f"{where}: pin of {op!r}: epilogue {value!r}: a GeLU in the reduction needs the bias "
+                            "too (the fused kernel is reduction + bias-GeLU)")
+    return value
 
 
 def read_pins_file(path: str | Path) -> list[Pin]:

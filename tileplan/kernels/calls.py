@@ -130,7 +130,13 @@ class ReduceCall:
     ``out_dtype``, is one more addend: the ``n`` elements are ``n / bias_cols``
     rows of ``bias_cols`` and element ``i`` adds ``bias[i % bias_cols]`` after the
     last partial, in the same FP32 sum, before the scaling and the one rounding
-    (a GEMM's bias Add done by its split-K reduction)."""
+    (a GEMM's bias Add done by its split-K reduction).
+
+    Epilogues (the GEMM's following ops done by its reducers, each rounding as the unfused op
+    would store its result): with ``gelu`` ("tanh" or "erf"; needs a bias row) the rounded sum goes
+    through GeLU in FP32 and is rounded to ``out_dtype`` again (a bias Add then GeLU); with
+    ``cast_to`` (FP8) the result is then cast to FP8 with the power-of-two scale ``cast_scale``,
+    saturating (a following Cast), and the output operand is FP8."""
 
     n: int
     parts: int
@@ -140,6 +146,9 @@ class ReduceCall:
     bias_cols: int = 0                    # width of the bias row added to every row; 0: no bias
     own: bool = False                     # two partial inputs: the reducer's own partial [n], read in
                                           # place and summed first, then the other [parts - 1, n]
+    gelu: str = ""                        # GeLU epilogue form ("tanh", "erf"); "": none
+    cast_to: DType | None = None          # epilogue cast of the result (FP8); None: out_dtype is stored
+    cast_scale: int = 0                   # its scale exponent (stored = value / 2**cast_scale)
     primitive: ClassVar[str] = "reduce"
     __str__ = describe
 
@@ -152,19 +161,32 @@ class ReduceCall:
               f"ReduceCall: a bias row of {self.bias_cols} elements does not divide n={self.n} into rows")
         check(isinstance(self.own, bool) and (not self.own or self.parts >= 2),
               f"ReduceCall: own={self.own!r} needs a bool and at least two parts (parts={self.parts})")
+        if self.gelu:
+            _one_of(self, "gelu", self.gelu, GELU_FORMS)
+            check(self.bias_cols > 0, "ReduceCall: a GeLU epilogue needs a bias row (bias_cols > 0)")
+        check(self.cast_to is None or self.cast_to is DType.FP8,
+              f"ReduceCall: cast_to must be None or fp8, got {self.cast_to!r}")
+        check(self.cast_scale == 0 or self.cast_to is not None,
+              f"ReduceCall: cast_scale {self.cast_scale} given without a cast_to")
 
     @property
     def addends(self) -> int:
         """Arrays summed per element: the partials, and the bias row when there is one."""
         return self.parts + (1 if self.bias_cols else 0)
 
+    @property
+    def stored(self) -> DType:
+        """The output operand's type: the epilogue cast's, else ``out_dtype``."""
+        return self.cast_to or self.out_dtype
+
     def operand_types(self) -> tuple[list[DType], list[DType]]:
         return ([self.in_dtype] * (2 if self.own else 1) + ([self.out_dtype] if self.bias_cols else []),
-                [self.out_dtype])
+                [self.stored])
 
     def key(self) -> str:
         return (f"reduce_{self.in_dtype}_{self.out_dtype}" + ("_bias" if self.bias_cols else "")
-                + ("_own" if self.own else ""))
+                + ("_own" if self.own else "") + (f"_gelu_{self.gelu}" if self.gelu else "")
+                + (f"_to_{self.cast_to}" if self.cast_to else ""))
 
 
 @dataclass(frozen=True)
@@ -193,12 +215,22 @@ class GeLUCall:
 @dataclass(frozen=True)
 class BiasGeLUCall:
     """Fused ``gelu(a[rows, cols] + bias[cols])`` in one pass; the sum is rounded
-    to ``dtype`` in registers before the GeLU, as the unfused Add would store it."""
+    to ``dtype`` in registers before the GeLU, as the unfused Add would store it, and
+    the GeLU is rounded to ``dtype`` as the unfused GeLU would store it.
+
+    With ``cast_to`` (FP8) the result is then cast to FP8 with the power-of-two scale
+    ``cast_scale``, saturating (a following Cast), and the output operand is FP8.
+    ``aligned``: ``a``, ``bias`` and the output start on 8-byte boundaries (the caller
+    knows the operand offsets; the aligned kernel path needs them, with rows of whole
+    64-bit words)."""
 
     rows: int
     cols: int
     dtype: DType
     approximate: str = "tanh"
+    cast_to: DType | None = None
+    cast_scale: int = 0
+    aligned: bool = False
     primitive: ClassVar[str] = "bias_gelu"
     __str__ = describe
 
@@ -206,16 +238,26 @@ class BiasGeLUCall:
         _positive(self, rows=self.rows, cols=self.cols)
         _dtype(self, dtype=self.dtype)
         _one_of(self, "approximate", self.approximate, GELU_FORMS)
+        check(self.cast_to is None or self.cast_to is DType.FP8,
+              f"BiasGeLUCall: cast_to must be None or fp8, got {self.cast_to!r}")
+        check(self.cast_scale == 0 or self.cast_to is not None,
+              f"BiasGeLUCall: cast_scale {self.cast_scale} given without a cast_to")
+        check(isinstance(self.aligned, bool), f"BiasGeLUCall: aligned must be a bool, got {self.aligned!r}")
 
     @property
     def size(self) -> int:
         return self.rows * self.cols
 
+    @property
+    def stored(self) -> DType:
+        """The output operand's type: the epilogue cast's, else ``dtype``."""
+        return self.cast_to or self.dtype
+
     def operand_types(self) -> tuple[list[DType], list[DType]]:
-        return [self.dtype, self.dtype], [self.dtype]
+        return [self.dtype, self.dtype], [self.stored]
 
     def key(self) -> str:
-        return f"bias_gelu_{self.dtype}_{self.approximate}"
+        return f"bias_gelu_{self.dtype}_{self.approximate}" + (f"_to_{self.cast_to}" if self.cast_to else "")
 
 
 @dataclass(frozen=True)

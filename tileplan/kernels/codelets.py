@@ -21,6 +21,7 @@ encoded by bit manipulation, rounding to nearest even and saturating.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,20 +217,47 @@ def reduce_codelet(call, variant) -> CodeletSource:
               + (_vec("output", "out", call.out_dtype, call.n),
                  _param("n", call.n), _param("parts", call.parts))
               + ((_param("cols", call.bias_cols),) if bias else ())
-              + (_param("outScale", call.out_scale, "int"),))
+              + (_param("outScale", call.out_scale, "int"),)
+              + ((_param("castScale", call.cast_scale, "int"),) if call.cast_to else ()))
+    fields = tuple(dataclasses.replace(f, ctype=call.stored.cpp, dtype=call.stored) if f.name == "out" else f
+                   for f in fields)
     add_bias = "\n      acc += load_f32(bias[i % cols]);           // the bias row: one more addend" if bias else ""
     parts = ("float acc = 0.0f + load_f32(own[i]);\n"
              "      for (unsigned p = 0; p + 1 < parts; ++p) acc += load_f32(others[p * n + i]);") if call.own \
         else ("float acc = 0.0f;\n"
               "      for (unsigned p = 0; p < parts; ++p) acc += load_f32(partials[p * n + i]);")
+    store = _epilogue_store(call.out_dtype, call.gelu, call.cast_to, "std::ldexp(acc, outScale)", "castScale")
     body = f"""    for (unsigned i = workerId; i < n; i += workers) {{
       {parts}{add_bias}
-      out[i] = store_as<{call.out_dtype.cpp}>(std::ldexp(acc, outScale));
+      {store}
     }}"""
     what = " plus a bias row [cols] repeated over the rows" if bias else ""
     how = "its own partial [n] in place, then the other parts - 1 [parts - 1, n]" if call.own \
         else "parts partials [parts, n]"
-    return render(key, body, fields, f"sum of {how}{what} in FP32, {call.out_dtype} out")
+    return render(key, body, fields, f"sum of {how}{what} in FP32, {call.out_dtype} out"
+                  + _epilogue_doc(call.gelu, call.cast_to))
+
+
+def _epilogue_store(dtype, gelu: str, cast_to, value: str, scale: str) -> str:
+    """The store of a fused epilogue: ``value`` rounded to ``dtype`` (as the unfused op stores it),
+    then GeLU in FP32 rounded to ``dtype`` again, then the FP8 cast with its scale."""
+    if not gelu and cast_to is None:
+        return f"out[i] = store_as<{dtype.cpp}>({value});"
+    lines = [f"const float x = load_f32(store_as<{dtype.cpp}>({value}));"]
+    result = "x"
+    if gelu:
+        lines.append(f"const float g = load_f32(store_as<{dtype.cpp}>({_gelu_expr(gelu)}));")
+        result = "g"
+    if cast_to is not None:
+        lines.append(f"out[i] = f143_encode(std::ldexp({result}, -{scale}));")
+    else:
+        lines.append(f"out[i] = store_as<{dtype.cpp}>({result});")
+    return "\n      ".join(lines)
+
+
+def _epilogue_doc(gelu: str, cast_to) -> str:
+    return ((f", then GeLU ({gelu})" if gelu else "")
+            + (f", then cast to {cast_to} (saturating, power-of-two scale)" if cast_to is not None else ""))
 
 
 def _gelu_expr(approximate: str) -> str:
@@ -253,15 +281,18 @@ def gelu_codelet(call, variant) -> CodeletSource:
 def bias_gelu_codelet(call, variant) -> CodeletSource:
     key = codelet_key(variant.name, call)
     fields = (_vec("input", "a", call.dtype, call.size), _vec("input", "bias", call.dtype, call.cols),
-              _vec("output", "out", call.dtype, call.size),
-              _param("rows", call.rows), _param("cols", call.cols))
+              _vec("output", "out", call.stored, call.size),
+              _param("rows", call.rows), _param("cols", call.cols)) + (
+              (_param("castScale", call.cast_scale, "int"),) if call.cast_to else ())
+    store = _epilogue_store(call.dtype, call.approximate, call.cast_to,
+                            "load_f32(a[i]) + load_f32(bias[i % cols])", "castScale")
     body = f"""    const unsigned size = rows * cols;
     for (unsigned i = workerId; i < size; i += workers) {{
-      const float x = load_f32(store_as<{call.dtype.cpp}>(load_f32(a[i]) + load_f32(bias[i % cols])));
-      out[i] = store_as<{call.dtype.cpp}>({_gelu_expr(call.approximate)});
+      {store}
     }}"""
     return render(key, body, fields, f"fused GeLU ({call.approximate}) of a + bias row, sum rounded to "
-                                     f"{call.dtype} as the unfused Add would, {call.dtype} out")
+                                     f"{call.dtype} as the unfused Add would, {call.dtype} GeLU"
+                                     + _epilogue_doc("", call.cast_to))
 
 
 def cast_codelet(call, variant) -> CodeletSource:

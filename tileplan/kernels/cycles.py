@@ -189,7 +189,53 @@ def reduce_cycles(call: ReduceCall, target: Target) -> int:
     loads and adds from two base pointers instead of one (an assumption: no
     public measurement separates them).
     """
-    return REDUCE_SETUP + reduce_work(call.in_dtype, call.n, call.addends, target.workers)
+    return REDUCE_SETUP + reduce_work(call.in_dtype, call.n, call.addends, target.workers) + cast_epilogue_work(call)
+
+
+# ---- reduction epilogues (REFERENCES.md, "Transformer kernels on IPU21") -----------
+
+REDUCE_GELU_SETUP = 288         # ipu-stack docs/REDUCTION_EPILOGUE_2026_09_13.md: the published model
+REDUCE_GELU_GROUP = 222         # per 16-column group
+REDUCE_GELU_GROUP_C = 16
+REDUCE_GELU_VECTORS = 4         # 64-bit vectors per row of a 16-column FP16 group
+REDUCE_GELU_STEP = 20           # per vector per worker round, plus one per partial
+
+
+def cast_epilogue_work(call) -> int:
+    """An FP8 epilogue cast (``cast_to``) on ``n`` elements: DERIVED, the published flat FP16 -> FP8
+    cast's per-wave term without its setup (``24 * ceil(n/48)``, ipu-stack ``cast_cycles``): the
+    result is converted in registers before its store, so the cast's own launch and round trip
+    through memory are saved. No public measurement of the fused form."""
+    n = call.n if isinstance(call, ReduceCall) else call.size
+    return ceil_div(n, CAST_FP16_FP8_WAVE) * CAST_FP16_FP8_CYCLES if call.cast_to is not None else 0
+
+
+def reduce_gelu_cycles(call: ReduceCall, target: Target) -> int:
+    """Reduction + bias-GeLU, ``R x C`` (``C = bias_cols``, ``R = n / C``) with ``P`` partials:
+    ``288 + ceil(C/16) (222 + ceil(4R/6) 6 (20 + P))``: published (ipu-stack
+    ``docs/REDUCTION_EPILOGUE_2026_09_13.md``, REFERENCES.md; 82 x 32, P = 6: 17,892). ``P`` counts the
+    partials (the bias is the published kernel's own load). A narrower last column group is priced
+    as a whole one (``ceil``): an assumption, the published points are whole groups.
+
+    FP32 partials: DERIVED, a 64-bit vector holds half as many elements (8 vectors per group row
+    instead of 4), as for the plain reduction. An FP8 epilogue cast adds ``cast_epilogue_work``
+    (DERIVED)."""
+    cols = call.bias_cols
+    rows = call.n // cols
+    vectors = REDUCE_GELU_VECTORS * (2 if call.in_dtype is DType.FP32 else 1)
+    w = target.workers
+    per_group = REDUCE_GELU_GROUP + ceil_div(vectors * rows, w) * w * (REDUCE_GELU_STEP + call.parts)
+    return REDUCE_GELU_SETUP + ceil_div(cols, REDUCE_GELU_GROUP_C) * per_group + cast_epilogue_work(call)
+
+
+def reduce_gelu_floor(n: int, parts: int, in_dtype: DType, cast_to: DType | None, target: Target) -> int:
+    """A lower bound of ``reduce_gelu_cycles`` over every ``R x C`` block with ``R * C >= n``: ``ceil``
+    never rounds down, so ``ceil(C/16) ceil(4R/6) 6 >= 4RC/16`` and ``ceil(C/16) >= 1`` (the model
+    floor's share of a fused reducer on the fullest tile)."""
+    vectors = REDUCE_GELU_VECTORS * (2 if in_dtype is DType.FP32 else 1)
+    cast = ceil_div(n, CAST_FP16_FP8_WAVE) * CAST_FP16_FP8_CYCLES if cast_to is not None else 0
+    return (REDUCE_GELU_SETUP + REDUCE_GELU_GROUP
+            + ceil_div(vectors * n * (REDUCE_GELU_STEP + parts), REDUCE_GELU_GROUP_C) + cast)
 
 
 # ---- GeLU -------------------------------------------------------------------------
@@ -236,7 +282,44 @@ def bias_gelu_cycles(call: BiasGeLUCall, target: Target) -> int:
         bias = binary_vector_cycles(add, target) - ADD_VECTOR_SETUP
     else:
         bias = binary_pair_work(add.size, add.dtype)
-    return GELU_SETUP + gelu_work(call.dtype, call.size) + bias
+    return GELU_SETUP + gelu_work(call.dtype, call.size) + bias + cast_epilogue_work(call)
+
+
+# The aligned FP16 bias-GeLU path (operands 8-byte aligned, rows of whole 64-bit words).
+BIAS_GELU_ALIGNED_SETUP = 222
+BIAS_GELU_ALIGNED_ROW = 228
+BIAS_GELU_ALIGNED_STEP = 24     # elements per six-worker step (six workers x four halves)
+BIAS_GELU_ALIGNED_STEP_CYCLES = 90
+
+
+def bias_gelu_aligned_cycles(call: BiasGeLUCall, target: Target) -> int:
+    """``222 + R (228 + 90 ceil(C/24))``: FITTED to the five published IPU21 points of the aligned
+    FP16 path (REFERENCES.md, ipu-stack ``docs/BIAS_GELU_MIX_2026_09_13.md``: 1 x 16 / 1 x 1408 /
+    1 x 2152 / 1 x 2208 / 3 x 2152 -> 540 / 5,760 / 8,550 / 8,730 / 25,206). How: the 1 x 2152 and
+    3 x 2152 points give the per-row cost of 2,152 columns (8,328) and the setup (222); the per-row
+    costs of the four one-row points are then ``228 + 90 ceil(C/24)`` exactly (24 = six workers x
+    four halves, the Add's step). All five points are reproduced exactly. The published 4-byte-offset
+    figure (37,950) is the unaligned path, ``bias_gelu_cycles``. FP16 out only: the FP8-output
+    pass has its own published points (``bias_gelu_fp8_cycles``)."""
+    steps = ceil_div(call.cols, BIAS_GELU_ALIGNED_STEP)
+    return BIAS_GELU_ALIGNED_SETUP + call.rows * (BIAS_GELU_ALIGNED_ROW + BIAS_GELU_ALIGNED_STEP_CYCLES * steps)
+
+
+# Bias-GeLU with its result cast to FP8 in the same pass (FP16 in).
+BIAS_GELU_FP8_SETUP = 138       # the published GeLU-FP8 fit's setup (REFERENCES.md)
+BIAS_GELU_FP8_ROW = 390
+BIAS_GELU_FP8_BLOCK = 192
+BIAS_GELU_FP8_BLOCK_CYCLES = 1104
+
+
+def bias_gelu_fp8_cycles(call: BiasGeLUCall, target: Target) -> int:
+    """``138 + R (390 + 1104 ceil(C/192))``: FITTED to the two published IPU21 points of bias + GeLU
+    with FP8 output (REFERENCES.md: 1 x 1152 -> 7,152, 1 x 2152 -> 13,776). How: the form of the
+    published GeLU-with-FP8-output fit (``138 + rows (372 + ceil(w/192) 1002)``) with its setup
+    kept at 138; the per-row (390) and per-192-column (1104) terms solve the two points exactly
+    (6 and 12 blocks). The per-row/setup split is not pinned by one-row points: an assumption."""
+    blocks = ceil_div(call.cols, BIAS_GELU_FP8_BLOCK)
+    return BIAS_GELU_FP8_SETUP + call.rows * (BIAS_GELU_FP8_ROW + BIAS_GELU_FP8_BLOCK_CYCLES * blocks)
 
 
 # ---- casts ------------------------------------------------------------------------

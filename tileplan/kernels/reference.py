@@ -122,7 +122,21 @@ def reduce(call: ReduceCall, partials: np.ndarray, *more: np.ndarray) -> np.ndar
         if bias is None:
             raise ValueError("a reduction with a bias row needs its bias operand")
         acc += np.tile(_f32(operand(bias, call.out_dtype, call.bias_cols, "bias")), (1, call.n // call.bias_cols))
-    return _result(round_to(acc, call.out_dtype, call.out_scale), np.asarray(partials).shape[:-1])
+    y = round_to(acc, call.out_dtype, call.out_scale)
+    return _result(epilogue(y, call.out_dtype, call.gelu, call.cast_to, call.cast_scale),
+                   np.asarray(partials).shape[:-1])
+
+
+def epilogue(y: np.ndarray, dtype: DType, gelu: str, cast_to: DType | None, cast_scale: int) -> np.ndarray:
+    """A fused epilogue on a result ``y`` already rounded to ``dtype``: GeLU in FP32 rounded to
+    ``dtype`` (as the unfused GeLU stores it) when ``gelu``, then a saturating cast to ``cast_to``
+    with its scale (as the unfused Cast) when given."""
+    if gelu:
+        y = round_to(gelu32(_f32(y), gelu), dtype)
+    if cast_to is not None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = quantise(dequantise(y, dtype, 0), cast_to, cast_scale)
+    return y
 
 
 # ---- elementwise ------------------------------------------------------------------
@@ -162,8 +176,8 @@ def bias_gelu(call: BiasGeLUCall, a: np.ndarray, bias: np.ndarray) -> np.ndarray
     GeLU, so the fused kernel computes exactly what the unfused Add then GeLU would."""
     a2 = operand(a, call.dtype, call.size, "a")
     b2 = np.tile(operand(bias, call.dtype, call.cols, "bias"), (1, call.rows))
-    s = _f32(round_to(_f32(a2) + _f32(b2), call.dtype))
-    return _result(round_to(gelu32(s, call.approximate), call.dtype), np.asarray(a).shape[:-1])
+    s = round_to(_f32(a2) + _f32(b2), call.dtype)
+    return _result(epilogue(s, call.dtype, call.approximate, call.cast_to, call.cast_scale), np.asarray(a).shape[:-1])
 
 
 def cast(call: CastCall, x: np.ndarray) -> np.ndarray:

@@ -93,6 +93,24 @@ WHOLE_PANELS = Predicate("cols % grain == 0 (whole panels)", lambda c, t: c.cols
 REDUCE_OUT = in_("out_dtype", (FP16, FP32))
 NO_BIAS = Predicate("no bias row (bias_cols == 0)", lambda c, t: c.bias_cols == 0)
 WITH_BIAS = Predicate("a bias row (bias_cols > 0)", lambda c, t: c.bias_cols > 0)
+NO_GELU = Predicate("no GeLU epilogue (gelu == '')", lambda c, t: not c.gelu)
+WITH_GELU = Predicate("a GeLU epilogue (gelu is tanh or erf)", lambda c, t: bool(c.gelu))
+NO_CAST = Predicate("no epilogue cast (cast_to is None)", lambda c, t: c.cast_to is None)
+WITH_CAST = Predicate("an epilogue cast to fp8 (cast_to is fp8)", lambda c, t: c.cast_to is FP8)
+CAST_NEEDS_FP8 = Predicate("an epilogue cast to fp8 needs a target with FP8 (amp_fp8 > 0)",
+                           lambda c, t: c.cast_to is None or t.amp_fp8 > 0)
+BIAS_GELU_ALIGNED = Predicate("operands 8-byte aligned (aligned) and rows of whole 64-bit words "
+                              "(cols * itemsize % 8 == 0)",
+                              lambda c, t: c.aligned and c.cols * c.dtype.itemsize % 8 == 0)
+
+
+def reduce_variant(name: str, dtype: DType, bias: bool, cycles=None, gelu: bool = False, cast: bool = False,
+                   doc: str = "") -> Variant:
+    """A partial reduction row: partials type, bias row or not, and its epilogues (GeLU, FP8 cast)."""
+    preds = (is_("in_dtype", dtype), REDUCE_OUT, WITH_BIAS if bias else NO_BIAS,
+             WITH_GELU if gelu else NO_GELU, WITH_CAST if cast else NO_CAST, CAST_NEEDS_FP8)
+    return Variant(name, "reduce", BOTH, SPECIAL, preds, cycles or cy.reduce_cycles, ref.reduce,
+                   cl.reduce_codelet, doc=doc)
 
 
 def _table() -> list[Variant]:
@@ -112,21 +130,39 @@ def _table() -> list[Variant]:
                 cy.vmac_cycles, ref.matmul, cl.matmul_codelet, doc="vector-unit multiply-accumulate"),
         # Partial reductions: the fitted FP16 loop, the FP32 one derived from it; with a bias row
         # (a GEMM's bias Add done in its reduction) the same loops with one more addend.
-        Variant("reduce_fp16", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP16), REDUCE_OUT, NO_BIAS),
-                cy.reduce_cycles, ref.reduce, cl.reduce_codelet),
-        Variant("reduce_fp32", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP32), REDUCE_OUT, NO_BIAS),
-                cy.reduce_cycles, ref.reduce, cl.reduce_codelet),
-        Variant("reduce_bias_fp16", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP16), REDUCE_OUT, WITH_BIAS),
-                cy.reduce_cycles, ref.reduce, cl.reduce_codelet, doc="reduction plus a bias row"),
-        Variant("reduce_bias_fp32", "reduce", BOTH, SPECIAL, (is_("in_dtype", FP32), REDUCE_OUT, WITH_BIAS),
-                cy.reduce_cycles, ref.reduce, cl.reduce_codelet, doc="reduction plus a bias row"),
+        reduce_variant("reduce_fp16", FP16, bias=False),
+        reduce_variant("reduce_fp32", FP32, bias=False),
+        reduce_variant("reduce_bias_fp16", FP16, bias=True, doc="reduction plus a bias row"),
+        reduce_variant("reduce_bias_fp32", FP32, bias=True, doc="reduction plus a bias row"),
+        # Fused epilogues of the reducers (a GEMM's following ops): the result cast to FP8 (with or
+        # without a bias row), and bias-GeLU (published model), its result optionally cast to FP8.
+        reduce_variant("reduce_cast_fp16", FP16, bias=False, cast=True, doc="reduction, FP8 result"),
+        reduce_variant("reduce_cast_fp32", FP32, bias=False, cast=True, doc="reduction, FP8 result"),
+        reduce_variant("reduce_bias_cast_fp16", FP16, bias=True, cast=True, doc="reduction + bias, FP8 result"),
+        reduce_variant("reduce_bias_cast_fp32", FP32, bias=True, cast=True, doc="reduction + bias, FP8 result"),
+        reduce_variant("reduce_bias_gelu_fp16", FP16, bias=True, cycles=cy.reduce_gelu_cycles, gelu=True,
+                       doc="reduction + bias-GeLU"),
+        reduce_variant("reduce_bias_gelu_fp32", FP32, bias=True, cycles=cy.reduce_gelu_cycles, gelu=True,
+                       doc="reduction + bias-GeLU"),
+        reduce_variant("reduce_bias_gelu_cast_fp16", FP16, bias=True, cycles=cy.reduce_gelu_cycles, gelu=True,
+                       cast=True, doc="reduction + bias-GeLU, FP8 result"),
+        reduce_variant("reduce_bias_gelu_cast_fp32", FP32, bias=True, cycles=cy.reduce_gelu_cycles, gelu=True,
+                       cast=True, doc="reduction + bias-GeLU, FP8 result"),
         # GeLU and the fused bias-GeLU, per element type.
         elementwise("gelu_fp16", "gelu", FP16, cy.gelu_cycles, ref.gelu, cl.gelu_codelet),
         elementwise("gelu_fp32", "gelu", FP32, cy.gelu_cycles, ref.gelu, cl.gelu_codelet),
-        elementwise("bias_gelu_fp16", "bias_gelu", FP16, cy.bias_gelu_cycles, ref.bias_gelu,
-                    cl.bias_gelu_codelet),
-        elementwise("bias_gelu_fp32", "bias_gelu", FP32, cy.bias_gelu_cycles, ref.bias_gelu,
-                    cl.bias_gelu_codelet),
+        Variant("bias_gelu_fp16", "bias_gelu", BOTH, SPECIAL, (is_("dtype", FP16), CAST_NEEDS_FP8),
+                cy.bias_gelu_cycles, ref.bias_gelu, cl.bias_gelu_codelet),
+        Variant("bias_gelu_fp32", "bias_gelu", BOTH, SPECIAL, (is_("dtype", FP32), CAST_NEEDS_FP8),
+                cy.bias_gelu_cycles, ref.bias_gelu, cl.bias_gelu_codelet),
+        # The published aligned FP16 path (FITTED), and bias-GeLU with FP8 output (FITTED); the
+        # general rows above take what these refuse (dispatch picks the fewest cycles).
+        Variant("bias_gelu_aligned_fp16", "bias_gelu", BOTH, SPECIAL,
+                (is_("dtype", FP16), BIAS_GELU_ALIGNED, NO_CAST), cy.bias_gelu_aligned_cycles,
+                ref.bias_gelu, cl.bias_gelu_codelet, doc="bias + GeLU, aligned FP16 path"),
+        Variant("bias_gelu_fp16_fp8", "bias_gelu", BOTH, SPECIAL,
+                (is_("dtype", FP16), WITH_CAST, CAST_NEEDS_FP8), cy.bias_gelu_fp8_cycles,
+                ref.bias_gelu, cl.bias_gelu_codelet, doc="bias + GeLU with FP8 output"),
         # Casts: two fitted kernels, a streaming conversion for every other pair.
         Variant("cast_fp16_fp8", "cast", BOTH, SPECIAL,
                 (is_("in_dtype", FP16), is_("out_dtype", FP8), CAST_SIDES_FP8),

@@ -290,5 +290,5 @@ def call_from_json(d: dict):
     kw = {}
     for f in fields(cls):
         v = d[f.name]
-        kw[f.name] = DType(v) if "dtype" in f.name or f.name in ("partials",) else v
+        kw[f.name] = DType(v) if v is not None and ("dtype" in f.name or f.name in ("partials", "cast_to")) else v
     return cls(**kw)

@@ -45,6 +45,8 @@ class Candidate:
     resident: np.ndarray | None = None     # int64 [tiles]: with ``weights``, that storage's bytes per tile,
                                            # resident over the whole program (interleaved region)
     interleaved: np.ndarray | None = None  # int64 [tiles]: transient bytes in the interleaved region (GEMMs)
+    through: tuple = ()           # the ops between it and ``fused`` whose work it also does and whose
+                                  # outputs are never stored (the GeLU of a bias-GeLU cast to FP8)
 
     @functools.cached_property
     def renamed_program(self) -> Program | None:

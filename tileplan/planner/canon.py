@@ -28,7 +28,7 @@ import hashlib
 import json
 import re
 
-from ..graph.core import Graph, Op
+from ..graph.core import Cast, GeLU, Graph, Op
 
 _NAMES = ("name", "inputs", "output")
 
@@ -63,8 +63,18 @@ class _Numbering:
 
 
 def neighbourhood(graph: Graph, op: Op) -> list[Op]:
-    """The ops whose structure an op's candidates depend on: the op, then its output's consumers."""
-    return [op] + [c for c in graph.consumers.get(op.output, []) if c is not op]
+    """The ops whose structure an op's candidates depend on: the op, then its output's consumers,
+    then up to two further GeLU or Cast ops each the only consumer of the one before (the rest of
+    a fused epilogue chain the op may do: ``planner.epilogue``)."""
+    near = [op] + [c for c in graph.consumers.get(op.output, []) if c is not op]
+    cur = near[-1] if len(near) == 2 else None
+    for _ in range(2):
+        users = graph.consumers.get(cur.output, []) if cur is not None else []
+        if len(users) != 1 or not isinstance(users[0], (GeLU, Cast)) or users[0] in near:
+            break
+        cur = users[0]
+        near.append(cur)
+    return near
 
 
 def _ops_doc(graph: Graph, storage: dict, ops: list[Op]) -> tuple[list, list[str], list[str]]:
@@ -210,7 +220,7 @@ def retarget(cand, rename: Renaming, op_name: str, keep_program: bool = True, la
         src, first = cand.template
         template = (src, _Chain(first, rename))
     return dc.replace(cand, op=op_name, fused=rename(cand.fused), desc=rename(cand.desc),
-                      program=program, template=template)
+                      program=program, template=template, through=tuple(rename(t) for t in cand.through))
 
 
 def retarget_runner_up(r, rename: Renaming, op_name: str):

@@ -25,6 +25,12 @@ storage (``Candidate.weights``) and its bytes per tile over the whole program
 (``Candidate.resident``): selection decides, under every tile's memory, which weights are
 pre-arranged.
 
+A MatMul whose reducers may also do the ops after it (``epilogue_fusion``: [bias Add, GeLU,]
+Cast to FP8, ``planner.epilogue``) has epilogue chunks: the chain's last output layouts for C,
+options with a reduction only (``GemmChoice.epilogue``). The kinds are orthogonal: with
+pre-arranged weights the epilogue chunks come twice too, so a candidate may read B
+pre-arranged and fuse its epilogue.
+
 Every dropped option that reached the frontier stage stays available as a
 runner-up with the reason it lost: ``over memory``, ``dominated`` (another
 option of its chunk is no slower and no larger) or ``thinned`` (the frontier was
@@ -50,6 +56,7 @@ from ..estimate.detailed import cost_program
 from ..graph.core import MatMul
 from . import elementwise as ew
 from .candidates import Candidate, Fused, RunnerUp
+from .epilogue import Chain, gemm_chain
 from .frontier import frontier
 from .gemm import GemmShape, build_program, coarse_rows, coarse_table
 
@@ -59,7 +66,7 @@ DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the f
 BIAS_DETAIL_BUDGET = 4      # the same for a chunk of the bias-in-reduction kind: its fastest entries only
 PRE_DETAIL_BUDGET = 4       # the same for a chunk of pre-arranged weights: its fastest entries only
 RUNNERS_UP = 8              # coarse runner-ups kept per chunk for the report
-CATALOGUE_KINDS = "plain, bias in the reduction, pre-arranged B"   # in the plan cache key: what a
+CATALOGUE_KINDS = "plain, bias in the reduction, fused epilogues, pre-arranged B x each"   # in the plan cache key: what a
                             # cached catalogue holds (one written before a kind existed is not read)
 POOL_MIN_WORK = 8192        # detailed choices x tiles below which the catalogue stays in-process
 POOL_MIN_TILES = 256        # targets below this plan their GEMMs' catalogues in-process: a whole catalogue
@@ -102,12 +109,30 @@ def prearranged_context(ctx, op: MatMul, shape, choice):
     return ctx.with_storage(op.inputs[1], st), st
 
 
-def boundary_combinations(ctx, op: MatMul, bias: bool = False) -> list[tuple]:
+def epilogue_fusion(ctx, op: MatMul) -> Chain | None:
+    """The epilogue chain the MatMul's reducers may do (``epilogue.gemm_chain``), when its bias, if
+    it has one, is resident and replicated (``bias_fusion``)."""
+    chain = gemm_chain(ctx.graph, op)
+    if chain is None or (chain.bias is not None and bias_fusion(ctx, op) is None):
+        return None
+    return chain
+
+
+def fusion_for(ctx, op: MatMul, choice):
+    """What a choice's fragment fuses: its epilogue chain, its (bias Add, bias) pair, or None."""
+    if choice.epilogue is not None:
+        return epilogue_fusion(ctx, op)
+    return bias_fusion(ctx, op) if choice.bias else None
+
+
+def boundary_combinations(ctx, op: MatMul, bias: bool = False, chain: Chain | None = None) -> list[tuple]:
     """(A, B, C) layouts: A and B as the operands allow, C the product's activation layouts, or
-    with ``bias`` the layouts of the bias Add's output (which the fragment then writes)."""
+    with ``bias`` the layouts of the bias Add's output (which the fragment then writes), or with an
+    epilogue ``chain`` those of its last output."""
     g = ctx.graph
     ta, tb = g.inputs_of(op)
-    tc = g.output_of(bias_fusion(ctx, op)[0]) if bias else g.output_of(op)
+    tc = g.output_of(chain.last) if chain is not None else g.output_of(bias_fusion(ctx, op)[0]) if bias \
+        else g.output_of(op)
     tiles = ctx.target.tiles
     a_opts = [None] if ctx.storage.get(ta.name, None) and ctx.storage[ta.name].private \
         else ew.activation_layouts(ta, tiles)
@@ -129,10 +154,14 @@ class Chunk:
     error: str | None = None
     bias: bool = False           # options that add the bias in their reduction (output: the bias Add's)
     pre: bool = False            # options that read B pre-arranged (``gemm.prearranged_b``)
+    chain: Chain | None = None   # options whose reducers do this epilogue chain (output: its last op's)
 
     @property
     def out(self):
-        """The output layout its candidates give the product: ``Fused`` when they write the Add's output."""
+        """The output layout its candidates give the product: ``Fused`` when they write the Add's output
+        (or the epilogue chain's, marked with the chain)."""
+        if self.chain is not None:
+            return Fused(self.combo[2], self.chain.tag)
         return Fused(self.combo[2]) if self.bias else self.combo[2]
 
 
@@ -148,12 +177,15 @@ def boundary_figures(ctx, op, shape, combo) -> tuple[int, int, float]:
     return in_bytes, out_bytes, float(np.count_nonzero(cuts % shape.K)) / max(a_om.size, 1)
 
 
-def _select(ctx, op, shape, combo, figures=None, table=None, bias: bool = False, pre: bool = False) -> Chunk:
+def _select(ctx, op, shape, combo, figures=None, table=None, bias: bool = False, pre: bool = False,
+            chain: Chain | None = None) -> Chunk:
     """Coarse rows of one boundary combination, its bounded frontier and the entries to detail."""
     la, lb, lc = combo
     in_bytes, out_bytes, a_cut_density = figures or boundary_figures(ctx, op, shape, combo)
-    rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, a_cut_density, table, bias, pre)
-    chunk = Chunk(combo, tuple(l for l in (la, lb) if l is not None), rows, bias=bias, pre=pre)
+    rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, a_cut_density, table, bias, pre,
+                       chain.epilogue if chain is not None else None)
+    chunk = Chunk(combo, tuple(l for l in (la, lb) if l is not None), rows, bias=bias, pre=pre, chain=chain)
+    bias = bias or chain is not None      # a fused kind: its fastest entries only
     fits = np.flatnonzero(rows.fits)
     if fits.size == 0:
         chunk.error = _overflow(rows, shape, op, ctx.target)
@@ -212,9 +244,9 @@ def _detail(args) -> list:
     selection picks."""
     ctx, op, work, keep_programs = args
     shape = GemmShape.of(ctx.graph, op, ctx.target)
-    fusion = bias_fusion(ctx, op)
     out = []
     for (choice, pre), combos in work:
+        fusion = fusion_for(ctx, op, choice)
         used, weights, resident = ctx, None, None
         if pre:
             used, st = prearranged_context(ctx, op, shape, choice)
@@ -241,9 +273,12 @@ def interleaved_of(ctx, cost, prog) -> np.ndarray:
 def transient_of(ctx, cost, choice, combo, fusion) -> np.ndarray:
     """int64 [tiles]: a detailed GEMM candidate's transient bytes for the selection. With the bias
     in its reduction its output is Fused: the Add's output it writes counts here (as the
-    bias-GeLU fusion counts the GeLU's output)."""
+    bias-GeLU fusion counts the GeLU's output); with an epilogue (``fusion`` its chain), the chain's
+    last output."""
     transient = cost.memory.by_kind.get("transient", np.zeros(ctx.target.tiles, dtype=np.int64))
-    if choice.bias:
+    if choice.epilogue is not None:
+        transient = transient + ctx.tile_bytes(fusion.last.output, combo[2])
+    elif choice.bias:
         transient = transient + ctx.tile_bytes(fusion[0].output, combo[2])
     return transient
 
@@ -254,7 +289,11 @@ def fragment(ctx, op, shape, choice, combo, fusion=None):
     op's ``bias_fusion``, when the caller has it)."""
     la, lb, lc = combo
     out, bias_buf = op.output, None
-    if choice.bias:
+    if choice.epilogue is not None:
+        chain = fusion if isinstance(fusion, Chain) else epilogue_fusion(ctx, op)
+        out = chain.last.output
+        bias_buf = ctx.tensor_buffer(chain.bias, None) if choice.bias else None
+    elif choice.bias:
         add, bias = fusion or bias_fusion(ctx, op)
         out, bias_buf = add.output, ctx.tensor_buffer(bias, None)
     return build_program(shape, choice, ctx.tensor_buffer(op.inputs[0], la), ctx.tensor_buffer(op.inputs[1], lb),
@@ -276,18 +315,20 @@ def _overflow(rows, shape, op, target) -> str:
             f"the least overflowing ({rows.choice(shape, i)}) needs on tile 0, which holds the largest blocks, {what}")
 
 
-def _chunks(ctx, op, shape, bias: bool = False, combos=None, tick=None, pre: bool = False) -> list[Chunk]:
+def _chunks(ctx, op, shape, bias: bool = False, combos=None, tick=None, pre: bool = False,
+            chain: Chain | None = None) -> list[Chunk]:
     """The chunks of one kind (plain, or the bias in the reduction): every boundary combination,
     from one coarse table shared by them (built for the largest boundary bytes among them).
     ``tick()`` is called after each chunk is costed (the progress display)."""
     combos = boundary_combinations(ctx, op, bias) if combos is None else combos
     figures = [boundary_figures(ctx, op, shape, c) for c in combos]
-    table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures), bias, pre)
+    table = coarse_table(shape, ctx.target, max(i + o for i, o, _ in figures), bias, pre,
+                         chain.epilogue if chain is not None else None)
     if not len(table.grid):
         return []
     out = []
     for c, f in zip(combos, figures):
-        out.append(_select(ctx, op, shape, c, f, table, bias, pre))
+        out.append(_select(ctx, op, shape, c, f, table, bias, pre, chain))
         if tick is not None:
             tick()
     return out
@@ -349,8 +390,10 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     # Progress: one unit per chunk costed, then one per part of the detailed work.
     plain = boundary_combinations(ctx, op, False)
     biased = boundary_combinations(ctx, op, True) if fusion is not None else []
+    chain = epilogue_fusion(ctx, op)
+    fused = boundary_combinations(ctx, op, chain.bias is not None, chain) if chain is not None else []
     pre = prearrangeable(ctx, op)
-    count = [0, (len(plain) + len(biased)) * (2 if pre else 1) + 1]
+    count = [0, (len(plain) + len(biased) + len(fused)) * (2 if pre else 1) + 1]
 
     def tick(units: int = 1, total: int | None = None) -> None:
         count[0] += units
@@ -364,12 +407,19 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
         # The bias-in-reduction kind: the Add's output layouts for C (same shape and type as the
         # product), options with a reduction only (none when K is too short to split).
         chunks += _chunks(ctx, op, shape, bias=True, combos=biased, tick=tick)
+    if chain is not None:
+        # The epilogue kind: the reducers also do the GeLU and/or the Cast (``planner.epilogue``).
+        chunks += _chunks(ctx, op, shape, bias=chain.bias is not None, combos=fused, tick=tick, chain=chain)
     if pre:
-        # The pre-arranged kinds: the same boundary combinations, B stored as each grid reads it.
+        # The pre-arranged kinds: the same boundary combinations, B stored as each grid reads it
+        # (orthogonal to the fused kinds: a candidate may read B pre-arranged and fuse its epilogue).
         chunks += _chunks(ctx, op, shape, combos=plain, tick=tick, pre=True)
         if fusion is not None:
             chunks += _chunks(ctx, op, shape, bias=True, combos=biased, tick=tick, pre=True)
-    count[0] = (len(plain) + len(biased)) * (2 if pre else 1)    # a kind with no feasible grid costs no chunk
+        if chain is not None:
+            chunks += _chunks(ctx, op, shape, bias=chain.bias is not None, combos=fused, tick=tick, pre=True,
+                              chain=chain)
+    count[0] = (len(plain) + len(biased) + len(fused)) * (2 if pre else 1)    # a kind with no feasible grid costs no chunk
     # The detailed work, by grid choice: each choice is built once for all the chunks that kept it.
     wanted: dict = {}
     for ch in chunks:
@@ -410,8 +460,10 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
             coarse = Estimate(compute=int(ch.rows.cycles[i]), total_memory=int(ch.rows.memory[i]))
             survivors.append(Candidate(op.name, ch.ins, ch.out, describe(choice, ch.pre), coarse, est, prog, transient,
                                        choice=choice, boundary=ch.combo,
-                                       fused=fusion[0].name if ch.bias else None, weights=weights,
-                                       resident=resident, interleaved=interleaved))
+                                       fused=ch.chain.last.name if ch.chain is not None
+                                       else fusion[0].name if ch.bias else None,
+                                       through=ch.chain.through if ch.chain is not None else (),
+                                       weights=weights, resident=resident, interleaved=interleaved))
         results.append((survivors, ch.runners, None))
     kept: list[Candidate] = []
     lost: list[RunnerUp] = []

@@ -162,9 +162,12 @@ def _row_split(start: int, stop: int, cols: int):
 
 
 def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: Buffer, target,
-                  fused_gelu: GeLU | None = None, caches: Caches | None = None) -> Program:
+                  fused_gelu: GeLU | None = None, caches: Caches | None = None,
+                  fused_cast: Cast | None = None) -> Program:
     """One compute step: each tile's pieces of the output, from the same pieces of the inputs
-    (kernels dispatched through ``caches``, default ``estimate.caches.shared(target)``)."""
+    (kernels dispatched through ``caches``, default ``estimate.caches.shared(target)``). A fused
+    bias-GeLU (``fused_gelu``, and ``fused_cast``: its result cast to FP8) tells each call whether
+    its operands start 8-byte aligned (``BiasGeLUCall.aligned``; buffers are placed 8-byte aligned)."""
     caches = caches or shared_caches(target)
     prog = Program()
     for b in in_bufs + [out_buf]:
@@ -204,8 +207,16 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
         else:                                      # whole rows of the broadcast period, head and tail pieces
             runs = _row_split(s, e, period)
         for rows, width, c0, rel in runs:
+            key = (rows, width)
             if fused_gelu is not None:
-                make = lambda: BiasGeLUCall(rows, width, out_t.dtype, fused_gelu.approximate)  # noqa: E731
+                dt = x.dtype
+                aligned = ((o + rel) * dt.itemsize % 8 == 0 and (o + rel) * out_t.dtype.itemsize % 8 == 0
+                           and c0 * dt.itemsize % 8 == 0)
+                key = (rows, width, aligned)
+                cast_to = out_t.dtype if fused_cast is not None else None
+                cast_scale = out_t.scale if fused_cast is not None else 0
+                make = lambda: BiasGeLUCall(rows, width, dt, fused_gelu.approximate, cast_to,  # noqa: E731
+                                            cast_scale, aligned)
             else:
                 make = lambda: BinaryCall(rows, width, out_t.dtype, mode, op.kind, swap=bidx == 0)  # noqa: E731
             ins = [Operand(x.name, o + rel, rows * width)]
@@ -217,7 +228,7 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
                 ins.append(Operand(in_bufs[bidx].name, c0, width))
             else:                                  # col_broadcast: one value per output row
                 ins.append(Operand(in_bufs[bidx].name, (s + rel) // period, rows))
-            vertices.append(vertex(t, (rows, width), make, tuple(ins), (Operand(out_buf.name, o + rel, rows * width),)))
+            vertices.append(vertex(t, key, make, tuple(ins), (Operand(out_buf.name, o + rel, rows * width),)))
     prog.steps.append(ComputeStep(f"{op.name}.compute", tuple(vertices)))
     return prog
 
@@ -231,6 +242,22 @@ def fusable_gelu(graph: Graph, op: Op) -> GeLU | None:
     if out.role is Role.OUTPUT or len(users) != 1 or not isinstance(users[0], GeLU):
         return None
     return users[0]
+
+
+def fusable_cast(graph: Graph, op: Op) -> Cast | None:
+    """The Cast to FP8 a fused pass ending in ``op`` may also do (``planner.epilogue``): the only
+    consumer of ``op``'s output, a saturating Cast of an unscaled FP16 or FP32 value to FP8. Whether
+    the value may stay in registers (not an output, not pinned) is the caller's to check."""
+    out = graph.output_of(op)
+    users = graph.consumers.get(out.name, [])
+    if len(users) != 1 or not isinstance(users[0], Cast):
+        return None
+    cast = users[0]
+    if graph.output_of(cast).dtype is not DType.FP8 or not cast.saturate:
+        return None
+    if out.dtype not in (DType.FP16, DType.FP32) or out.scale:
+        return None
+    return cast
 
 
 def fusable_bias(graph: Graph, op: Op) -> tuple[Add, str] | None:
@@ -278,34 +305,59 @@ def candidates(ctx, op) -> list[Candidate]:
     if gelu is not None and out_t.layout is None:
         for lay in activation_layouts(g.output_of(gelu), target.tiles):
             cands.append(_elementwise(ctx, op, lay, acts, fused=gelu))
+        # Bias-GeLU with FP8 output: the pass also does the GeLU's Cast to FP8 (``planner.epilogue``).
+        cast = fusable_cast(g, gelu)
+        hidden = g.output_of(gelu).role is not Role.OUTPUT and g.output_of(gelu).layout is None
+        if cast is not None and hidden:
+            for lay in activation_layouts(g.output_of(cast), target.tiles):
+                cands.append(_elementwise(ctx, op, lay, acts, fused=gelu, cast=cast))
     return cands
 
 
-def _elementwise(ctx, op, lay, acts, fused) -> Candidate:
+def _elementwise(ctx, op, lay, acts, fused, cast: Cast | None = None) -> Candidate:
     g = ctx.graph
     bidx = broadcast_operand(g, op)
     in_lays = [replicated(g.tensors[n].shape, ctx.target.tiles) if i == bidx
                else same_elements(lay, g.tensors[n].dtype) for i, n in enumerate(op.inputs)]
     in_bufs = [ctx.tensor_buffer(n, l) for n, l in zip(op.inputs, in_lays)]
-    out_name = fused.output if fused is not None else op.output
+    last = cast if cast is not None else fused
+    out_name = last.output if last is not None else op.output
     out_buf = ctx.tensor_buffer(out_name, lay)
-    prog = build_program(g, op, lay, in_bufs, out_buf, ctx.target, fused_gelu=fused, caches=ctx.caches)
+    prog = build_program(g, op, lay, in_bufs, out_buf, ctx.target, fused_gelu=fused, caches=ctx.caches,
+                         fused_cast=cast)
     d = cost_program(prog, ctx.target)
     transient = np.zeros(ctx.target.tiles, dtype=np.int64)
     if fused is not None:
         transient = ctx.tile_bytes(out_name, lay)
-    desc = f"{'bias-gelu ' if fused is not None else ''}{op.kind} on {lay}"
-    out_layout = Fused(lay) if fused is not None else lay
+    kind = "bias-gelu-fp8 " if cast is not None else "bias-gelu " if fused is not None else ""
+    desc = f"{kind}{op.kind} on {lay}"
+    if cast is not None:
+        out_layout = Fused(lay, chain_tag("bias_gelu", (fused, cast)))
+    else:
+        out_layout = Fused(lay) if fused is not None else lay
     by_name = dict(zip(op.inputs, in_lays))
     return Candidate(op.name, tuple(by_name[n] for n in acts), out_layout, desc, d.estimate, d.estimate, prog, transient,
-                     fused=fused.name if fused is not None else None)
+                     fused=last.name if last is not None else None,
+                     through=(fused.name,) if cast is not None else ())
 
 
-def absorbed_candidates(ctx, op, fused_layouts, into: str = "the bias Add") -> list[Candidate]:
+def chain_tag(start: str, ops) -> str:
+    """The ``Fused.via`` of a fusion chain (``planner.epilogue``): what starts it and the kinds of
+    the ops it absorbs (each kind occurs once in a chain, so with the tensor it marks this names one
+    chain)."""
+    return f"{start}:{'+'.join(op.kind for op in ops)}"
+
+
+def absorbed_candidates(ctx, op, fused_layouts, into: str = "the bias Add", via: str = "",
+                        stored: bool = True) -> list[Candidate]:
     """The absorbed side of a fusion (a GeLU in a bias-GeLU, a bias Add in a GEMM's reduction):
-    reads nothing, costs nothing; its output was written by the op it fused ``into``."""
+    reads nothing, costs nothing; its output was written by the op it fused ``into`` (``stored``:
+    in the layout given; else it is an op in the middle of a chain, ``planner.epilogue``, whose
+    output is never stored: the ``Fused`` marker of chain ``via`` passes on)."""
     out = []
     for lay in fused_layouts:
-        out.append(Candidate(op.name, (Fused(lay),), lay, f"fused into {into} on {lay}", Estimate(),
+        mark = Fused(lay, via)
+        out.append(Candidate(op.name, (mark,), lay if stored else mark,
+                             f"fused into {into} on {lay}" + ("" if stored else " (never stored)"), Estimate(),
                              Estimate(), Program(), np.zeros(ctx.target.tiles, dtype=np.int64), absorbed=True))
     return out

@@ -44,7 +44,8 @@ from ..layout.gemm_grid import Grid, aligned_bounds, balanced_bounds
 from ..layout.owner_map import expand_ranges
 from ..layout.panels import panel_count, panels_fit
 from ..estimate.caches import Caches, shared as shared_caches
-from ..estimate.coarse import CoarseParts, amp_cycles, coarse_parts, cut_cycles, k_unit, reduction_bias_cycles
+from ..estimate.coarse import (CoarseParts, amp_cycles, coarse_parts, cut_cycles, k_unit, reduction_bias_cycles,
+                              reduction_epilogue_cycles)
 from ..program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 
 from ..graph.pins import ORDERS  # noqa: E402  ("bijl", "bilj", "bjli")
@@ -128,6 +129,26 @@ class GemmShape:
 
 
 @dataclass(frozen=True)
+class Epilogue:
+    """What a GEMM's reducers do after the sum and the bias (``planner.epilogue``): a GeLU
+    (``gelu``: its form; needs the bias) and a Cast to FP8 with the scale ``cast_scale``
+    (``cast``); the kernel's ``ReduceCall`` fields of the same names."""
+
+    gelu: str = ""
+    cast: bool = False
+    cast_scale: int = 0
+
+    def __str__(self) -> str:
+        parts = ([f"GeLU ({self.gelu})"] if self.gelu else []) + (["cast to fp8"] if self.cast else [])
+        return " and ".join(parts)
+
+    def fields(self) -> dict:
+        """The ``ReduceCall`` epilogue fields."""
+        return {"gelu": self.gelu, "cast_to": DType.FP8 if self.cast else None,
+                "cast_scale": self.cast_scale if self.cast else 0}
+
+
+@dataclass(frozen=True)
 class GemmChoice:
     """The private implementation of one GEMM candidate."""
 
@@ -140,10 +161,13 @@ class GemmChoice:
     partials: DType = DType.FP16
     sk: int = 1                      # serial K steps: each tile walks its K range in sk chunks
     bias: bool = False               # the reducers add the following bias Add's row (gk > 1 only)
+    epilogue: Epilogue | None = None # the reducers also do the following GeLU and/or Cast (gk > 1 only)
 
     def __post_init__(self):
         if self.bias and self.gk == 1:
             raise ValueError(f"{self}: a bias in the reduction needs a reduction (gk > 1)")
+        if self.epilogue is not None and (self.gk == 1 or (self.epilogue.gelu and not self.bias)):
+            raise ValueError(f"{self}: an epilogue needs a reduction (gk > 1), a GeLU one the bias too")
 
     @property
     def tiles_used(self) -> int:
@@ -154,7 +178,8 @@ class GemmChoice:
         b = f"{self.gb}x" if self.gb > 1 else ""
         serial = f" serial-K {self.sk}" if self.sk > 1 else ""
         bias = ", bias fused into the reduction" if self.bias else ""
-        return f"grid {b}{self.gm}x{self.gn}x{self.gk} {self.order}{red}{serial} {self.partials}{bias}"
+        epi = f", {self.epilogue} in the reduction" if self.epilogue is not None else ""
+        return f"grid {b}{self.gm}x{self.gn}x{self.gk} {self.order}{red}{serial} {self.partials}{bias}{epi}"
 
 
 def tile_of(choice: GemmChoice) -> np.ndarray:
@@ -229,17 +254,18 @@ class CoarseRows:
     fits: np.ndarray        # bool
     bias: bool = False      # every row adds the bias in its reduction (GemmChoice.bias)
     pre: bool = False       # every row reads B pre-arranged (``prearranged_b``)
+    epilogue: Epilogue | None = None   # every row's reducers do this epilogue (GemmChoice.epilogue)
 
     def choice(self, g: GemmShape, i: int) -> GemmChoice:
         gb, gm, gn, gk = (int(x) for x in self.grid[i])
         red = ("none", "gather", "rows")[int(self.reduction[i])]
         return GemmChoice(gb, gm, gn, gk, ORDERS[int(self.order[i])], red, g.partial_types()[int(self.partials[i])],
-                          int(self.sk[i]), self.bias)
+                          int(self.sk[i]), self.bias, self.epilogue)
 
 
 def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile: int,
                 a_cut_density: float = 0.0, table: "CoarseTable | None" = None, bias: bool = False,
-                pre: bool = False) -> CoarseRows:
+                pre: bool = False, epilogue: Epilogue | None = None) -> CoarseRows:
     """Every option of one boundary combination, costed at once (numpy, one row per option).
 
     Exchange: bytes each tile receives (A block + B block; partials; the C block
@@ -259,9 +285,10 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     B block resident).
     """
     io = in_bytes_per_tile + out_bytes_per_tile
-    t = table if table is not None else coarse_table(g, target, io, bias, pre)
-    if (t.bias, t.pre) != (bias, pre):
-        raise ValueError(f"coarse table built with bias={t.bias}, pre={t.pre}, asked for bias={bias}, pre={pre}")
+    t = table if table is not None else coarse_table(g, target, io, bias, pre, epilogue)
+    if (t.bias, t.pre, t.epilogue) != (bias, pre, epilogue):
+        raise ValueError(f"coarse table built with bias={t.bias}, pre={t.pre}, epilogue={t.epilogue}, asked for "
+                         f"bias={bias}, pre={pre}, epilogue={epilogue}")
     if io > t.retry_bytes:
         raise ValueError(f"coarse table built for {t.retry_bytes} boundary bytes, asked for {io}")
     memory = t.memory + io
@@ -276,7 +303,7 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     if a_cut_density:
         cycles = cycles + cut_cycles(target, t.parts(sel), t.sk[sel], a_cut_density)
     return CoarseRows(t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel], t.sk[sel], cycles,
-                      memory[sel], t.interleaved[sel], fits[sel], t.bias, t.pre)
+                      memory[sel], t.interleaved[sel], fits[sel], t.bias, t.pre, t.epilogue)
 
 
 @dataclass(frozen=True, eq=False)
@@ -303,6 +330,7 @@ class CoarseTable:
     b_prep: np.ndarray
     bias: bool = False
     pre: bool = False
+    epilogue: Epilogue | None = None
 
     def parts(self, sel: np.ndarray) -> CoarseParts:
         return CoarseParts(self.cycles[sel], self.memory[sel], self.interleaved[sel], self.cut_runs[sel],
@@ -310,7 +338,10 @@ class CoarseTable:
 
 
 @functools.lru_cache(maxsize=16)
-def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False, pre: bool = False) -> CoarseTable:
+def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False, pre: bool = False,
+                 epilogue: Epilogue | None = None) -> CoarseTable:
+    if epilogue is not None:
+        return _epilogue_rows(coarse_table(g, target, retry_bytes, bias, pre), g, target, epilogue)
     if bias:
         return _bias_rows(coarse_table(g, target, retry_bytes, False, pre), g, target)
     if pre:
@@ -385,6 +416,21 @@ def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
                                t.k[sel], t.b_prep[sel], bias=True, pre=t.pre))
 
 
+def _epilogue_rows(t: CoarseTable, g: GemmShape, target, epilogue: Epilogue) -> CoarseTable:
+    """The epilogue table from the table of its bias kind (with or without the bias): its rows with
+    a reduction, each paying what the epilogue adds to its reducers (``reduction_epilogue_cycles``);
+    memory and serial K as there (the epilogue works in registers)."""
+    sel = np.flatnonzero(t.reduction > 0)
+    renumber = np.full(len(t.grid), -1, dtype=np.int64)
+    renumber[sel] = np.arange(sel.size)
+    parent = np.where(t.parent[sel] >= 0, renumber[np.maximum(t.parent[sel], 0)], -1)
+    cycles = t.cycles[sel] + reduction_epilogue_cycles(g, target, t.grid[sel], t.reduction[sel], t.partials[sel],
+                                                       t.bias, epilogue.fields())
+    return _frozen(CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel],
+                               t.sk[sel], parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel],
+                               t.k[sel], t.b_prep[sel], bias=t.bias, pre=t.pre, epilogue=epilogue))
+
+
 # ---- the fragment program of one candidate -----------------------------------------------
 
 
@@ -436,19 +482,33 @@ def _core(g: GemmShape, choice: GemmChoice, caches: Caches, bias: str | None,
     choice with the bias in its reduction is its plain choice's core with the reducers also reading
     the bias (``_add_bias``): only the reduction step differs, the rest is shared."""
     def build():
-        if choice.bias:
-            plain, cols = _core(g, dataclasses.replace(choice, bias=False), caches, None, in_place)
-            return _add_bias(g, plain, cols, bias, caches), cols
+        if choice.bias or choice.epilogue is not None:
+            plain, cols = _core(g, dataclasses.replace(choice, bias=False, epilogue=None), caches, None, in_place)
+            return _add_bias(g, plain, cols, bias, caches, choice.epilogue), cols
         return _build_core(g, choice, caches, in_place)
     return caches.core((g, choice, bias, in_place), build)
 
 
-def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str, caches: Caches) -> Program:
+def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str | None, caches: Caches,
+              epilogue: Epilogue | None = None) -> Program:
     """The core of a choice that adds the bias in its reduction, from its plain choice's core: each
     reducer vertex also reads the bias columns of its block, ``cols[v] = (first column, columns)``,
     from the replicated bias buffer (every tile holds the whole row from offset 0) and adds them
-    to every row of its piece (``ReduceCall.bias_cols``). Every other step is the plain one."""
+    to every row of its piece (``ReduceCall.bias_cols``). Every other step is the plain one.
+
+    With an ``epilogue`` (``bias`` may then be None) the reducers also do it (``ReduceCall``'s
+    epilogue fields); with its cast the reduced buffer holds FP8 (same grid; each block's offset
+    placed for the new type), which the output exchange then carries."""
     out = Program(dict(plain.buffers))
+    extra = epilogue.fields() if epilogue is not None else {}
+    moved = {}                       # (tile, old element offset) -> new offset in the FP8 reduced buffer
+    if extra.get("cast_to") is not None:
+        old = plain.buffers[f"{g.op}.Cr"]
+        new = out.buffers[old.name] = dataclasses.replace(old, dtype=extra["cast_to"], scale=extra["cast_scale"])
+        h = old.layout.holder_array()
+        held = h >= 0
+        moved = dict(zip(zip(h[held].tolist(), old.layout.block_offsets(old.dtype.itemsize)[held].tolist()),
+                         new.layout.block_offsets(new.dtype.itemsize)[held].tolist()))
     calls: dict = {}                 # (plain call, bias columns) -> (call, variant, cycles)
     for step in plain.steps:
         if isinstance(step, ComputeStep) and step.name == f"{g.op}.reduce":
@@ -456,9 +516,12 @@ def _add_bias(g: GemmShape, plain: Program, cols: tuple, bias: str, caches: Cach
             for v, (c0, n) in zip(step.vertices, cols, strict=True):
                 hit = calls.get((v.call, n))
                 if hit is None:
-                    call = dataclasses.replace(v.call, bias_cols=n)
+                    call = dataclasses.replace(v.call, bias_cols=n if bias is not None else 0, **extra)
                     hit = calls[(v.call, n)] = (call,) + caches.kernel(call)
-                red.append(Vertex(v.tile, hit[0], v.ins + (Operand(bias, c0, n),), v.outs, hit[1], hit[2]))
+                outs = tuple(dataclasses.replace(o, offset=moved[(v.tile, o.offset)]) for o in v.outs) \
+                    if moved else v.outs
+                ins = v.ins + ((Operand(bias, c0, n),) if bias is not None else ())
+                red.append(Vertex(v.tile, hit[0], ins, outs, hit[1], hit[2]))
             step = ComputeStep(step.name, tuple(red))
         out.steps.append(step)
     return out

@@ -51,6 +51,7 @@ from ..layout import Imported, Intervals, Packed, PackedPanels
 from ..layout.gemm_grid import Grid
 from ..layout.panels import panels_fit
 from . import elementwise as ew
+from . import epilogue
 from .candidates import Candidate, Fused, RunnerUp, Storage, activation_inputs
 from .families import family_of
 from .catalogue import Catalogues
@@ -273,7 +274,6 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         for op in graph.ops:
             if family_of(op).catalogued:
                 continue
-            fused_layouts = [c.out.layout for cs in ew_cands.values() for c in cs if c.fused == op.name]
             key = canon.op_key(graph, ctx.storage, op) if share else None
             if key in shared:
                 src, src_cands = shared[key]
@@ -283,7 +283,8 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
                 own = family_of(op).candidates(ctx, op)
                 if key is not None:
                     shared[key] = (op, own)
-            ew_cands[op.name] = own + (ew.absorbed_candidates(ctx, op, fused_layouts) if fused_layouts else [])
+            producers = [c for cs in ew_cands.values() for c in cs if c.fused]
+            ew_cands[op.name] = own + epilogue.absorbed(ctx, op, producers, into="the bias Add")
     except BaseException:
         pending.cancel()
         raise
@@ -315,11 +316,10 @@ def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, pin
     # A bias Add some GEMM candidates do in their reduction: absorbed candidates, one per layout
     # they write the Add's output in.
     for name, cs in gemms.items():
-        fused_layouts = list(dict.fromkeys(c.out.layout for c in cs if c.fused))
-        if fused_layouts:
-            add = graph.op(next(c.fused for c in cs if c.fused))
-            ew_cands[add.name] = ew_cands[add.name] + ew.absorbed_candidates(ctx, add, fused_layouts,
-                                                                          into=f"the reduction of {name}")
+        fused = [c for c in cs if c.fused]
+        for absorbed in dict.fromkeys(n for c in fused for n in (*c.through, c.fused)):
+            ew_cands[absorbed] = ew_cands[absorbed] + epilogue.absorbed(ctx, graph.op(absorbed), fused,
+                                                                       into=f"the reduction of {name}")
     cands: dict[str, list[Candidate]] = {}
     for op in graph.ops:
         cands[op.name] = gemms[op.name] if family_of(op).catalogued else ew_cands[op.name]

@@ -15,8 +15,10 @@ Contents:
   in their resident storage) and of its output, the GEMM grid, cycles by phase
   and memory by class of its fragment; ``fused_with`` names the op whose output
   it writes (the GeLU of a bias-GeLU, the bias Add a GEMM does in its reduction:
-  its grid says ``bias_in_reduction``) and ``absorbed`` marks the op that fusion
-  did, with ``absorbed_into`` naming the op that did its work;
+  its grid says ``bias_in_reduction``; the last op of a fused epilogue chain,
+  its grid's ``epilogue`` saying what the reducers also do), ``fused_through``
+  the ops in between, and ``absorbed`` marks the op that fusion did, with
+  ``absorbed_into`` naming the op that did its work;
 - ``conversions``: every conversion node of the MidGraph (the tensor, from, to,
   the op it feeds, bytes moved and cycles);
 - ``totals``: the whole program's detailed estimate (``Estimate.as_dict()``)
@@ -63,7 +65,8 @@ def _grid(choice) -> dict | None:
         return None
     return {"gb": int(choice.gb), "gm": int(choice.gm), "gn": int(choice.gn), "gk": int(choice.gk),
             "order": choice.order, "reduction": choice.reduction, "partials": str(choice.partials),
-            "bias_in_reduction": bool(choice.bias)}
+            "bias_in_reduction": bool(choice.bias),
+            "epilogue": str(choice.epilogue) if choice.epilogue is not None else None}
 
 
 def _op_entry(plan, node, storage) -> dict:
@@ -87,6 +90,7 @@ def _op_entry(plan, node, storage) -> dict:
         "estimate": _phases(cand.estimate),
         "memory": _memory(cand.estimate),
         "fused_with": cand.fused,
+        "fused_through": list(cand.through),
         "absorbed": bool(cand.absorbed),
         "absorbed_into": absorbed_into(plan, op.name) if cand.absorbed else None,
     }
@@ -95,7 +99,7 @@ def _op_entry(plan, node, storage) -> dict:
 def absorbed_into(plan, op: str) -> str | None:
     """The op whose chosen candidate did the work of the absorbed op ``op``."""
     for node in plan.mid.nodes:
-        if node.kind == "op" and node.candidate.fused == op:
+        if node.kind == "op" and (node.candidate.fused == op or op in node.candidate.through):
             return node.op
     return None
 

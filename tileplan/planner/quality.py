@@ -141,7 +141,7 @@ def _kernel_floor(call_of, n: int, target, span: int) -> int:
     return min(cycles(x) for x in range(n, n + span))
 
 
-def gemm_floor(shape, target, grid, partials, held: tuple[int, int] = (1, 1)) -> np.ndarray:
+def gemm_floor(shape, target, grid, partials, held: tuple[int, int] = (1, 1), epilogue=None) -> np.ndarray:
     """Per grid option (``grid`` [n, 4] of (gb, gm, gn, gk); ``partials`` index into
     ``shape.partial_types()``), a lower bound on the cycles of any candidate with that grid, whatever
     its boundaries, tile order, reduction ownership or serial splits of K or N, and whether or not it
@@ -163,6 +163,10 @@ def gemm_floor(shape, target, grid, partials, held: tuple[int, int] = (1, 1)) ->
       addends (``kernels.cycles.reduce_cycles``) on at least ``ceil(M * N / tiles)`` elements;
     - a sync per exchange phase: the preparation's and the reduction's.
     Transfer control cycles, on-tile copies and the output exchange are left out (all >= 0).
+
+    With ``epilogue`` (a ``gemm.Epilogue``) the bound is of the candidates whose reducers also do
+    it: the reduction kernel is the fused one (``epilogue_reduce_floor``), and a grid without a
+    reduction (``gk == 1``), which cannot, has no such candidate (its bound is huge).
     """
     grid, partials = np.asarray(grid, dtype=np.int64), np.asarray(partials, dtype=np.int64)
     gb, gm, gn, gk = grid.T
@@ -187,26 +191,32 @@ def gemm_floor(shape, target, grid, partials, held: tuple[int, int] = (1, 1)) ->
     red_ex = (gk - 1) * outputs * pbytes // (target.exchange_bytes_per_cycle * lanes)
     per_tile = -(-outputs // target.tiles)
     pairs, inverse = np.unique(np.stack([gk, partials], 1), axis=0, return_inverse=True)
-    red = np.array([reduce_cycles(ReduceCall(n=per_tile, parts=int(p), in_dtype=types[int(t)],
-                                             out_dtype=shape.out_dtype), target) if p > 1 else 0
-                    for p, t in pairs], dtype=np.int64)[inverse.reshape(-1)]
-    return amp + prep + np.where(gk > 1, red_ex + red + target.sync_cycles, 0) + target.sync_cycles
+    red = np.array([(reduce_cycles(ReduceCall(n=per_tile, parts=int(p), in_dtype=types[int(t)],
+                                              out_dtype=shape.out_dtype), target) if epilogue is None
+                     else epilogue_reduce_floor(per_tile, int(p), types[int(t)], shape.out_dtype, epilogue, target))
+                    if p > 1 else 0 for p, t in pairs], dtype=np.int64)[inverse.reshape(-1)]
+    bound = amp + prep + np.where(gk > 1, red_ex + red + target.sync_cycles, 0) + target.sync_cycles
+    return bound if epilogue is None else np.where(gk > 1, bound, np.iinfo(np.int64).max // 4)
+
+
+def epilogue_reduce_floor(n: int, parts: int, in_dtype, out_dtype, epilogue, target) -> int:
+    """The least cycles of a fused reducer (``planner.epilogue``) on at least ``n`` elements: with a
+    GeLU, ``kernels.cycles.reduce_gelu_floor`` (over every block shape); a cast alone, the
+    reduction-with-cast formula at ``n`` (it grows with ``n``, as the plain one)."""
+    from ..kernels.cycles import reduce_gelu_floor
+    f = epilogue.fields()
+    if epilogue.gelu:
+        return reduce_gelu_floor(n, parts, in_dtype, f["cast_to"], target)
+    return reduce_cycles(ReduceCall(n=n, parts=parts, in_dtype=in_dtype, out_dtype=out_dtype, **f), target)
 
 
 def gemm_op_floor(graph, op, target, storage, fused_adds) -> dict:
     """A GEMM's share: the least ``gemm_floor`` over every grid option and partials type (memory
     ignored, so it holds for serial K and N splits alike)."""
-    from . import elementwise as ew
     from .gemm import GemmShape, _grid_options
     shape = GemmShape.of(graph, op, target)
     grids = _grid_options(shape, target.tiles)
-    # A pinned (Explicit) layout may hold replicas: no credit for what it holds then. A B that may be
-    # pre-arranged (``catalogue.prearrangeable``) is held wherever any grid reads it: no B exchange.
-    from .catalogue import prearrangeable
-    pre = prearrangeable(_Storage(graph, storage), op)
-    held = tuple(target.tiles if t.layout is not None or (t.name in storage and storage[t.name].layout
-                 == ew.replicated(t.shape, target.tiles)) or (k == 1 and pre) else 1
-                 for k, t in enumerate(graph.inputs_of(op)))
+    held = _held(graph, op, target, storage)
     best = None
     for p, ptype in enumerate(shape.partial_types()):
         floors = gemm_floor(shape, target, grids, np.full(len(grids), p), held)
@@ -215,6 +225,18 @@ def gemm_op_floor(graph, op, target, storage, fused_adds) -> dict:
             gb, gm, gn, gk = (int(x) for x in grids[i])
             best = (int(floors[i]), f"grid {f'{gb}x' if gb > 1 else ''}{gm}x{gn}x{gk} {ptype}")
     return {"cycles": best[0], "grid": best[1]}
+
+
+def _held(graph, op, target, storage) -> tuple[int, int]:
+    """``gemm_floor``'s ``held`` of a MatMul's (A, B): the tiles that hold each operand already. A
+    pinned (Explicit) layout may hold replicas: no credit for what it holds then. A B that may be
+    pre-arranged (``catalogue.prearrangeable``) is held wherever any grid reads it: no B exchange."""
+    from . import elementwise as ew
+    from .catalogue import prearrangeable
+    pre = prearrangeable(_Storage(graph, storage), op)
+    return tuple(target.tiles if t.layout is not None or (t.name in storage and storage[t.name].layout
+                 == ew.replicated(t.shape, target.tiles)) or (k == 1 and pre) else 1
+                 for k, t in enumerate(graph.inputs_of(op)))
 
 
 class _Storage:
@@ -243,7 +265,48 @@ def pointwise_op_floor(graph, op, target, storage, fused_adds) -> dict:
         call_of = lambda n: BinaryCall(1, n, out.dtype, "dense", op.kind)   # noqa: E731
     else:
         call_of = lambda n: ew.pointwise_call(graph, op, n)                  # noqa: E731
-    return {"cycles": _kernel_floor(call_of, share, target, POINTWISE_SPAN)}
+    own = _kernel_floor(call_of, share, target, POINTWISE_SPAN)
+    fused = _bias_gelu_floor(graph, op, target, share, own)
+    return {"cycles": own if fused is None else fused}
+
+
+def _bias_gelu_floor(graph, op, target, share: int, own: int) -> int | None:
+    """A GeLU a bias Add may fuse with (its Add's share is 0): at most its own kernel, at most the
+    fused bias-GeLU pass (any variant: the aligned path is faster than the GeLU alone), both on a
+    single row of ``n' >= share`` elements (the least of every ``rows x cols`` shape of the
+    formulas); and when its Cast to FP8 may join the pass (``fusable_cast``; the Cast's share is
+    then 0), at most that plus the Cast's share, or the FP8-output pass. A Cast that joins one gets
+    0; None for any other op."""
+    from ..graph.core import Cast, GeLU
+    from ..graph.dtypes import DType
+    from ..kernels import BiasGeLUCall
+    from . import elementwise as ew
+    producer = graph.producers.get(graph.inputs_of(op)[0].name)
+    if isinstance(op, Cast):
+        if isinstance(producer, GeLU) and _gelu_joins_bias(graph, producer) and ew.fusable_cast(graph, producer) is op:
+            return 0
+        return None
+    if not isinstance(op, GeLU) or not _gelu_joins_bias(graph, op):
+        return None
+    dt = graph.output_of(op).dtype
+    fused = _kernel_floor(lambda n: BiasGeLUCall(1, n, dt, op.approximate, aligned=True), share, target,
+                          POINTWISE_SPAN)
+    best = min(own, fused)
+    cast = ew.fusable_cast(graph, op)
+    if cast is None:
+        return best
+    scale = graph.output_of(cast).scale
+    cast_share = _kernel_floor(lambda n: ew.pointwise_call(graph, cast, n), share, target, POINTWISE_SPAN)
+    fp8 = _kernel_floor(lambda n: BiasGeLUCall(1, n, dt, op.approximate, DType.FP8, scale, aligned=True), share,
+                        target, POINTWISE_SPAN)
+    return min(best + cast_share, fp8)
+
+
+def _gelu_joins_bias(graph, gelu) -> bool:
+    """The GeLU's input comes from a bias Add that may fuse with it (``elementwise.fusable_gelu``)."""
+    from . import elementwise as ew
+    add = graph.producers.get(graph.inputs_of(gelu)[0].name)
+    return add is not None and ew.fusable_gelu(graph, add) is gelu
 
 
 def view_op_floor(graph, op, target, storage, fused_adds) -> dict:
@@ -317,7 +380,7 @@ def model_floor(graph, target, weights: str | None = None) -> dict:
     ops = {}
     for op in graph.ops:
         fam = family_of(op).name
-        key = (fam, canon.op_key(graph, storage, op), tkey, op.name in fused_adds, weights)
+        key = (fam, canon.op_key(graph, storage, op), tkey, op.name in fused_adds, weights, _joins(graph, op))
         share = _FLOOR_MEMO.get(key)
         if share is None:
             share = FLOORS[fam](graph, op, target, storage, fused_adds)
@@ -326,7 +389,55 @@ def model_floor(graph, target, weights: str | None = None) -> dict:
             if _FLOOR_MEMO_SIZE:
                 _FLOOR_MEMO[key] = share
         ops[op.name] = dict(share)
+    _epilogue_shares(graph, target, storage, ops, tkey)
     return {"ops": ops, "cycles": sum(v["cycles"] for v in ops.values())}
+
+
+def _joins(graph, op) -> bool:
+    """Whether the op may join a fused pass started before it (a GeLU after a fusable bias Add, the
+    FP8 Cast after such a GeLU): its share depends on it, and its ``op_key`` does not say."""
+    from ..graph.core import GeLU
+    from . import elementwise as ew
+    if isinstance(op, GeLU):
+        return _gelu_joins_bias(graph, op)
+    producer = graph.producers.get(graph.inputs_of(op)[0].name) if op.inputs else None
+    return isinstance(producer, GeLU) and _gelu_joins_bias(graph, producer) and ew.fusable_cast(graph, producer) is op
+
+
+def gemm_epilogue_floor(graph, op, target, storage, chain) -> int:
+    """The least ``gemm_floor`` of a GEMM's candidates whose reducers do its epilogue ``chain``."""
+    from .gemm import GemmShape, _grid_options
+    shape = GemmShape.of(graph, op, target)
+    grids = _grid_options(shape, target.tiles)
+    held = _held(graph, op, target, storage)
+    return min(int(gemm_floor(shape, target, grids, np.full(len(grids), p), held, chain.epilogue).min())
+               for p in range(len(shape.partial_types())))
+
+
+def _epilogue_shares(graph, target, storage, ops: dict, tkey) -> None:
+    """A GEMM whose reducers may do an epilogue chain (``planner.epilogue``): its share becomes the
+    lesser of its own plus the chain ops' shares (the chain done apart) and the least floor of its
+    fused candidates (``gemm_epilogue_floor``); the chain ops then count 0 (their work is in it)."""
+    from . import canon
+    from .epilogue import gemm_chain
+    from . import elementwise as ew
+    for op in graph.ops:
+        chain = gemm_chain(graph, op)
+        if chain is None or (chain.bias is not None and storage.get(chain.bias) is not None
+                             and storage[chain.bias].layout != ew.replicated(graph.tensors[chain.bias].shape,
+                                                                             target.tiles)):
+            continue
+        absorbed = sum(ops[o.name]["cycles"] for o in chain.ops)
+        key = ("epilogue", canon.op_key(graph, storage, op), tkey, graph.weights)   # a tower's layers: one each
+        fused = _FLOOR_MEMO.get(key)
+        if fused is None:
+            fused = gemm_epilogue_floor(graph, op, target, storage, chain)
+            if _FLOOR_MEMO_SIZE:
+                _FLOOR_MEMO[key] = fused
+        ops[op.name] = {**ops[op.name], "cycles": min(ops[op.name]["cycles"] + absorbed, fused),
+                        "absorbed": absorbed, "fused": fused}
+        for o in chain.ops:
+            ops[o.name] = {**ops[o.name], "cycles": 0}
 
 
 # ---- cycles by family -----------------------------------------------------------------------

@@ -50,9 +50,10 @@ class Fused:
     which finds its own output already written in ``layout``. It converts to nothing else."""
 
     layout: Any
+    via: str = ""                 # which fusion chain (``elementwise.chain_tag``): "" for a single fused pair
 
     def __str__(self) -> str:
-        return f"Fused({self.layout})"
+        return f"Fused({self.layout}{', ' + self.via if self.via else ''})"
 
 
 @dataclass(frozen=True)

@@ -201,8 +201,9 @@ def _grid(g: dict | None) -> str:
         return "-"
     batch = f" b{g['gb']}" if g["gb"] > 1 else ""
     bias = ", bias fused into the reduction" if g.get("bias_in_reduction") else ""
+    epi = f", {g['epilogue']} in the reduction" if g.get("epilogue") else ""
     return (f"{g['gm']}x{g['gn']}x{g['gk']}{batch} order {g['order']}, reduction {g['reduction']}, "
-            f"partials {g['partials']}{bias}")
+            f"partials {g['partials']}{bias}{epi}")
 
 
 def _short_grid(g: dict | None) -> str:
@@ -211,7 +212,7 @@ def _short_grid(g: dict | None) -> str:
     batch = f"{g['gb']}x" if g["gb"] > 1 else ""
     red = "" if g["reduction"] == "none" else f" {g['reduction']}"
     return f"{batch}{g['gm']}x{g['gn']}x{g['gk']} {g['order']}{red} {g['partials']}" + (
-        " +bias" if g.get("bias_in_reduction") else "")
+        " +bias" if g.get("bias_in_reduction") else "") + (" +epilogue" if g.get("epilogue") else "")
 
 
 def layouts_table(data: dict, verbose: bool = False) -> Table:
