@@ -119,3 +119,47 @@ def test_the_siglip_fp16_mlp_compiles_and_validates_with_the_grids_users_pin(tmp
     assert ops["down"]["candidate"].split(" grid ")[1].startswith("3x18x27")
     code, out, err = cli("validate", pkg)
     assert code == 0 and "validation passed" in out, out + err
+
+
+SMOKE = FIXTURES / "mlp_smoke_fp8.toml"
+
+
+def test_emitted_pins_name_the_epilogue_and_reproduce_a_plan_with_a_fused_one():
+    graph = load_model(SMOKE)
+    target = load_target(graph.target)
+    fused = plan(graph, target, pins=[parse_pin("fc1=grid:3x9x2,epilogue:bias+gelu+fp8")])
+    assert chosen(fused, "fc1").choice.epilogue is not None and chosen(fused, "cast_g").absorbed
+    text = emit_pins(fused)
+    lines = {line.split(" = ")[0].strip('"'): line.split(" = ")[1].strip('"') for line in text.splitlines()
+             if " = " in line}
+    assert lines["fc1"].endswith(",epilogue:bias+gelu+fp8") and ",epilogue:" in lines["fc2"]
+    again = plan(graph, target, pins=[parse_pin(f"{op}={spec}") for op, spec in lines.items()])
+    assert emit_pins(again) == text and again.estimate.cycles == fused.estimate.cycles
+    assert {op.name: chosen(again, op.name).desc for op in graph.ops} == \
+           {op.name: chosen(fused, op.name).desc for op in graph.ops}
+
+
+@pytest.mark.parametrize("text, why", [
+    ("fc1=grid:2x2x2,epilogue:gelu", "a GeLU in the reduction needs the bias too"),
+    ("fc1=grid:2x2x2,epilogue:fp8+bias", "parts of bias\\+gelu\\+fp8 in that order"),
+    ("fc1=grid:2x2x2,epilogue:relu", "epilogue must be none or parts of"),
+    ("fc1=grid:2x2x1,epilogue:bias", "need gk > 1"),
+])
+def test_malformed_epilogue_pins_are_one_line_errors(text, why):
+    with pytest.raises(TileplanError, match=why):
+        parse_pin(text)
+
+
+def test_a_pin_naming_an_epilogue_the_op_cannot_fuse_says_which_it_can():
+    graph = load_model(SMOKE)
+    with pytest.raises(TileplanError, match=r"pin of 'fc2' .*epilogue:bias\+gelu\+fp8 is not one its reducers may "
+                                            r"do \(its output feeds bias2 \(add\); the ops after it allow none, bias\)"):
+        plan(graph, load_target(graph.target), pins=[parse_pin("fc2=grid:4x5x3,epilogue:bias+gelu+fp8")])
+
+
+def test_a_model_files_pin_table_takes_an_epilogue(tmp_path):
+    path = tmp_path / "pinned.toml"
+    path.write_text(SMOKE.read_text() + '\n[pin]\nfc1 = "grid:3x9x2,epilogue:bias+gelu+fp8"\n')
+    graph = load_model(path)
+    p = plan(graph, load_target(graph.target))
+    assert str(chosen(p, "fc1").choice.epilogue) == "GeLU (tanh) and cast to fp8" and chosen(p, "fc1").choice.bias

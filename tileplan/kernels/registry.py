@@ -4,8 +4,8 @@ A ``Variant`` is one implementation of a primitive on one or more target
 families: named predicates say when it applies, ``cycles`` prices a call,
 ``reference`` is its numpy semantics and ``codelet`` its Poplar C++ source.
 
-``Registry.dispatch(call, target)`` evaluates every predicate of every variant
-of ``(call.primitive, target.family)``, then takes the accepted variant with the
+``Registry.dispatch(call, target)`` tests every variant of ``(call.primitive,
+target.family)`` (each up to its first failing predicate), then takes the accepted variant with the
 fewest cycles (higher ``priority`` breaks ties, then the name), or the variant
 the caller forces. When nothing fits, ``NoVariantError`` lists every variant,
 one per line, with all of its rejection reasons.
@@ -50,7 +50,8 @@ class Variant:
         return [p.reason for p in self.predicates if not p(call, target)]
 
     def accepts(self, call: Any, target: Target) -> bool:
-        return not self.rejections(call, target)
+        """Every predicate holds (stops at the first that fails: no reasons are gathered)."""
+        return all(p(call, target) for p in self.predicates)
 
     def cycles(self, call: Any, target: Target) -> int:
         return int(self.cycles_fn(call, target))
@@ -130,21 +131,23 @@ class Registry:
         return [(v, v.rejections(call, target)) for v in self.variants(call.primitive, target.family)]
 
     def dispatch(self, call: Any, target: Target, force: str | None = None) -> Variant:
+        if force is None:
+            # The accepted variants, each test stopping at its first failing predicate; the reasons
+            # of every rejection are gathered only for the error when none accepts.
+            accepted = [v for v in self.variants(call.primitive, target.family) if v.accepts(call, target)]
+            if not accepted:
+                raise NoVariantError(call, target, self.candidates(call, target))
+            return min(accepted, key=lambda v: (v.cycles(call, target), -v.priority, v.name))
         found = self.candidates(call, target)
-        if force is not None:
-            for v, reasons in found:
-                if v.name == force:
-                    if reasons:
-                        raise TileplanError(f"forced kernel {force!r} does not accept {call} on {target.name}: "
-                                            f"{'; '.join(reasons)}")
-                    return v
-            known = ", ".join(v.name for v, _ in found) or "none"
-            raise TileplanError(f"forced kernel {force!r} is not a {call.primitive} variant for family "
-                                f"{target.family} (known: {known})")
-        accepted = [v for v, reasons in found if not reasons]
-        if not accepted:
-            raise NoVariantError(call, target, found)
-        return min(accepted, key=lambda v: (v.cycles(call, target), -v.priority, v.name))
+        for v, reasons in found:
+            if v.name == force:
+                if reasons:
+                    raise TileplanError(f"forced kernel {force!r} does not accept {call} on {target.name}: "
+                                        f"{'; '.join(reasons)}")
+                return v
+        known = ", ".join(v.name for v, _ in found) or "none"
+        raise TileplanError(f"forced kernel {force!r} is not a {call.primitive} variant for family "
+                            f"{target.family} (known: {known})")
 
 
 # ---- the table's vocabulary (every kernel module's variant rows use it) -------------------------

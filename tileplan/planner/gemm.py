@@ -340,12 +340,14 @@ class CoarseTable:
 @functools.lru_cache(maxsize=16)
 def coarse_table(g: GemmShape, target, retry_bytes: int, bias: bool = False, pre: bool = False,
                  epilogue: Epilogue | None = None) -> CoarseTable:
-    if epilogue is not None:
-        return _epilogue_rows(coarse_table(g, target, retry_bytes, bias, pre), g, target, epilogue)
-    if bias:
-        return _bias_rows(coarse_table(g, target, retry_bytes, False, pre), g, target)
+    # Each kind is made from the table of the kinds below it, so the pre-arranged tables share the
+    # compact ones' rows (a fused kind's reducer pricing, the costly part, is done once per GEMM).
     if pre:
-        return _pre_rows(coarse_table(g, target, retry_bytes), g)
+        return _pre_rows(coarse_table(g, target, retry_bytes, bias, False, epilogue), g)
+    if epilogue is not None:
+        return _epilogue_rows(coarse_table(g, target, retry_bytes, bias), g, target, epilogue)
+    if bias:
+        return _bias_rows(coarse_table(g, target, retry_bytes), g, target)
     grids = _grid_options(g, target.tiles)
     n_ptypes = len(g.partial_types())
     gk = grids[:, 3]
@@ -393,7 +395,8 @@ def _frozen(t: CoarseTable) -> CoarseTable:
 
 
 def _pre_rows(t: CoarseTable, g: GemmShape) -> CoarseTable:
-    """The pre-arranged table from the plain one (``prearranged_b``), row for row: without the cycles
+    """The pre-arranged table from the compact one of its kind (plain, bias, epilogue; ``prearranged_b``),
+    row for row: without the cycles
     that bring B's blocks, and with every serial K chunk's B block resident at once (``sk`` of
     them; the one in use is counted already). Which options need serial K does not change: at
     once, the B block is the same bytes either way."""
@@ -413,7 +416,7 @@ def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
     cycles = t.cycles[sel] + reduction_bias_cycles(g, target, t.grid[sel], t.reduction[sel], t.partials[sel])
     return _frozen(CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel],
                                t.sk[sel], parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel],
-                               t.k[sel], t.b_prep[sel], bias=True, pre=t.pre))
+                               t.k[sel], t.b_prep[sel], bias=True))
 
 
 def _epilogue_rows(t: CoarseTable, g: GemmShape, target, epilogue: Epilogue) -> CoarseTable:
@@ -428,7 +431,7 @@ def _epilogue_rows(t: CoarseTable, g: GemmShape, target, epilogue: Epilogue) -> 
                                                        t.bias, epilogue.fields())
     return _frozen(CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel],
                                t.sk[sel], parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel],
-                               t.k[sel], t.b_prep[sel], bias=t.bias, pre=t.pre, epilogue=epilogue))
+                               t.k[sel], t.b_prep[sel], bias=t.bias, epilogue=epilogue))
 
 
 # ---- the fragment program of one candidate -----------------------------------------------
