@@ -86,6 +86,7 @@ class Registry:
 
     def __init__(self, variants: Iterable[Variant] = ()):
         self._variants: dict[str, Variant] = {}
+        self._by_key: dict[tuple[str, str], list[Variant]] = {}    # variants(): kept until a register
         for v in variants:
             self.register(v)
 
@@ -95,6 +96,7 @@ class Registry:
         if not variant.families:
             raise ValueError(f"kernel variant {variant.name!r} lists no target family")
         self._variants[variant.name] = variant
+        self._by_key.clear()
         return variant
 
     def __contains__(self, name: str) -> bool:
@@ -123,7 +125,11 @@ class Registry:
         return Registry(v for v in self if v.name not in names and v.primitive not in names)
 
     def variants(self, primitive: str, family: str) -> list[Variant]:
-        return [v for v in self if v.primitive == primitive and family in v.families]
+        got = self._by_key.get((primitive, family))
+        if got is None:
+            got = self._by_key[(primitive, family)] = [v for v in self if v.primitive == primitive
+                                                       and family in v.families]
+        return list(got)
 
     def candidates(self, call: Any, target: Target) -> list[tuple[Variant, list[str]]]:
         """Every variant for the call's primitive and the target's family, with its
