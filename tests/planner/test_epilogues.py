@@ -128,6 +128,19 @@ def test_a_plan_whose_reducers_do_bias_gelu_and_the_fp8_cast_validates(smoke, mo
         f.name.startswith("reduce_bias_gelu_cast_fp16") for f in (pkg.path / "codelets").iterdir())
 
 
+def test_a_plan_whose_reducers_do_the_epilogue_with_the_weights_pre_arranged_validates(smoke, monkeypatch, tmp_path):
+    # The kinds are orthogonal: the catalogue offers fused candidates reading B pre-arranged too.
+    graph, target = smoke
+    p = _forced(monkeypatch, graph, target,
+                lambda op, c: op.name != "fc1" or (c.choice.epilogue is not None and c.weights is not None))
+    picked = {op: p.candidates[op][i] for op, i in p.picks.items()}
+    assert picked["fc1"].choice.epilogue is not None and picked["fc1"].weights is not None
+    assert "B pre-arranged" in picked["fc1"].desc and picked["cast_g"].absorbed
+    pkg, v, estimate = _validated(p, target, tmp_path / "pkg")
+    assert v.passed and v.outputs["y"]["cosine"] > 0.999
+    assert estimate["cycles"] == v.profile.cycles == p.estimate.cycles
+
+
 def test_a_plan_with_the_fp8_output_bias_gelu_pass_validates(smoke, monkeypatch, tmp_path):
     graph, target = smoke
     p = _forced(monkeypatch, graph, target,
