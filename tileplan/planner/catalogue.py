@@ -66,8 +66,9 @@ DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the f
 BIAS_DETAIL_BUDGET = 4      # the same for a chunk of the bias-in-reduction kind: its fastest entries only
 PRE_DETAIL_BUDGET = 4       # the same for a chunk of pre-arranged weights: its fastest entries only
 RUNNERS_UP = 8              # coarse runner-ups kept per chunk for the report
-CATALOGUE_KINDS = "plain, bias in the reduction, fused epilogues, pre-arranged B x each"   # in the plan cache key: what a
-                            # cached catalogue holds (one written before a kind existed is not read)
+CATALOGUE_KINDS = "plain, bias in the reduction, fused epilogues, pre-arranged B x each"
+                            # in the plan cache key: what a cached catalogue holds (one written before
+                            # a kind existed is not read)
 POOL_MIN_WORK = 8192        # detailed choices x tiles below which the catalogue stays in-process
 POOL_MIN_TILES = 256        # targets below this plan their GEMMs' catalogues in-process: a whole catalogue
                             # costs less than starting a worker (the 64-tile smoke plan takes ~40 ms)
@@ -419,7 +420,8 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
         if chain is not None:
             chunks += _chunks(ctx, op, shape, bias=chain.bias is not None, combos=fused, tick=tick, pre=True,
                               chain=chain)
-    count[0] = (len(plain) + len(biased) + len(fused)) * (2 if pre else 1)    # a kind with no feasible grid costs no chunk
+    # A kind with no feasible grid costs no chunk.
+    count[0] = (len(plain) + len(biased) + len(fused)) * (2 if pre else 1)
     # The detailed work, by grid choice: each choice is built once for all the chunks that kept it.
     wanted: dict = {}
     for ch in chunks:

@@ -4,18 +4,18 @@
 A pin is one line, ``OP=grid:GMxGNxGK`` (or ``GBxGMxGNxGK`` for a batched GEMM), optionally with
 ``,order:bjli`` (which physical tile runs which grid cell), ``,reduction:gather|rows``,
 ``,partials:fp16|fp32``, ``,serial:N`` (serial K steps), ``,storage:panels|grid`` (the weights
-in resident panels, or pre-arranged as the grid reads them) and ``,epilogue:none|bias|bias+gelu+fp8|...``
-(what the reducers do after the sum: the following bias Add, GeLU and Cast to FP8 they fuse,
-``planner.epilogue``; a pin naming one the op's graph does not allow is an error that says which it
-allows). On the command line ``--pin`` is
-repeatable and ``--pins FILE`` reads a TOML file with a ``[pin]`` table (``OP = "grid:..."``), the
-format ``tileplan plan --emit-pins FILE`` writes and a model file's own ``[pin]`` table uses.
+in resident panels, or pre-arranged as the grid reads them) and
+``,epilogue:none|bias|bias+gelu+fp8|...`` (what the reducers do after the sum: the following bias
+Add, GeLU and Cast to FP8 they fuse, ``planner.epilogue``; a pin naming one the op's graph does not
+allow is an error that says which it allows). On the command line ``--pin`` is repeatable and
+``--pins FILE`` reads a TOML file with a ``[pin]`` table (``OP = "grid:..."``), the format
+``tileplan plan --emit-pins FILE`` writes and a model file's own ``[pin]`` table uses.
 
 The planner keeps, of a pinned GEMM, only the candidates that match the pin. When its catalogue
 kept none, the pinned grid is built and costed in every boundary combination and every form the
-pin leaves open (orders, reductions, partials, the storage, the bias and the epilogue in the reduction). A pin that fits no
-candidate is an error that says why: the tiles it needs, a split into empty blocks, tile memory,
-or the missing kernel.
+pin leaves open (orders, reductions, partials, the storage, the bias and the epilogue in the
+reduction). A pin that fits no candidate is an error that says why: the tiles it needs, a split
+into empty blocks, tile memory, the missing kernel, or an epilogue the op cannot fuse.
 
 A pin that selects what the planner would have chosen changes nothing (the same package, byte for
 byte). One that changes the plan is recorded in plan.json beside the planner's own choice and its
@@ -58,7 +58,8 @@ def check_epilogue(ctx, op, pin: Pin) -> None:
     if pin.epilogue in kinds:
         return
     after = ctx.graph.consumers.get(op.output, [])
-    nxt = f"its output feeds {', '.join(f'{c.name} ({c.kind})' for c in after)}" if after else "nothing reads its output"
+    nxt = (f"its output feeds {', '.join(f'{c.name} ({c.kind})' for c in after)}" if after
+           else "nothing reads its output")
     raise TileplanError(f"pin of {op.name!r} ({pin}): epilogue:{pin.epilogue} is not one its reducers may do "
                         f"({nxt}; the ops after it allow {', '.join(kinds)}): the fused ops must each be the only "
                         "reader of the one before, not an output or pinned, the bias resident and replicated, "
