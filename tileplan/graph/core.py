@@ -713,6 +713,12 @@ class Graph:
                 return op
         raise KeyError(name)
 
+    def folded_value(self, name: str) -> np.ndarray:
+        """A folded output's stored values (in its dtype): what the host writes for it."""
+        from .dtypes import quantise
+        t = self.tensors[name]
+        return quantise(np.full(t.shape, self.folded[name]), t.dtype, t.scale)
+
     def by_role(self, role: Role) -> list[Tensor]:
         return [t for t in self.tensors.values() if t.role is role]
 
