@@ -60,7 +60,9 @@ bf16 tensor, initializer and Cast target as FLOAT16 and records it in
 ``Graph.imported``); anything else (integer, bool, DOUBLE, other FP8 formats)
 is an error naming the tensor and its type. Every input must have a static
 shape (tileplan plans static shapes): a symbolic or missing dimension is an
-error naming the tensor.
+error naming the tensor, and so is a negative one. A zero dimension is a
+zero-size tensor (``Reshape`` with ``allowzero=1`` makes them too): imported as
+it is, and folded at plan time with what it feeds (``planner.rewrite``).
 
 tileplan conventions ONNX has no words for, carried in ``metadata_props``:
 
