@@ -133,7 +133,8 @@ def test_a_graph_that_folds_entirely_compiles_validates_and_reports_with_an_empt
     code, out, err = cli("report", tmp_path / "pkg")
     assert code == 0, err
     assert "folded at plan time: reduced: fp16[2x1x4] = -inf (host data, no tile memory, 0 cycles)" in out
-    assert (tmp_path / "pkg" / "report.html").is_file()
+    html = (tmp_path / "pkg" / "report.html").read_text()
+    assert "<tr><td>reduced</td><td>2x1x4</td><td>fp16</td><td>-inf</td></tr>" in html
 
 
 def test_the_host_program_of_a_folded_package_compiles_and_writes_the_folded_outputs(cli, tmp_path):
