@@ -86,7 +86,7 @@ def _fold(graph: Graph) -> tuple[list, dict[str, float], set[str]]:
     for n, t in graph.tensors.items():
         if t.role in (Role.INPUT, Role.PARAMETER) and t.size and n not in read:
             raise TileplanError(f"{t.role} {n!r} is read only by ops folded at plan time (their results are "
-                                "zero-size or constant); tileplan does not plan an input nothing on the device reads")
+                                f"zero-size or constant); tileplan plans no {t.role} that nothing on the device reads")
     folded = {n: float(known[n].flat[0]) if known[n].size else 0.0 for n in sorted(made & outputs)}
     return kept, folded, made - outputs
 
@@ -249,7 +249,7 @@ def _shared(graph: Graph, ops: list, declared: dict[str, Tensor]) -> tuple[list,
 
 def canonical(graph: Graph) -> Graph:
     device_ops, folded, dropped = _fold(graph)
-    ops, declared, changed = [], [], bool(folded)
+    ops, declared, changed = [], [], device_ops is not graph.ops
     for op in device_ops:
         rule = next((fn for kind, fn in RULES if isinstance(op, kind)), None)
         rewritten = rule(graph, op) if rule is not None else None
