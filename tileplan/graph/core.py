@@ -15,6 +15,8 @@ Conventions:
 - ``Add`` broadcasts as numpy does (a bias row is ``[N]`` added to ``[..., N]``);
   both operands and the result share one dtype (fp16 or fp32).
 - ``GeLU`` has the ``tanh`` and ``erf`` forms; fp16 or fp32.
+- A dimension may be 0 (a zero-size tensor, as in ONNX); what such tensors feed is folded at plan
+  time (``planner.rewrite``) into ``Graph.folded`` outputs, never planned onto tiles.
 - ``Cast`` converts between fp32, fp16 and fp8; the output tensor's power-of-two
   ``scale`` is applied when casting into FP8 and the input's when casting out.
 """
@@ -33,7 +35,7 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError, check
-from .dtypes import DType
+from .dtypes import DType, quantise
 from .numerics import erf, sigmoid
 
 
@@ -715,7 +717,6 @@ class Graph:
 
     def folded_value(self, name: str) -> np.ndarray:
         """A folded output's stored values (in its dtype): what the host writes for it."""
-        from .dtypes import quantise
         t = self.tensors[name]
         return quantise(np.full(t.shape, self.folded[name]), t.dtype, t.scale)
 
