@@ -7,7 +7,7 @@ or kernel formula ever sees a value that overflows int64 or divides by zero.
 
 Bounds, and why:
 
-- a dimension is a positive integer; a tensor has at most ``MAX_ELEMENTS = 2**36``
+- a dimension is a positive integer (a graph tensor may have a zero one: a zero-size tensor); a tensor has at most ``MAX_ELEMENTS = 2**36``
   elements (64 Gi: 70x the whole SRAM of an ipu21, 1472 x 638,976 B). With
   every tensor of a MatMul within it, ``2 * batch * M * N * K`` stays below
   2**55, so the planner's int64 products (FLOPs, bytes x tiles, cycle sums)
@@ -39,8 +39,9 @@ def is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def dims(shape: Any, where: str) -> tuple[int, ...]:
-    """``shape`` as a tuple of positive ints whose product is at most ``MAX_ELEMENTS``."""
+def dims(shape: Any, where: str, *, zero_ok: bool = False) -> tuple[int, ...]:
+    """``shape`` as a tuple of positive ints (non-negative with ``zero_ok``: a zero-size tensor)
+    whose product is at most ``MAX_ELEMENTS``."""
     try:
         items = list(shape)
     except TypeError:
@@ -50,7 +51,7 @@ def dims(shape: Any, where: str) -> tuple[int, ...]:
     for d in items:
         if not is_int(d):
             raise TileplanError(f"{where}: dimensions must be positive integers, got shape {_show(items)}")
-        if d <= 0:
+        if d < 0 or (d == 0 and not zero_ok):
             what = "a zero" if d == 0 else "a negative"
             raise TileplanError(f"{where}: shape {_show(items)} has {what} dimension (dimensions must be positive)")
     size = math.prod(int(d) for d in items)          # Python ints: exact, whatever the size

@@ -400,6 +400,9 @@ def compile_command(
               f"sync {_n(est.sync)}), {roofline_ratio_text(est.cycles, p.roofline)}; "
               f"peak {_n(est.total_memory)} B per tile")
     out.print(f"tile program: {len(state.tile_program.steps)} steps; passes: {', '.join(state.tile_program.passes)}")
+    if p.graph.folded:                       # planner.rewrite: results known at plan time, written by the host
+        out.print("folded at plan time (host data, 0 cycles): " + ", ".join(
+            f"{n} = {v!r}" for n, v in sorted(p.graph.folded.items())))
     if verbose:
         from .report.terminal import render
         from .planner.planjson import plan_to_json

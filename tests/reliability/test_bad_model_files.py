@@ -155,14 +155,16 @@ def test_a_graph_without_a_matmul_compiles_and_validates_without_a_division_by_z
 
 # ---- ONNX ------------------------------------------------------------------------------------------
 
-def test_an_onnx_zero_dimension_is_called_a_zero_dimension_not_a_dynamic_one(cli, tmp_path):
+def test_an_onnx_zero_dimension_is_not_called_dynamic_and_a_shape_it_contradicts_is_named(cli, tmp_path):
+    """A zero dimension is ONNX's zero-size tensor (tests/graph/test_zero_size.py), not a dynamic one;
+    this file's value_info still declares the batch of 96, which the zero contradicts."""
     onnx = pytest.importorskip("onnx")
     model = onnx.load(str(FIXTURES / "mlp_smoke_fp8.onnx"))
     dim = model.graph.input[0].type.tensor_type.shape.dim[0]
     dim.dim_value = 0
     path = tmp_path / "zero.onnx"
     onnx.save(model, str(path))
-    line = assert_refused(cli("show", path), path, "zero")
+    line = assert_refused(cli("show", path), path, "is declared with shape [96, 144] but the op gives [0, 144]")
     assert "dynamic" not in line
 
 

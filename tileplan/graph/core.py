@@ -15,6 +15,8 @@ Conventions:
 - ``Add`` broadcasts as numpy does (a bias row is ``[N]`` added to ``[..., N]``);
   both operands and the result share one dtype (fp16 or fp32).
 - ``GeLU`` has the ``tanh`` and ``erf`` forms; fp16 or fp32.
+- A dimension may be 0 (a zero-size tensor, as in ONNX); what such tensors feed is folded at plan
+  time (``planner.rewrite``) into ``Graph.folded`` outputs, never planned onto tiles.
 - ``Cast`` converts between fp32, fp16 and fp8; the output tensor's power-of-two
   ``scale`` is applied when casting into FP8 and the input's when casting out.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -32,7 +35,7 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError, check
-from .dtypes import DType
+from .dtypes import DType, quantise
 from .numerics import erf, sigmoid
 
 
@@ -57,7 +60,7 @@ class Tensor:
 
     def __post_init__(self):
         checked.name(self.name, "tensor")
-        checked.dims(self.shape, f"tensor {self.name!r}")
+        checked.dims(self.shape, f"tensor {self.name!r}", zero_ok=True)     # zero-size: see Graph.folded
         check(-32 <= self.scale <= 31, f"tensor {self.name!r}: scale exponent {self.scale} is out of range -32..31")
 
     @property
@@ -441,6 +444,10 @@ class Reduce(Rowwise):
         return shape, x.dtype
 
     def reference(self, x):
+        if x.shape[-1] == 0:                          # an empty set (see _max); the mean of none is NaN
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return self.fn(x, axis=-1, keepdims=self.keepdims)
         return self.fn(x, axis=-1, keepdims=self.keepdims)
 
 
@@ -456,10 +463,17 @@ class ReduceMean(Reduce):
     fn = staticmethod(np.mean)
 
 
+def _max(x, axis, keepdims):
+    """ONNX's ReduceMax: "Reduction over an empty set of values yields minus infinity (if supported by
+    the datatype)" (ReduceMax-20; onnx/defs/reduction/utils.h, EMPTY_MIN). ReduceSum's empty set
+    yields 0 (numpy's too); ReduceMean's is "undefined" in ONNX, NaN (0/0) here."""
+    return np.max(x, axis=axis, keepdims=keepdims, initial=-np.inf)
+
+
 @dataclass(frozen=True)
 class ReduceMax(Reduce):
     kind: ClassVar[str] = "reducemax"
-    fn = staticmethod(np.max)
+    fn = staticmethod(_max)
 
 
 def _int_tuple(op: Op, field: str) -> tuple[int, ...]:
@@ -489,8 +503,8 @@ class Reshape(Op):
 
     def __post_init__(self):
         shape = _int_tuple(self, "shape")
-        if not shape or any(d <= 0 for d in shape):
-            raise self.err(f"shape must be a non-empty list of positive integers, got {list(shape)}")
+        if not shape or any(d < 0 for d in shape):        # a zero: a zero-size result (ONNX's allowzero)
+            raise self.err(f"shape must be a non-empty list of non-negative integers, got {list(shape)}")
 
     def infer(self, ins):
         (x,) = ins
@@ -570,17 +584,25 @@ class Graph:
     weights: str | None = None             # the model file's parameter storage ([plan] weights: one of
                                            # WEIGHTS), a planning input; None: not said (the planner's)
     imported: dict[str, Any] = field(default_factory=dict)   # conversions an importer made (cast_bf16)
+    # Graph outputs no op writes: their value, every element the same, was folded at plan time
+    # (planner.rewrite: a zero-size result, or a reduction over an empty axis). The package carries
+    # them as host data; they occupy no tile memory and take no cycles.
+    folded: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def build(cls, name: str, tensors: list[Tensor], ops: list[Op], *,
               outputs: list[str] | None = None, target: str | None = None, pins: tuple = (),
-              weights: str | None = None) -> "Graph":
+              weights: str | None = None, folded: dict[str, float] | None = None) -> "Graph":
         """Check and complete a graph: declared tensors plus ops whose outputs may be undeclared.
 
         Op outputs that are not declared get their inferred shape and dtype
         (an op may pin the output dtype by declaring the tensor). Tensors named in
-        ``outputs`` (default: every tensor no op consumes) get role OUTPUT.
+        ``outputs`` (default: every tensor no op consumes) get role OUTPUT. ``folded``: declared
+        graph outputs that no op writes, each with its one value (``Graph.folded``). A zero-size
+        input or parameter no op reads is allowed (it holds nothing); so is a graph without ops
+        when it has folded outputs.
         """
+        folded = {k: float(v) for k, v in (folded or {}).items()}
         table: dict[str, Tensor] = {}
         for t in tensors:
             if t.name in table:
@@ -601,6 +623,9 @@ class Graph:
         for tname, t in table.items():     # (not `name`: that is the graph's name)
             if t.role in (Role.INPUT, Role.PARAMETER) and tname in producers:
                 raise producers[tname].err(f"writes {tname!r}, which is a graph {t.role}")
+        for tname in folded:
+            if tname not in table or tname in producers or table[tname].role in (Role.INPUT, Role.PARAMETER):
+                raise TileplanError(f"folded output {tname!r} must be a declared tensor that no op writes")
 
         # Dependency order (networkx), refusing cycles and unknown tensors.
         dag = nx.DiGraph()
@@ -649,11 +674,14 @@ class Graph:
             for i in op.inputs:
                 consumers[i].append(op)
         out_names = list(outputs) if outputs else [n for n, t in table.items()
-                                                   if n in producers and not consumers[n]]
+                                                   if (n in producers or n in folded) and not consumers[n]]
         for n in out_names:
             if n not in table:
                 raise TileplanError(f"output {n!r} is not a tensor of the graph")
-            if n not in producers:
+            if n in folded:
+                if consumers[n]:
+                    raise consumers[n][0].err(f"reads {n!r}, an output folded at plan time")
+            elif n not in producers:
                 raise TileplanError(f"output {n!r} is a graph {table[n].role}; no op produces it")
             table[n] = dataclasses.replace(table[n], role=Role.OUTPUT)
         for n, t in table.items():
@@ -662,12 +690,16 @@ class Graph:
             if t.role is Role.INTERMEDIATE and n not in producers and n in table:
                 raise TileplanError(f"tensor {n!r} is an intermediate but no op produces it "
                                     "(declare it with role 'input' or 'parameter')")
-        unused = [n for n, t in table.items() if t.role in (Role.INPUT, Role.PARAMETER) and not consumers[n]]
+        unused = [n for n, t in table.items() if t.role in (Role.INPUT, Role.PARAMETER) and not consumers[n]
+                  and t.size]
         if unused:
             raise TileplanError(f"tensor(s) {', '.join(repr(u) for u in unused)} are declared but no op uses them")
-        if not ordered:
+        stray = [n for n in folded if n not in out_names]
+        if stray:
+            raise TileplanError(f"folded tensor(s) {', '.join(map(repr, stray))} are not graph outputs")
+        if not ordered and not folded:
             raise TileplanError("the graph has no ops")
-        return cls(name, table, ordered, target, producers, consumers, tuple(pins), weights)
+        return cls(name, table, ordered, target, producers, consumers, tuple(pins), weights, folded=folded)
 
     # ---- queries -------------------------------------------------------------
 
@@ -682,6 +714,11 @@ class Graph:
             if op.name == name:
                 return op
         raise KeyError(name)
+
+    def folded_value(self, name: str) -> np.ndarray:
+        """A folded output's stored values (in its dtype): what the host writes for it."""
+        t = self.tensors[name]
+        return quantise(np.full(t.shape, self.folded[name]), t.dtype, t.scale)
 
     def by_role(self, role: Role) -> list[Tensor]:
         return [t for t in self.tensors.values() if t.role is role]

@@ -60,7 +60,9 @@ bf16 tensor, initializer and Cast target as FLOAT16 and records it in
 ``Graph.imported``); anything else (integer, bool, DOUBLE, other FP8 formats)
 is an error naming the tensor and its type. Every input must have a static
 shape (tileplan plans static shapes): a symbolic or missing dimension is an
-error naming the tensor.
+error naming the tensor, and so is a negative one. A zero dimension is a
+zero-size tensor (``Reshape`` with ``allowzero=1`` makes them too): imported as
+it is, and folded at plan time with what it feeds (``planner.rewrite``).
 
 tileplan conventions ONNX has no words for, carried in ``metadata_props``:
 
@@ -499,12 +501,11 @@ class _Importer:
         dims = self._dims(t)
         if dims is None:
             raise TileplanError(f"{what} {t!r} has no known shape; tileplan plans static shapes")
-        if any(isinstance(d, int) and not isinstance(d, bool) and d <= 0 for d in dims):
-            kind = "zero-size" if all(d >= 0 for d in dims if isinstance(d, int)) else "negative"
-            raise TileplanError(f"{what} {t!r} has a {kind} dimension (shape {list(dims)}); tileplan "
-                                "tensors have positive dimensions")
+        if any(isinstance(d, int) and not isinstance(d, bool) and d < 0 for d in dims):
+            raise TileplanError(f"{what} {t!r} has a negative dimension (shape {list(dims)}); tileplan "
+                                "tensors have non-negative dimensions")
         if not _all_static(dims):
-            shown = ", ".join(str(d) if isinstance(d, int) and d > 0 else repr(d or "?") for d in dims)
+            shown = ", ".join(str(d) if isinstance(d, int) and d >= 0 else repr(d or "?") for d in dims)
             raise TileplanError(f"{what} {t!r} has a dynamic dimension (shape [{shown}]); tileplan plans "
                                 "static shapes: export with fixed sizes or pin the dimension "
                                 "(onnx.tools.update_model_dims)")
@@ -940,7 +941,7 @@ def _np_elem_type(v: np.ndarray) -> int:
 
 
 def _all_static(dims) -> bool:
-    return dims is not None and all(isinstance(d, int) and d > 0 for d in dims)
+    return dims is not None and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims)
 
 
 def _to_array(proto, what: str) -> np.ndarray:

@@ -22,8 +22,11 @@ def graph_to_dict(g: Graph) -> dict:
             if f.name not in ("name", "inputs", "output"):
                 d[f.name] = getattr(op, f.name)
         ops.append(d)
-    return {"name": g.name, "target": g.target, "tensors": tensors, "ops": ops,
-            "outputs": [t.name for t in g.by_role(Role.OUTPUT)]}
+    d = {"name": g.name, "target": g.target, "tensors": tensors, "ops": ops,
+         "outputs": [t.name for t in g.by_role(Role.OUTPUT)]}
+    if g.folded:           # values as repr strings: -inf and NaN are not JSON numbers
+        d["folded"] = {k: repr(v) for k, v in sorted(g.folded.items())}
+    return d
 
 
 def graph_from_dict(d: dict) -> Graph:
@@ -37,6 +40,7 @@ def graph_from_dict(d: dict) -> Graph:
             cls = OP_KINDS[o["kind"]]
             extra = {k: v for k, v in o.items() if k not in ("name", "kind", "inputs", "output")}
             ops.append(cls(o["name"], tuple(o["inputs"]), o["output"], **extra))
-        return Graph.build(d["name"], tensors, ops, outputs=d["outputs"], target=d.get("target"))
-    except (KeyError, TypeError, ValueError) as exc:
+        folded = {k: float(v) for k, v in d.get("folded", {}).items()}
+        return Graph.build(d["name"], tensors, ops, outputs=d["outputs"], target=d.get("target"), folded=folded)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TileplanError(f"the package's model.json is damaged: {exc}") from None

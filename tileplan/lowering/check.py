@@ -167,7 +167,7 @@ def _check_against_graph(tp, graph) -> None:
                                 f"for tensor {t.name!r}" + (" (transposed)" if b.transpose else ""))
     have = {b.tensor for b in tp.buffers if b.kind == "output"}
     for t in graph.tensors.values():
-        if t.role is Role.OUTPUT and t.name not in have:
+        if t.role is Role.OUTPUT and t.name not in have and t.name not in graph.folded:   # folded: host data
             raise TileplanError(f"program.json: output {t.name!r} of model.json has no output buffer")
 
 

@@ -72,7 +72,8 @@ def package_files(plan, state, target, params: dict | None, plan_json: dict, rep
     # emitted (both only read the tile program).
     with ThreadPoolExecutor(max_workers=1) as pool:
         program = pool.submit(tp.to_files)
-        host = emit_host(tp, target, plan.graph.name)       # host.cpp and host/tables.bin
+        folded = [(n, plan.graph.folded_value(n)) for n in sorted(plan.graph.folded)]   # the host writes these
+        host = emit_host(tp, target, plan.graph.name, folded=folded)       # host.cpp and host/tables.bin
         npz, index = program.result()
     files: dict[str, bytes] = {
         "plan.json": dumps(plan_json).encode(),

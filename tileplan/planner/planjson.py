@@ -28,6 +28,9 @@ Contents:
   ``floor`` is its share of it;
 - ``imported`` (only when an importer converted the model, e.g. ``--cast-bf16 fp16``):
   ``Graph.imported``, ``{"cast_bf16": "fp16", "converted_bf16_tensors": N}``;
+- ``folded`` (only when the planner folded outputs at plan time, ``planner.rewrite``): per graph
+  output no op writes, its tensor, shape, dtype and one value (a string: ``"-inf"`` is no JSON
+  number); host data, no tile memory, zero cycles;
 - ``runner_ups`` per GEMM: the candidates that lost, best first, with coarse and
   (when they reached it) detailed cycles and memory, and why they lost: kept
   candidates the whole-graph selection did not pick, then the catalogue's
@@ -216,6 +219,10 @@ def plan_to_json(plan) -> dict:
         "runner_ups": {op: runner_ups(plan, op) for op in gemms},
         **({"imported": dict(plan.graph.imported)} if plan.graph.imported else {}),   # e.g. cast_bf16
     }
+    if plan.graph.folded:                     # outputs folded at plan time: host data, zero cycles
+        doc["folded"] = [{"tensor": n, "shape": list(plan.graph.tensors[n].shape),
+                          "dtype": str(plan.graph.tensors[n].dtype), "value": repr(v)}
+                         for n, v in sorted(plan.graph.folded.items())]
     pre = prearranged(plan)
     if pre:
         doc["prearranged"] = pre

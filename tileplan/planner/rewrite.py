@@ -22,6 +22,18 @@ packaged in model.json and validated; it computes exactly what the original does
 - A Cast that changes neither the type nor the FP8 scale (ONNX's Cast to the type it has) is a
   relabelling: a Reshape to its own shape, under the Cast's name (no kernel converts nothing).
 
+- Folding at plan time (``_fold``, first): an op whose result is zero-size, or whose inputs are all
+  zero-size or folded (a reduction over an empty axis: ReduceSum's empty set is 0, ReduceMax's
+  -inf; a MatMul with K = 0 is zeros), is evaluated here with its own ``reference()`` and leaves
+  the graph, as a compiler folds a constant. A zero-size tensor occupies no tile memory and moves
+  no bytes, so nothing of it reaches the device: a folded graph output is carried by the package
+  as host data (``Graph.folded``: one value, since every element of such a result is the same),
+  written by the host program, with zero cycles; a folded tensor that is not an output is dropped.
+  A graph may fold entirely (no op left: an empty tile program). Zero-size inputs and parameters
+  stay declared (the host has nothing to write). An op left on the device that reads a folded
+  non-empty tensor is refused (the package does not upload constants to tiles), as is a
+  non-empty input or parameter that only folded ops read.
+
 - Ops that compute the same thing (kind, attributes, inputs, output type) are one op
   (``_shared``): the later ones' readers read the first one's output.
 
@@ -34,8 +46,49 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from ..errors import TileplanError
 from ..graph.core import Cast, Graph, MatMul, Reduce, Reshape, Role, Softmax, Tensor, Transpose
+from ..graph.dtypes import dequantise, quantise
+
+
+def _fold(graph: Graph) -> tuple[list, dict[str, float], set[str]]:
+    """The ops left for the device, the folded graph outputs with their value, and the tensors
+    folding removed (see the module docstring)."""
+    known = {n: np.zeros(t.shape) for n, t in graph.tensors.items()
+             if t.role in (Role.INPUT, Role.PARAMETER) and t.size == 0}
+    kept, made = [], set()
+    for op in graph.ops:
+        out = graph.output_of(op)
+        if out.size and not all(i in known for i in op.inputs):
+            kept.append(op)
+            continue
+        y = np.zeros(out.shape)
+        if out.size:
+            y = np.asarray(op.reference(*(known[i] for i in op.inputs)), np.float64).reshape(out.shape)
+            y = dequantise(quantise(y, out.dtype, out.scale, op.saturate), out.dtype, out.scale)
+            if not np.array_equal(y, np.full(y.shape, y.flat[0]), equal_nan=True):
+                raise op.err(f"its result {out.name!r} is a compile-time constant of more than one value; "
+                             "tileplan folds only one-value constants")
+        known[op.output] = y
+        made.add(op.output)
+    if not made:
+        return graph.ops, {}, set()
+    outputs = {t.name for t in graph.by_role(Role.OUTPUT)}
+    for op in kept:
+        for i in op.inputs:
+            if i in made:
+                raise op.err(f"reads {i!r}, which is folded at plan time (every element "
+                             f"{known[i].flat[0] if known[i].size else 'none'}); tileplan does not upload "
+                             "folded constants to tiles")
+    read = {i for op in kept for i in op.inputs}
+    for n, t in graph.tensors.items():
+        if t.role in (Role.INPUT, Role.PARAMETER) and t.size and n not in read:
+            raise TileplanError(f"{t.role} {n!r} is read only by ops folded at plan time (their results are "
+                                f"zero-size or constant); tileplan plans no {t.role} that nothing on the device reads")
+    folded = {n: float(known[n].flat[0]) if known[n].size else 0.0 for n in sorted(made & outputs)}
+    return kept, folded, made - outputs
 
 
 def _softmax_last(graph: Graph, op: Softmax) -> list | None:
@@ -195,8 +248,9 @@ def _shared(graph: Graph, ops: list, declared: dict[str, Tensor]) -> tuple[list,
 
 
 def canonical(graph: Graph) -> Graph:
-    ops, declared, changed = [], [], False
-    for op in graph.ops:
+    device_ops, folded, dropped = _fold(graph)
+    ops, declared, changed = [], [], device_ops is not graph.ops
+    for op in device_ops:
         rule = next((fn for kind, fn in RULES if isinstance(op, kind)), None)
         rewritten = rule(graph, op) if rule is not None else None
         if rewritten:
@@ -208,8 +262,9 @@ def canonical(graph: Graph) -> Graph:
     ops, gone = _shared(graph, ops, {t.name: t for t in declared})
     if not changed and not gone:
         return graph
-    tensors = [t for t in list(graph.tensors.values()) + declared if t.name not in gone]
+    tensors = [t for t in list(graph.tensors.values()) + declared if t.name not in gone and t.name not in dropped]
     outputs = [t.name for t in graph.by_role(Role.OUTPUT)]
-    out = Graph.build(graph.name, tensors, ops, outputs=outputs, target=graph.target, pins=graph.pins)
+    out = Graph.build(graph.name, tensors, ops, outputs=outputs, target=graph.target, pins=graph.pins,
+                      folded=folded or graph.folded)
     out.imported = dict(graph.imported)          # what the importer converted travels with the graph
     return out

@@ -164,9 +164,12 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
          if data['roofline_cycles'] else f"roofline bound: {NO_ROOFLINE}"),
     ]
     floor = data.get("model_floor")          # plans written before the floor existed have none
-    if floor:
-        lines.append(f"model floor: {floor['cycles']:,} cycles (no plan in the candidate space is faster); "
-                     f"the plan is {floor['plan_ratio']:.2f}x the floor")
+    if floor:                                # (a plan of no device ops has a floor of 0 and no ratio)
+        lines.append(f"model floor: {floor['cycles']:,} cycles (no plan in the candidate space is faster)"
+                     + (f"; the plan is {floor['plan_ratio']:.2f}x the floor" if floor["plan_ratio"] else ""))
+    for e in data.get("folded", []):         # outputs the planner folded: the host writes them
+        lines.append(f"folded at plan time: {e['tensor']}: {e['dtype']}[{'x'.join(map(str, e['shape']))}] = "
+                     f"{e['value']} (host data, no tile memory, 0 cycles)")
     if data.get("weights") == "compact":    # (plans written before the option have none: the planner's)
         lines.append("weights: compact (--weights compact: every weight in its compact resident storage, none "
                      "pre-arranged)")
@@ -268,7 +271,7 @@ def validation_parts(validation: dict, report: dict, roofline: float) -> list:
     worst = max(steps, key=lambda s: abs(s["cycles"] + s["sync"] - est.get(s["name"], 0)), default=None)
     lines = [f"simulated: {v['cycles']:,} cycles (compute {v['compute']:,}, exchange {v['exchange']:,}, "
              f"sync {v['sync']:,}), {roofline_ratio_text(v['cycles'], roofline)}"]
-    if report.get("estimate"):
+    if report.get("estimate") and steps:      # (no steps: nothing runs on the device, no ratio)
         e = report["estimate"]["cycles"]
         lines.append(f"estimate / simulated = {e / max(v['cycles'], 1):.3f}; {same} of {len(steps)} steps "
                      f"simulate exactly as estimated")

@@ -61,7 +61,8 @@ def reference(graph: Graph, stored: dict[str, np.ndarray], keep=None) -> dict[st
     def value(name):
         if name not in vals:
             t = graph.tensors[name]
-            vals[name] = dequantise(stored[name], t.dtype, t.scale)
+            raw = graph.folded_value(name) if name in graph.folded else stored[name]   # folded: host data
+            vals[name] = dequantise(raw, t.dtype, t.scale)
         return vals[name]
 
     vals: dict[str, np.ndarray] = {}
