@@ -33,7 +33,7 @@ fused with its consumer; it converts to nothing else.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -190,34 +190,18 @@ def solve_exhaustive(problem: Problem) -> Solution | None:
     return best
 
 
-@dataclass
 class _Path:
-    cycles: float
-    peak: int
-    picks: tuple[int, ...]
-    top: np.ndarray | None = None      # per tile, the largest memory over its ops without held storage
-    held: np.ndarray | None = None     # per tile, the storage its choices hold over the whole program
-    itop: np.ndarray | None = None     # per tile, the largest interleaved transients over its ops
-    # With per-tile figures, made once per path (``covers`` runs far more often than paths are made):
-    # the three side by side, and their sums (a path with a larger sum cannot be no larger on every tile).
-    vec: np.ndarray | None = field(default=None, repr=False)
-    sums: tuple | None = field(default=None, repr=False)
+    """One partial assignment: its cycles, its peak, its picks so far and, when paths carry per-tile
+    figures (``Problem.holds``), ``vec``: int64 [3 * tiles], per tile side by side the largest
+    memory over its ops without held storage (top), the storage its choices hold over the whole
+    program (held) and the largest interleaved transients over its ops (itop); ``sums``: the three
+    sums (a path with a larger sum cannot be no larger on every tile)."""
 
-    def __post_init__(self):
-        if self.top is not None:
-            self.vec = np.concatenate((self.top, self.held, self.itop))
-            self.sums = (int(self.top.sum()), int(self.held.sum()), int(self.itop.sum()))
+    __slots__ = ("cycles", "peak", "picks", "vec", "sums")
 
-    def covers(self, other: "_Path") -> bool:
-        """No slower and, whatever comes next, never more memory on any tile in either class."""
-        if self.cycles > other.cycles or self.peak > other.peak:
-            return False
-        if self.top is None:
-            return True
-        a, b = self.sums, other.sums
-        if a[0] > b[0] or a[1] > b[1] or a[2] > b[2]:
-            return False
-        return bool((self.vec <= other.vec).all())
+    def __init__(self, cycles, peak: int, picks: tuple[int, ...], vec: np.ndarray | None = None,
+                 sums: tuple | None = None):
+        self.cycles, self.peak, self.picks, self.vec, self.sums = cycles, peak, picks, vec, sums
 
 
 def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
@@ -237,13 +221,20 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
 
 
 def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
-    """``solve_dp``'s search."""
+    """``solve_dp``'s search.
+
+    Every path of one state has the same live values in the same layouts and the same converted
+    copies (that is what the state is), so what an op's choice does from that state (its
+    conversions, its memory at the op without held storage, the next state) is worked out once
+    per state (``moves``), and the per-tile figures of all the state's paths are advanced together,
+    one numpy row per path. The paths are then offered to the next states in the order of the
+    path-by-path loop this replaces (path, then choice), so the bounded DP keeps the same paths."""
     last = problem.last_use()
     holds = problem.holds()              # paths carry per-tile figures
     icap = problem.interleaved_capacity
+    cap = problem.capacity
     tiles = int(np.asarray(problem.resident).size)
     ibase = problem.interleaved_base(tiles)
-    zero = np.zeros(tiles, dtype=np.int64)
     ifits: dict = {}
 
     def inter_ok(ch) -> bool:            # without held storage: the region at one op, one choice
@@ -293,65 +284,96 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
     ending: dict[int, list[str]] = {}
     for t in fixed:
         ending.setdefault(last[t], []).append(t)
-    states: dict[tuple, list[_Path]] = {}
+
+    def moves(i: int, op: str, live: tuple, copies: tuple) -> list:
+        """From one state, per choice that can run there: (index, choice, its conversions' cycles in
+        order, its memory at op i without held storage, the next state's live values, copies and key)."""
+        layout = dict(live)
+        base = fixed_base.copy()
+        for t, lay in live:
+            base += tile_bytes(t, lay)
+        for t, lay in copies:
+            if convert(t, layout[t] if t in layout else fixed[t], lay)[1] is not None:
+                base += tile_bytes(t, lay)
+        out = problem.output[op]
+        found = []
+        for ci, ch in enumerate(problem.choices[op]):
+            mem = base + ch.transient
+            ok = True
+            made = list(copies)
+            convs = []
+            for t, want in zip(problem.inputs[op], ch.ins):
+                if any(ct == t and cl == want for ct, cl in made):
+                    continue                    # a copy an earlier reader converted
+                c, tr = convert(t, layout[t] if t in layout else fixed[t], want)
+                if c == INF:
+                    ok = False
+                    break
+                convs.append(c)
+                if c:
+                    made.append((t, want))
+                    if tr is not None:
+                        mem = mem + tr + tile_bytes(t, want)
+            if not ok:
+                continue
+            if not isinstance(ch.out, Fused):
+                mem = mem + tile_bytes(out, ch.out)
+            new_live = tuple(sorted([(t, l) for t, l in live if last.get(t, -1) > i]
+                                    + ([(out, ch.out)] if last.get(out, -1) > i else [])))
+            new_copies = tuple(sorted(((t, l) for t, l in made if last.get(t, -1) > i),
+                                      key=lambda e: (e[0], str(e[1]))))
+            found.append((ci, ch, convs, mem, new_live, new_copies, (key_of(new_live), key_of(new_copies))))
+        return found
+
+    states: dict[tuple, list] = {}
     init: tuple = ()
-    start = _Path(0, 0, (), zero, zero, zero) if holds else _Path(0, 0, ())
+    start = _Path(0, 0, (), np.zeros(3 * tiles, dtype=np.int64), (0, 0, 0)) if holds else _Path(0, 0, ())
     states[(key_of(init), key_of(init))] = [(start, init, init)]
     exact = paths is None
     for i, op in enumerate(problem.ops):
         nxt: dict[tuple, list] = {}
         for entries in states.values():
-            for path, live, copies in entries:
-                layout = dict(live)
-                base = fixed_base.copy()
-                for t, lay in live:
-                    base += tile_bytes(t, lay)
-                for t, lay in copies:
-                    if convert(t, layout[t] if t in layout else fixed[t], lay)[1] is not None:
-                        base += tile_bytes(t, lay)
-                for ci, ch in enumerate(problem.choices[op]):
-                    cyc = path.cycles + ch.cycles
-                    mem = base + ch.transient
-                    ok = True
-                    made = list(copies)
-                    for t, want in zip(problem.inputs[op], ch.ins):
-                        if any(ct == t and cl == want for ct, cl in made):
-                            continue                    # a copy an earlier reader converted
-                        c, tr = convert(t, layout[t] if t in layout else fixed[t], want)
-                        if c == INF:
-                            ok = False
-                            break
-                        cyc += c
-                        if c:
-                            made.append((t, want))
-                            if tr is not None:
-                                mem = mem + tr + tile_bytes(t, want)
-                    if not ok:
+            _, live, copies = entries[0]
+            found = moves(i, op, live, copies)
+            if not holds:
+                steps = [(ci, ch, convs, int(mem.max()), nl, nc, key) for ci, ch, convs, mem, nl, nc, key in found
+                         if int(mem.max()) <= cap and inter_ok(ch)]
+                for path, _, _ in entries:
+                    for ci, ch, convs, top, nl, nc, key in steps:
+                        peak = max(path.peak, top)
+                        if peak > cap:
+                            continue
+                        cyc = path.cycles + ch.cycles
+                        for c in convs:
+                            cyc += c
+                        _insert(nxt.setdefault(key, []), (_Path(cyc, peak, path.picks + (ci,)), nl, nc), paths)
+                continue
+            vecs = np.stack([e[0].vec for e in entries])
+            tops, helds, itops = vecs[:, :tiles], vecs[:, tiles:2 * tiles], vecs[:, 2 * tiles:]
+            steps = []
+            for ci, ch, convs, mem, nl, nc, key in found:
+                top = np.maximum(tops, mem)
+                held = helds if ch.resident is None else helds + ch.resident
+                peak = (top + held).max(axis=1)
+                ok = peak <= cap
+                if not ok.any():
+                    continue
+                itop = itops if ch.interleaved is None else np.maximum(itops, ch.interleaved)
+                if icap is not None:
+                    ok &= (ibase + held + itop).max(axis=1) <= icap
+                vec = np.concatenate((top, held, itop), axis=1)
+                sums = np.stack((top.sum(axis=1), held.sum(axis=1), itop.sum(axis=1)), axis=1).tolist()
+                steps.append((ci, ch, convs, ok.tolist(), peak.tolist(), vec, sums, nl, nc, key))
+            for row, (path, _, _) in enumerate(entries):
+                for ci, ch, convs, ok, peak, vec, sums, nl, nc, key in steps:
+                    if not ok[row]:
                         continue
-                    out = problem.output[op]
-                    if not isinstance(ch.out, Fused):
-                        mem = mem + tile_bytes(out, ch.out)
-                    if holds:
-                        top = np.maximum(path.top, mem)
-                        held = path.held if ch.resident is None else path.held + ch.resident
-                        peak = int((top + held).max())
-                        if peak > problem.capacity:
-                            continue
-                        itop = path.itop if ch.interleaved is None else np.maximum(path.itop, ch.interleaved)
-                        if icap is not None and int((ibase + held + itop).max()) > icap:
-                            continue
-                        new = _Path(cyc, peak, path.picks + (ci,), top, held, itop)
-                    else:
-                        peak = max(path.peak, int(mem.max()))
-                        if peak > problem.capacity or not inter_ok(ch):
-                            continue
-                        new = _Path(cyc, peak, path.picks + (ci,))
-                    new_live = tuple(sorted([(t, l) for t, l in live if last.get(t, -1) > i]
-                                            + ([(out, ch.out)] if last.get(out, -1) > i else [])))
-                    new_copies = tuple(sorted(((t, l) for t, l in made if last.get(t, -1) > i),
-                                              key=lambda e: (e[0], str(e[1]))))
-                    _insert(nxt.setdefault((key_of(new_live), key_of(new_copies)), []), (new, new_live, new_copies),
-                            paths)
+                    cyc = path.cycles + ch.cycles
+                    for c in convs:
+                        cyc += c
+                    new = _Path(cyc, peak[row], path.picks + (ci,), vec[row], tuple(sums[row]))
+                    if _insert(nxt.setdefault(key, []), (new, nl, nc), paths):
+                        new.vec = new.vec.copy()     # its own row, not a view keeping the whole step alive
         for t in ending.get(i, ()):             # fixed values whose last use was this op
             fixed_base = fixed_base - tile_bytes(t, fixed[t])
         if not nxt:
@@ -364,13 +386,35 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
     return sol
 
 
-def _insert(bucket: list, entry, bound: int | None) -> None:
-    """Keep the bucket a Pareto set over (cycles, peak), at most ``bound`` entries (fastest kept)."""
+def _insert(bucket: list, entry, bound: int | None) -> bool:
+    """Keep the bucket a Pareto set, at most ``bound`` entries (fastest kept); True when ``entry``
+    went in. A path covers another when it is no slower, its peak is no larger and, with per-tile
+    figures, whatever comes next it never has more memory on any tile in either class (every
+    figure of ``vec`` no larger; the sums are checked first: a larger sum rules it out)."""
     p = entry[0]
-    for q, *_ in bucket:
-        if q.covers(p):
-            return
-    bucket[:] = [e for e in bucket if not p.covers(e[0])]
+    pc, pp, ps, pv = p.cycles, p.peak, p.sums, p.vec
+    if ps is None:
+        for q, *_ in bucket:
+            if q.cycles <= pc and q.peak <= pp:
+                return False
+        keep = [e for e in bucket if not (pc <= e[0].cycles and pp <= e[0].peak)]
+    else:
+        a0, a1, a2 = ps
+        for q, *_ in bucket:
+            if q.cycles <= pc and q.peak <= pp:
+                s = q.sums
+                if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and (q.vec <= pv).all():
+                    return False
+        keep = []
+        for e in bucket:
+            q = e[0]
+            s = q.sums
+            if pc <= q.cycles and pp <= q.peak and a0 <= s[0] and a1 <= s[1] and a2 <= s[2] \
+                    and (pv <= q.vec).all():
+                continue
+            keep.append(e)
+    if len(keep) != len(bucket):
+        bucket[:] = keep
     bucket.append(entry)
     if bound is not None and len(bucket) > bound:
         # The bound - 1 fastest, and the least-memory path (or the next fastest if it is among them).
@@ -378,6 +422,7 @@ def _insert(bucket: list, entry, bound: int | None) -> None:
         low = min(bucket, key=lambda e: (e[0].peak, e[0].cycles, e[0].picks))
         fastest = bucket[:bound - 1]
         bucket[:] = fastest + [bucket[bound - 1] if low in fastest else low]
+    return True
 
 
 def no_fit_error(problem: Problem) -> TileplanError:
