@@ -33,6 +33,7 @@ fused with its consumer; it converts to nothing else.
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -286,8 +287,9 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
         ending.setdefault(last[t], []).append(t)
 
     def moves(i: int, op: str, live: tuple, copies: tuple) -> list:
-        """From one state, per choice that can run there: (index, choice, its conversions' cycles in
-        order, its memory at op i without held storage, the next state's live values, copies and key)."""
+        """From one state, per choice that can run there: (index, choice, its cycles with its
+        conversions', its memory at op i without held storage, the next state's live values, copies
+        and key)."""
         layout = dict(live)
         base = fixed_base.copy()
         for t, lay in live:
@@ -322,104 +324,114 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
                                     + ([(out, ch.out)] if last.get(out, -1) > i else [])))
             new_copies = tuple(sorted(((t, l) for t, l in made if last.get(t, -1) > i),
                                       key=lambda e: (e[0], str(e[1]))))
-            found.append((ci, ch, convs, mem, new_live, new_copies, (key_of(new_live), key_of(new_copies))))
+            cycles = ch.cycles
+            for c in convs:        # (integers: a path's cycles plus these is the path-by-path sum)
+                cycles += c
+            found.append((ci, ch, cycles, mem, new_live, new_copies, (key_of(new_live), key_of(new_copies))))
         return found
 
-    states: dict[tuple, list] = {}
+    # state key -> (its live values, its copies, its paths)
+    states: dict[tuple, tuple[tuple, tuple, list[_Path]]] = {}
     init: tuple = ()
     start = _Path(0, 0, (), np.zeros(3 * tiles, dtype=np.int64), (0, 0, 0)) if holds else _Path(0, 0, ())
-    states[(key_of(init), key_of(init))] = [(start, init, init)]
+    states[(key_of(init), key_of(init))] = (init, init, [start])
     exact = paths is None
+
+    def bucket(key, live, copies) -> list[_Path]:
+        got = nxt.get(key)
+        if got is None:
+            got = nxt[key] = (live, copies, [])
+        return got[2]
     for i, op in enumerate(problem.ops):
-        nxt: dict[tuple, list] = {}
-        for entries in states.values():
-            _, live, copies = entries[0]
+        nxt: dict[tuple, tuple] = {}
+        for live, copies, entries in states.values():
             found = moves(i, op, live, copies)
             if not holds:
-                steps = [(ci, ch, convs, int(mem.max()), nl, nc, key) for ci, ch, convs, mem, nl, nc, key in found
+                steps = [(ci, cyc, int(mem.max()), nl, nc, key) for ci, ch, cyc, mem, nl, nc, key in found
                          if int(mem.max()) <= cap and inter_ok(ch)]
-                for path, _, _ in entries:
-                    for ci, ch, convs, top, nl, nc, key in steps:
-                        peak = max(path.peak, top)
-                        if peak > cap:
-                            continue
-                        cyc = path.cycles + ch.cycles
-                        for c in convs:
-                            cyc += c
-                        _insert(nxt.setdefault(key, []), (_Path(cyc, peak, path.picks + (ci,)), nl, nc), paths)
+                for path in entries:
+                    for ci, cyc, top, nl, nc, key in steps:
+                        # (a path's peak is within the capacity, so is the larger of the two)
+                        _insert(bucket(key, nl, nc), _Path(path.cycles + cyc, max(path.peak, top), path.picks + (ci,)),
+                                paths)
                 continue
-            vecs = np.stack([e[0].vec for e in entries])
+            vecs = np.stack([p.vec for p in entries])
             tops, helds, itops = vecs[:, :tiles], vecs[:, tiles:2 * tiles], vecs[:, 2 * tiles:]
-            steps = []
-            for ci, ch, convs, mem, nl, nc, key in found:
-                top = np.maximum(tops, mem)
-                held = helds if ch.resident is None else helds + ch.resident
+            steps, oks = [], []
+            n = len(entries)
+            for ci, ch, cyc, mem, nl, nc, key in found:
+                vec = np.empty((n, 3 * tiles), dtype=np.int64)        # the paths' figures after this move
+                top, held, itop = vec[:, :tiles], vec[:, tiles:2 * tiles], vec[:, 2 * tiles:]
+                np.maximum(tops, mem, out=top)
+                if ch.resident is None:
+                    held[...] = helds
+                else:
+                    np.add(helds, ch.resident, out=held)
                 peak = (top + held).max(axis=1)
                 ok = peak <= cap
                 if not ok.any():
                     continue
-                itop = itops if ch.interleaved is None else np.maximum(itops, ch.interleaved)
+                if ch.interleaved is None:
+                    itop[...] = itops
+                else:
+                    np.maximum(itops, ch.interleaved, out=itop)
                 if icap is not None:
                     ok &= (ibase + held + itop).max(axis=1) <= icap
-                vec = np.concatenate((top, held, itop), axis=1)
-                sums = np.stack((top.sum(axis=1), held.sum(axis=1), itop.sum(axis=1)), axis=1).tolist()
-                steps.append((ci, ch, convs, ok.tolist(), peak.tolist(), vec, sums, nl, nc, key))
-            for row, (path, _, _) in enumerate(entries):
-                for ci, ch, convs, ok, peak, vec, sums, nl, nc, key in steps:
-                    if not ok[row]:
-                        continue
-                    cyc = path.cycles + ch.cycles
-                    for c in convs:
-                        cyc += c
-                    new = _Path(cyc, peak[row], path.picks + (ci,), vec[row], tuple(sums[row]))
-                    if _insert(nxt.setdefault(key, []), (new, nl, nc), paths):
+                sums = vec.reshape(n, 3, tiles).sum(axis=2).tolist()
+                steps.append((ci, cyc, peak.tolist(), vec, sums, nl, nc, key))
+                oks.append(ok)
+            if not steps:
+                continue
+            runs = np.stack(oks, axis=1)             # [paths, steps]: the moves each path can make
+            for row, path in enumerate(entries):
+                for k in np.flatnonzero(runs[row]).tolist():
+                    ci, cyc, peak, vec, sums, nl, nc, key = steps[k]
+                    new = _Path(path.cycles + cyc, peak[row], path.picks + (ci,), vec[row], tuple(sums[row]))
+                    if _insert(bucket(key, nl, nc), new, paths):
                         new.vec = new.vec.copy()     # its own row, not a view keeping the whole step alive
         for t in ending.get(i, ()):             # fixed values whose last use was this op
             fixed_base = fixed_base - tile_bytes(t, fixed[t])
         if not nxt:
             return None
         states = nxt
-    best = min((e[0] for entries in states.values() for e in entries), key=lambda p: (p.cycles, p.peak, p.picks))
+    best = min((p for _, _, entries in states.values() for p in entries), key=_FASTEST)
     picks = dict(zip(problem.ops, best.picks))
     sol = evaluate(problem, picks)
     sol.exact = exact
     return sol
 
 
-def _insert(bucket: list, entry, bound: int | None) -> bool:
-    """Keep the bucket a Pareto set, at most ``bound`` entries (fastest kept); True when ``entry``
+_FASTEST = operator.attrgetter("cycles", "peak", "picks")
+_LEAST = operator.attrgetter("peak", "cycles", "picks")
+
+
+def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> bool:
+    """Keep the bucket a Pareto set, at most ``bound`` paths (fastest kept); True when ``p``
     went in. A path covers another when it is no slower, its peak is no larger and, with per-tile
     figures, whatever comes next it never has more memory on any tile in either class (every
     figure of ``vec`` no larger; the sums are checked first: a larger sum rules it out)."""
-    p = entry[0]
     pc, pp, ps, pv = p.cycles, p.peak, p.sums, p.vec
     if ps is None:
-        for q, *_ in bucket:
+        for q in bucket:
             if q.cycles <= pc and q.peak <= pp:
                 return False
-        keep = [e for e in bucket if not (pc <= e[0].cycles and pp <= e[0].peak)]
+        keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak)]
     else:
         a0, a1, a2 = ps
-        for q, *_ in bucket:
+        for q in bucket:
             if q.cycles <= pc and q.peak <= pp:
                 s = q.sums
                 if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and (q.vec <= pv).all():
                     return False
-        keep = []
-        for e in bucket:
-            q = e[0]
-            s = q.sums
-            if pc <= q.cycles and pp <= q.peak and a0 <= s[0] and a1 <= s[1] and a2 <= s[2] \
-                    and (pv <= q.vec).all():
-                continue
-            keep.append(e)
+        keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak and a0 <= q.sums[0] and a1 <= q.sums[1]
+                                          and a2 <= q.sums[2] and (pv <= q.vec).all())]
     if len(keep) != len(bucket):
         bucket[:] = keep
-    bucket.append(entry)
+    bucket.append(p)
     if bound is not None and len(bucket) > bound:
         # The bound - 1 fastest, and the least-memory path (or the next fastest if it is among them).
-        bucket.sort(key=lambda e: (e[0].cycles, e[0].peak, e[0].picks))
-        low = min(bucket, key=lambda e: (e[0].peak, e[0].cycles, e[0].picks))
+        bucket.sort(key=_FASTEST)
+        low = min(bucket, key=_LEAST)
         fastest = bucket[:bound - 1]
         bucket[:] = fastest + [bucket[bound - 1] if low in fastest else low]
     return True
