@@ -237,16 +237,17 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     src = m.src_tile.astype(np.int64)
     n = m.nbytes
     tiles = target.tiles
-    # Per block, its holders (distinct tiles) as sorted keys block * span + tile, to ask "is tile t
-    # a holder of block b" for many (b, t) at once without a fragments x replicas matrix.
+    # Per block, its holders as one row of a [blocks, tiles] table, to ask "is tile t a holder of
+    # block b" for many (b, t) at once without a fragments x replicas matrix (t outside the tiles,
+    # as t ^ 1 of an unheld slot, holds nothing).
     hb = h.reshape(-1, h.shape[2])
-    span = 2 * tiles + 2
-    keys = np.sort((np.arange(len(hb))[:, None] * span + hb).reshape(-1))
+    holder = np.zeros((len(hb), tiles), dtype=bool)
+    rows_of, cols_of = np.nonzero(hb >= 0)
+    holder[rows_of, hb[rows_of, cols_of]] = True
 
     def holds(b, t):
-        k = b * span + t
-        pos = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
-        return keys[pos] == k
+        inside = (t >= 0) & (t < tiles)
+        return inside & holder[b, np.where(inside, t, 0)]
 
     r = hb.shape[1]
     has_local = holds(blk, src)                  # the source tile holds the block: an on-tile copy
