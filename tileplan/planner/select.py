@@ -334,6 +334,7 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
     states: dict[tuple, tuple[tuple, tuple, list[_Path]]] = {}
     init: tuple = ()
     start = _Path(0, 0, (), np.zeros(3 * tiles, dtype=np.int64), (0, 0, 0)) if holds else _Path(0, 0, ())
+    start_ok = icap is None or int(ibase.max()) <= icap     # the start path's interleaved region fits
     states[(key_of(init), key_of(init))] = (init, init, [start])
     exact = paths is None
 
@@ -359,6 +360,7 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
             tops, helds, itops = vecs[:, :tiles], vecs[:, tiles:2 * tiles], vecs[:, 2 * tiles:]
             steps, oks = [], []
             n = len(entries)
+            parent_sums = np.array([p.sums for p in entries], dtype=np.int64)      # [paths, 3]
             for ci, ch, cyc, mem, nl, nc, key in found:
                 vec = np.empty((n, 3 * tiles), dtype=np.int64)        # the paths' figures after this move
                 top, held, itop = vec[:, :tiles], vec[:, tiles:2 * tiles], vec[:, 2 * tiles:]
@@ -375,9 +377,18 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
                     itop[...] = itops
                 else:
                     np.maximum(itops, ch.interleaved, out=itop)
-                if icap is not None:
+                # A move that holds nothing more and adds no interleaved transients leaves a path's
+                # region figures as they were, and every path in a bucket passed this check (the
+                # start path too, when ``start_ok``): it would pass again.
+                if icap is not None and not (start_ok and ch.resident is None and ch.interleaved is None):
                     ok &= (ibase + held + itop).max(axis=1) <= icap
-                sums = vec.reshape(n, 3, tiles).sum(axis=2).tolist()
+                sums = parent_sums.copy()
+                sums[:, 0] = top.sum(axis=1)
+                if ch.resident is not None:
+                    sums[:, 1] = held.sum(axis=1)
+                if ch.interleaved is not None:
+                    sums[:, 2] = itop.sum(axis=1)
+                sums = sums.tolist()
                 steps.append((ci, cyc, peak.tolist(), vec, sums, nl, nc, key))
                 oks.append(ok)
             if not steps:
