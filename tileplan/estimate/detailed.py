@@ -81,10 +81,21 @@ def moves_nothing(src, dst, tiles: int) -> bool:
 
     Answers from the blocks, without the fragment plan, the two questions a GEMM's copies ask
     often: grids of the same blocks (partials to reducers) alias when every block stays put; a
-    multicast into a replicated grid from an unreplicated source always moves something."""
+    multicast into a replicated grid from an unreplicated source always moves something.
+
+    Cached by what the answer depends on (layouts, shapes, dtypes): a tower's layers ask the same
+    questions of buffers with other names."""
+    if getattr(src.layout, "index_space", "rows") != getattr(dst.layout, "index_space", "rows"):
+        plan_for(src, dst, tiles)           # the error, naming the buffers
+    return _moves_nothing(src.layout, dst.layout, tuple(src.shape), tuple(dst.shape), src.dtype, dst.dtype, tiles)
+
+
+@functools.lru_cache(maxsize=4096)
+def _moves_nothing(sl, dl, src_shape, dst_shape, src_dtype, dst_dtype, tiles: int) -> bool:
     from ..layout.gemm_grid import Grid
+    from ..program import Buffer
     from .blocks import block_move
-    sl, dl = src.layout, dst.layout
+    src, dst = Buffer("src", sl, src_shape, src_dtype), Buffer("dst", dl, dst_shape, dst_dtype)
     if sl == dl and tuple(src.shape) == tuple(dst.shape) and src.dtype == dst.dtype:
         return True
     if isinstance(dl, Grid) and sl != dl and dl.index_space == getattr(sl, "index_space", "rows"):
