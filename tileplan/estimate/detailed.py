@@ -81,10 +81,21 @@ def moves_nothing(src, dst, tiles: int) -> bool:
 
     Answers from the blocks, without the fragment plan, the two questions a GEMM's copies ask
     often: grids of the same blocks (partials to reducers) alias when every block stays put; a
-    multicast into a replicated grid from an unreplicated source always moves something."""
+    multicast into a replicated grid from an unreplicated source always moves something.
+
+    Cached by what the answer depends on (layouts, shapes, dtypes): a tower's layers ask the same
+    questions of buffers with other names."""
+    if getattr(src.layout, "index_space", "rows") != getattr(dst.layout, "index_space", "rows"):
+        plan_for(src, dst, tiles)           # the error, naming the buffers
+    return _moves_nothing(src.layout, dst.layout, tuple(src.shape), tuple(dst.shape), src.dtype, dst.dtype, tiles)
+
+
+@functools.lru_cache(maxsize=4096)
+def _moves_nothing(sl, dl, src_shape, dst_shape, src_dtype, dst_dtype, tiles: int) -> bool:
     from ..layout.gemm_grid import Grid
+    from ..program import Buffer
     from .blocks import block_move
-    sl, dl = src.layout, dst.layout
+    src, dst = Buffer("src", sl, src_shape, src_dtype), Buffer("dst", dl, dst_shape, dst_dtype)
     if sl == dl and tuple(src.shape) == tuple(dst.shape) and src.dtype == dst.dtype:
         return True
     if isinstance(dl, Grid) and sl != dl and dl.index_space == getattr(sl, "index_space", "rows"):
@@ -237,16 +248,17 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     src = m.src_tile.astype(np.int64)
     n = m.nbytes
     tiles = target.tiles
-    # Per block, its holders (distinct tiles) as sorted keys block * span + tile, to ask "is tile t
-    # a holder of block b" for many (b, t) at once without a fragments x replicas matrix.
+    # Per block, its holders as one row of a [blocks, tiles] table, to ask "is tile t a holder of
+    # block b" for many (b, t) at once without a fragments x replicas matrix (t outside the tiles,
+    # as t ^ 1 of an unheld slot, holds nothing).
     hb = h.reshape(-1, h.shape[2])
-    span = 2 * tiles + 2
-    keys = np.sort((np.arange(len(hb))[:, None] * span + hb).reshape(-1))
+    holder = np.zeros((len(hb), tiles), dtype=bool)
+    rows_of, cols_of = np.nonzero(hb >= 0)
+    holder[rows_of, hb[rows_of, cols_of]] = True
 
     def holds(b, t):
-        k = b * span + t
-        pos = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
-        return keys[pos] == k
+        inside = (t >= 0) & (t < tiles)
+        return inside & holder[b, np.where(inside, t, 0)]
 
     r = hb.shape[1]
     has_local = holds(blk, src)                  # the source tile holds the block: an on-tile copy

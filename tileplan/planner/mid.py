@@ -51,6 +51,7 @@ class MidGraph:
                 where[name] = [ctx.storage[name].layout]
         nodes: list[MidNode] = []
         program = Program()
+        output_of = {op.name: op.output for op in g.ops}
         for op in g.ops:
             cand = cands[op.name][picks[op.name]]
             for tensor, want in zip(activation_inputs(ctx.storage, op), () if cand.absorbed else cand.ins):
@@ -67,7 +68,7 @@ class MidGraph:
             if cand.fused:
                 # A fused candidate (bias Add + GeLU, or a GEMM adding the bias in its reduction)
                 # writes the output of the op it fused with, which takes an absorbed candidate.
-                where[g.op(cand.fused).output] = [out_layout.layout]
+                where[output_of[cand.fused]] = [out_layout.layout]
             elif not cand.absorbed:
                 where[op.output] = [out_layout]
             from .catalogue import program_of

@@ -270,6 +270,7 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     pending = Catalogues(ctx, [op for op in graph.ops if family_of(op).catalogued], share=share, cache=cache)
     ew_cands: dict[str, list[Candidate]] = {}
     shared: dict[str, tuple] = {}            # op key -> (the op costed, its family candidates)
+    fused_by: dict[str, list] = {}           # op -> earlier fused candidates that write or pass through it
     try:
         for op in graph.ops:
             if family_of(op).catalogued:
@@ -283,8 +284,14 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
                 own = family_of(op).candidates(ctx, op)
                 if key is not None:
                     shared[key] = (op, own)
-            producers = [c for cs in ew_cands.values() for c in cs if c.fused]
-            ew_cands[op.name] = own + epilogue.absorbed(ctx, op, producers, into="the bias Add")
+            # the fused candidates that write this op's output or pass through it, by op name
+            producers = fused_by.get(op.name, [])
+            ew_cands[op.name] = own + (epilogue.absorbed(ctx, op, producers, into="the bias Add")
+                                       if producers else [])
+            for c in ew_cands[op.name]:
+                if c.fused:
+                    for name in (c.fused, *c.through):
+                        fused_by.setdefault(name, []).append(c)
     except BaseException:
         pending.cancel()
         raise
@@ -359,8 +366,17 @@ def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dic
     g = ctx.graph
     key = None
     if cache is not None:
+        seen: dict = {}          # id -> (digest, array): a layer's retargeted choices share their arrays
+
+        def arr(a):
+            if a is None:
+                return None
+            got = seen.get(id(a))
+            if got is None:
+                got = seen[id(a)] = (_array_digest(a), a)
+            return got[0]
         digest = canon.digest([[[[str(x) for x in ch.ins], str(ch.out), int(ch.cycles), ch.label,
-                                 _array_digest(ch.transient), _array_digest(ch.resident), _array_digest(ch.interleaved)]
+                                 arr(ch.transient), arr(ch.resident), arr(ch.interleaved)]
                                 for ch in problem.choices[op]] for op in problem.ops]
                               + [sorted(str(v) for v in problem.fixed.values()), problem.resident.tolist(),
                                  problem.capacity, problem.interleaved_capacity,
@@ -408,7 +424,8 @@ def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
             fixed[name] = ctx.storage[name].layout
     # A GEMM with pre-arranged candidates holds its B's storage as its choice says: every choice of it
     # carries the bytes of the storage it reads (compact or pre-arranged), not the resident total.
-    chosen_b = {g.op(op).inputs[1]: op for op, cs in cands.items() if any(c.weights is not None for c in cs)}
+    op_of = {op.name: op for op in g.ops}
+    chosen_b = {op_of[op].inputs[1]: op for op, cs in cands.items() if any(c.weights is not None for c in cs)}
     resident = np.zeros(target.tiles, dtype=np.int64)
     interleaved = np.zeros(target.tiles, dtype=np.int64)
     parts = {}
@@ -425,8 +442,8 @@ def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
 
     def choice(op, c):
         res = None
-        if g.op(op).inputs[1:2] and g.op(op).inputs[1] in chosen_b:
-            b = g.op(op).inputs[1]
+        if op_of[op].inputs[1:2] and op_of[op].inputs[1] in chosen_b:
+            b = op_of[op].inputs[1]
             res = c.resident if c.weights is not None else ctx.tile_bytes(b, ctx.storage[b].layout)
         return Choice(c.ins, c.out, c.estimate.cycles, c.transient, str(c), res, c.interleaved)
 

@@ -33,7 +33,8 @@ fused with its consumer; it converts to nothing else.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+import operator
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -191,34 +192,18 @@ def solve_exhaustive(problem: Problem) -> Solution | None:
     return best
 
 
-@dataclass
 class _Path:
-    cycles: float
-    peak: int
-    picks: tuple[int, ...]
-    top: np.ndarray | None = None      # per tile, the largest memory over its ops without held storage
-    held: np.ndarray | None = None     # per tile, the storage its choices hold over the whole program
-    itop: np.ndarray | None = None     # per tile, the largest interleaved transients over its ops
-    # With per-tile figures, made once per path (``covers`` runs far more often than paths are made):
-    # the three side by side, and their sums (a path with a larger sum cannot be no larger on every tile).
-    vec: np.ndarray | None = field(default=None, repr=False)
-    sums: tuple | None = field(default=None, repr=False)
+    """One partial assignment: its cycles, its peak, its picks so far and, when paths carry per-tile
+    figures (``Problem.holds``), ``vec``: int64 [3 * tiles], per tile side by side the largest
+    memory over its ops without held storage (top), the storage its choices hold over the whole
+    program (held) and the largest interleaved transients over its ops (itop); ``sums``: the three
+    sums (a path with a larger sum cannot be no larger on every tile)."""
 
-    def __post_init__(self):
-        if self.top is not None:
-            self.vec = np.concatenate((self.top, self.held, self.itop))
-            self.sums = (int(self.top.sum()), int(self.held.sum()), int(self.itop.sum()))
+    __slots__ = ("cycles", "peak", "picks", "vec", "sums")
 
-    def covers(self, other: "_Path") -> bool:
-        """No slower and, whatever comes next, never more memory on any tile in either class."""
-        if self.cycles > other.cycles or self.peak > other.peak:
-            return False
-        if self.top is None:
-            return True
-        a, b = self.sums, other.sums
-        if a[0] > b[0] or a[1] > b[1] or a[2] > b[2]:
-            return False
-        return bool((self.vec <= other.vec).all())
+    def __init__(self, cycles, peak: int, picks: tuple[int, ...], vec: np.ndarray | None = None,
+                 sums: tuple | None = None):
+        self.cycles, self.peak, self.picks, self.vec, self.sums = cycles, peak, picks, vec, sums
 
 
 def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
@@ -238,13 +223,20 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
 
 
 def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
-    """``solve_dp``'s search."""
+    """``solve_dp``'s search.
+
+    Every path of one state has the same live values in the same layouts and the same converted
+    copies (that is what the state is), so what an op's choice does from that state (its
+    conversions, its memory at the op without held storage, the next state) is worked out once
+    per state (``moves``), and the per-tile figures of all the state's paths are advanced together,
+    one numpy row per path. The paths are then offered to the next states in the order of the
+    path-by-path loop this replaces (path, then choice), so the bounded DP keeps the same paths."""
     last = problem.last_use()
     holds = problem.holds()              # paths carry per-tile figures
     icap = problem.interleaved_capacity
+    cap = problem.capacity
     tiles = int(np.asarray(problem.resident).size)
     ibase = problem.interleaved_base(tiles)
-    zero = np.zeros(tiles, dtype=np.int64)
     ifits: dict = {}
 
     def inter_ok(ch) -> bool:            # without held storage: the region at one op, one choice
@@ -294,91 +286,167 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
     ending: dict[int, list[str]] = {}
     for t in fixed:
         ending.setdefault(last[t], []).append(t)
-    states: dict[tuple, list[_Path]] = {}
+
+    def moves(i: int, op: str, live: tuple, copies: tuple) -> list:
+        """From one state, per choice that can run there: (index, choice, its cycles with its
+        conversions', its memory at op i without held storage, the next state's live values, copies
+        and key)."""
+        layout = dict(live)
+        base = fixed_base.copy()
+        for t, lay in live:
+            base += tile_bytes(t, lay)
+        for t, lay in copies:
+            if convert(t, layout[t] if t in layout else fixed[t], lay)[1] is not None:
+                base += tile_bytes(t, lay)
+        out = problem.output[op]
+        found = []
+        for ci, ch in enumerate(problem.choices[op]):
+            mem = base + ch.transient
+            ok = True
+            made = list(copies)
+            convs = []
+            for t, want in zip(problem.inputs[op], ch.ins):
+                if any(ct == t and cl == want for ct, cl in made):
+                    continue                    # a copy an earlier reader converted
+                c, tr = convert(t, layout[t] if t in layout else fixed[t], want)
+                if c == INF:
+                    ok = False
+                    break
+                convs.append(c)
+                if c:
+                    made.append((t, want))
+                    if tr is not None:
+                        mem = mem + tr + tile_bytes(t, want)
+            if not ok:
+                continue
+            if not isinstance(ch.out, Fused):
+                mem = mem + tile_bytes(out, ch.out)
+            new_live = tuple(sorted([(t, l) for t, l in live if last.get(t, -1) > i]
+                                    + ([(out, ch.out)] if last.get(out, -1) > i else [])))
+            new_copies = tuple(sorted(((t, l) for t, l in made if last.get(t, -1) > i),
+                                      key=lambda e: (e[0], str(e[1]))))
+            cycles = ch.cycles
+            for c in convs:        # (integers: a path's cycles plus these is the path-by-path sum)
+                cycles += c
+            found.append((ci, ch, cycles, mem, new_live, new_copies, (key_of(new_live), key_of(new_copies))))
+        return found
+
+    # state key -> (its live values, its copies, its paths)
+    states: dict[tuple, tuple[tuple, tuple, list[_Path]]] = {}
     init: tuple = ()
-    start = _Path(0, 0, (), zero, zero, zero) if holds else _Path(0, 0, ())
-    states[(key_of(init), key_of(init))] = [(start, init, init)]
+    start = _Path(0, 0, (), np.zeros(3 * tiles, dtype=np.int64), (0, 0, 0)) if holds else _Path(0, 0, ())
+    start_ok = icap is None or int(ibase.max()) <= icap     # the start path's interleaved region fits
+    states[(key_of(init), key_of(init))] = (init, init, [start])
     exact = paths is None
+
+    def bucket(key, live, copies) -> list[_Path]:
+        got = nxt.get(key)
+        if got is None:
+            got = nxt[key] = (live, copies, [])
+        return got[2]
     for i, op in enumerate(problem.ops):
-        nxt: dict[tuple, list] = {}
-        for entries in states.values():
-            for path, live, copies in entries:
-                layout = dict(live)
-                base = fixed_base.copy()
-                for t, lay in live:
-                    base += tile_bytes(t, lay)
-                for t, lay in copies:
-                    if convert(t, layout[t] if t in layout else fixed[t], lay)[1] is not None:
-                        base += tile_bytes(t, lay)
-                for ci, ch in enumerate(problem.choices[op]):
-                    cyc = path.cycles + ch.cycles
-                    mem = base + ch.transient
-                    ok = True
-                    made = list(copies)
-                    for t, want in zip(problem.inputs[op], ch.ins):
-                        if any(ct == t and cl == want for ct, cl in made):
-                            continue                    # a copy an earlier reader converted
-                        c, tr = convert(t, layout[t] if t in layout else fixed[t], want)
-                        if c == INF:
-                            ok = False
-                            break
-                        cyc += c
-                        if c:
-                            made.append((t, want))
-                            if tr is not None:
-                                mem = mem + tr + tile_bytes(t, want)
-                    if not ok:
-                        continue
-                    out = problem.output[op]
-                    if not isinstance(ch.out, Fused):
-                        mem = mem + tile_bytes(out, ch.out)
-                    if holds:
-                        top = np.maximum(path.top, mem)
-                        held = path.held if ch.resident is None else path.held + ch.resident
-                        peak = int((top + held).max())
-                        if peak > problem.capacity:
-                            continue
-                        itop = path.itop if ch.interleaved is None else np.maximum(path.itop, ch.interleaved)
-                        if icap is not None and int((ibase + held + itop).max()) > icap:
-                            continue
-                        new = _Path(cyc, peak, path.picks + (ci,), top, held, itop)
-                    else:
-                        peak = max(path.peak, int(mem.max()))
-                        if peak > problem.capacity or not inter_ok(ch):
-                            continue
-                        new = _Path(cyc, peak, path.picks + (ci,))
-                    new_live = tuple(sorted([(t, l) for t, l in live if last.get(t, -1) > i]
-                                            + ([(out, ch.out)] if last.get(out, -1) > i else [])))
-                    new_copies = tuple(sorted(((t, l) for t, l in made if last.get(t, -1) > i),
-                                              key=lambda e: (e[0], str(e[1]))))
-                    _insert(nxt.setdefault((key_of(new_live), key_of(new_copies)), []), (new, new_live, new_copies),
-                            paths)
+        nxt: dict[tuple, tuple] = {}
+        for live, copies, entries in states.values():
+            found = moves(i, op, live, copies)
+            if not holds:
+                steps = [(ci, cyc, int(mem.max()), nl, nc, key) for ci, ch, cyc, mem, nl, nc, key in found
+                         if int(mem.max()) <= cap and inter_ok(ch)]
+                for path in entries:
+                    for ci, cyc, top, nl, nc, key in steps:
+                        # (a path's peak is within the capacity, so is the larger of the two)
+                        _insert(bucket(key, nl, nc), _Path(path.cycles + cyc, max(path.peak, top), path.picks + (ci,)),
+                                paths)
+                continue
+            vecs = np.stack([p.vec for p in entries])
+            tops, helds, itops = vecs[:, :tiles], vecs[:, tiles:2 * tiles], vecs[:, 2 * tiles:]
+            steps, oks = [], []
+            n = len(entries)
+            parent_sums = np.array([p.sums for p in entries], dtype=np.int64)      # [paths, 3]
+            for ci, ch, cyc, mem, nl, nc, key in found:
+                vec = np.empty((n, 3 * tiles), dtype=np.int64)        # the paths' figures after this move
+                top, held, itop = vec[:, :tiles], vec[:, tiles:2 * tiles], vec[:, 2 * tiles:]
+                np.maximum(tops, mem, out=top)
+                if ch.resident is None:
+                    held[...] = helds
+                else:
+                    np.add(helds, ch.resident, out=held)
+                peak = (top + held).max(axis=1)
+                ok = peak <= cap
+                if not ok.any():
+                    continue
+                if ch.interleaved is None:
+                    itop[...] = itops
+                else:
+                    np.maximum(itops, ch.interleaved, out=itop)
+                # A move that holds nothing more and adds no interleaved transients leaves a path's
+                # region figures as they were, and every path in a bucket passed this check (the
+                # start path too, when ``start_ok``): it would pass again.
+                if icap is not None and not (start_ok and ch.resident is None and ch.interleaved is None):
+                    ok &= (ibase + held + itop).max(axis=1) <= icap
+                sums = parent_sums.copy()
+                sums[:, 0] = top.sum(axis=1)
+                if ch.resident is not None:
+                    sums[:, 1] = held.sum(axis=1)
+                if ch.interleaved is not None:
+                    sums[:, 2] = itop.sum(axis=1)
+                sums = sums.tolist()
+                steps.append((ci, cyc, peak.tolist(), vec, sums, nl, nc, key))
+                oks.append(ok)
+            if not steps:
+                continue
+            runs = np.stack(oks, axis=1)             # [paths, steps]: the moves each path can make
+            for row, path in enumerate(entries):
+                for k in np.flatnonzero(runs[row]).tolist():
+                    ci, cyc, peak, vec, sums, nl, nc, key = steps[k]
+                    new = _Path(path.cycles + cyc, peak[row], path.picks + (ci,), vec[row], tuple(sums[row]))
+                    if _insert(bucket(key, nl, nc), new, paths):
+                        new.vec = new.vec.copy()     # its own row, not a view keeping the whole step alive
         for t in ending.get(i, ()):             # fixed values whose last use was this op
             fixed_base = fixed_base - tile_bytes(t, fixed[t])
         if not nxt:
             return None
         states = nxt
-    best = min((e[0] for entries in states.values() for e in entries), key=lambda p: (p.cycles, p.peak, p.picks))
+    best = min((p for _, _, entries in states.values() for p in entries), key=_FASTEST)
     picks = dict(zip(problem.ops, best.picks))
     sol = evaluate(problem, picks)
     sol.exact = exact
     return sol
 
 
-def _insert(bucket: list, entry, bound: int | None) -> None:
-    """Keep the bucket a Pareto set over (cycles, peak), at most ``bound`` entries (fastest kept)."""
-    p = entry[0]
-    for q, *_ in bucket:
-        if q.covers(p):
-            return
-    bucket[:] = [e for e in bucket if not p.covers(e[0])]
-    bucket.append(entry)
+_FASTEST = operator.attrgetter("cycles", "peak", "picks")
+_LEAST = operator.attrgetter("peak", "cycles", "picks")
+
+
+def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> bool:
+    """Keep the bucket a Pareto set, at most ``bound`` paths (fastest kept); True when ``p``
+    went in. A path covers another when it is no slower, its peak is no larger and, with per-tile
+    figures, whatever comes next it never has more memory on any tile in either class (every
+    figure of ``vec`` no larger; the sums are checked first: a larger sum rules it out)."""
+    pc, pp, ps, pv = p.cycles, p.peak, p.sums, p.vec
+    if ps is None:
+        for q in bucket:
+            if q.cycles <= pc and q.peak <= pp:
+                return False
+        keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak)]
+    else:
+        a0, a1, a2 = ps
+        for q in bucket:
+            if q.cycles <= pc and q.peak <= pp:
+                s = q.sums
+                if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and (q.vec <= pv).all():
+                    return False
+        keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak and a0 <= q.sums[0] and a1 <= q.sums[1]
+                                          and a2 <= q.sums[2] and (pv <= q.vec).all())]
+    if len(keep) != len(bucket):
+        bucket[:] = keep
+    bucket.append(p)
     if bound is not None and len(bucket) > bound:
         # The bound - 1 fastest, and the least-memory path (or the next fastest if it is among them).
-        bucket.sort(key=lambda e: (e[0].cycles, e[0].peak, e[0].picks))
-        low = min(bucket, key=lambda e: (e[0].peak, e[0].cycles, e[0].picks))
+        bucket.sort(key=_FASTEST)
+        low = min(bucket, key=_LEAST)
         fastest = bucket[:bound - 1]
         bucket[:] = fastest + [bucket[bound - 1] if low in fastest else low]
+    return True
 
 
 def no_fit_error(problem: Problem) -> TileplanError:
