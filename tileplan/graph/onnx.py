@@ -688,8 +688,8 @@ def _lower_slice(imp: _Importer, n: _Node) -> list[Op]:
             raise n.err(f"step {st} on axis {a}: tileplan slices with step 1")
         start, stop, _ = slice(b, e).indices(shape[a % len(shape)])
         if stop <= start:
-            raise n.err(f"[{b}, {e}) leaves axis {a} of {x!r} {list(shape)} empty (tileplan tensors have "
-                        "positive dimensions)")
+            raise n.err(f"[{b}, {e}) leaves axis {a} of {x!r} {list(shape)} empty, a zero-size dimension "
+                        "(tileplan tensors have positive dimensions)")
         if (start, stop) != (0, shape[a % len(shape)]):
             windows.append((a % len(shape), start, stop))
     if not windows:

@@ -706,8 +706,8 @@ def _slice(imp: _Importer, node) -> None:
         raise _node_err(node, f"step {step}: tileplan slices with step 1")
     a, b, _ = slice(start, end).indices(shape[dim])
     if b <= a:
-        raise _node_err(node, f"[{start}, {end}) leaves axis {dim} empty (tileplan tensors have positive "
-                              "dimensions)")
+        raise _node_err(node, f"[{start}, {end}) leaves axis {dim} empty, a zero-size dimension (tileplan "
+                              "tensors have positive dimensions)")
     _slice_of(imp, node, src, dim, a, b)
 
 

@@ -253,21 +253,22 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     fuse.check_qkv(qkv)
     canon_graph = canonical(graph)
     pinned = set(check_pins(canon_graph, [*canon_graph.pins, *pins]))
-    alt = fuse.fused_graph(canon_graph, pinned) if qkv != "separate" else None
+    alt = fuse.fused_graph(canon_graph, pinned)
     kw = dict(jobs=jobs, solver=solver, frontier_bound=frontier_bound, dp_paths=dp_paths, progress=progress,
               weights=weights, pins=pins, share=share, cache=cache, caches=caches)
     if alt is None:
         return plan_graph(canon_graph, target, **kw)
     fused_graph, found = alt
-    separate = plan_graph(canon_graph, target, **kw) if qkv == "auto" else None
-    try:
-        fused = plan_graph(fused_graph, target, **kw)
-    except TileplanError:
-        if separate is None:
-            raise
-        fused = None                   # the fused form does not fit: the separate one stands
+    separate = plan_graph(canon_graph, target, **kw) if qkv != "fused" else None
+    fused = None
+    if qkv != "separate":
+        try:
+            fused = plan_graph(fused_graph, target, **kw)
+        except TileplanError:
+            if separate is None:
+                raise              # (the fused form does not fit: with "auto" the separate one stands)
     best = fused if separate is None or (fused is not None and fused.estimate.cycles < separate.estimate.cycles) \
-        else separate
+        else separate              # a tie keeps the graph as written
     best.qkv = {"mode": qkv, "chosen": "fused" if best is fused else "separate",
                 "separate_cycles": int(separate.estimate.cycles) if separate is not None else None,
                 "fused_cycles": int(fused.estimate.cycles) if fused is not None else None,
