@@ -680,9 +680,8 @@ def _slice_of(imp: _Importer, node, src, dim: int, start: int, stop: int, squeez
         return
     out = f"{node.name}.slice" if squeeze else node.name
     imp.emit(node, Slice(out, (x,), out, axis=dim, start=start, stop=stop))
-    after = _static_shape(node.meta["val"], node.name)
-    if squeeze and after and after[-1] != imp.known[out].shape[-1]:
-        imp.emit(node, Reshape(node.name, (out,), node.name, shape=after))   # else dropped: rows stay rows
+    if squeeze:            # (a MatMul needs its operands' batch axes as written: the Reshape stays)
+        imp.emit(node, Reshape(node.name, (out,), node.name, shape=_static_shape(node.meta["val"], node.name) or (1,)))
 
 
 def _getitem(imp: _Importer, node) -> None:
