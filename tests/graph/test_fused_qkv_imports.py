@@ -103,3 +103,40 @@ def test_a_torch_fused_qkv_split_imports_as_slices_and_validates_against_torch(s
         want = module(x).numpy()
     (inp,) = imported.graph.by_role(Role.INPUT)
     _validate(imported.graph, imported.params, {inp.name: x.numpy()}, want, tmp_path)
+
+
+def test_hf_siglip_layer_with_its_projections_fused_validates_against_torch(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import SiglipVisionConfig
+    from transformers.models.siglip.modeling_siglip import SiglipEncoderLayer
+    from tileplan.graph.torch import import_module
+    from tileplan.planner.qkv import fused_graph
+    from tileplan.planner.rewrite import canonical
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            cfg = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                     attn_implementation="eager")
+            self.layer = SiglipEncoderLayer(cfg)
+
+        def forward(self, x):
+            y = self.layer(x, None)
+            return y[0] if isinstance(y, tuple) else y
+
+    torch.manual_seed(0)
+    module = Layer().eval()
+    x = torch.randn(2, 10, 32)
+    imported = import_module(module, (x,))
+    _, (group,) = fused_graph(canonical(imported.graph))
+    assert len(group.members) == 3 and group.axis == -2        # torch Linear weights are [out, in]: rows join
+    p, _, path = compile_model(imported.graph, TARGET, tmp_path / "pkg", params=imported.params, jobs=1, qkv="fused")
+    assert p.qkv["chosen"] == "fused"
+    with torch.no_grad():
+        want = module(x).numpy()
+    (inp,) = p.graph.by_role(Role.INPUT)
+    (out,) = p.graph.by_role(Role.OUTPUT)
+    np.savez(tmp_path / "inputs.npz", **{inp.name: x.numpy()})
+    np.savez(tmp_path / "expected.npz", **{out.name: want.reshape(out.shape)})
+    v = validate_package(load_package(path), inputs_path=tmp_path / "inputs.npz", expected_path=tmp_path / "expected.npz")
+    assert v.passed and v.outputs[out.name]["cosine"] > 0.9999, v.outputs
