@@ -150,3 +150,15 @@ def test_the_small_encoder_layer_with_qkv_fused_validates_and_plan_json_says_so(
     doc = json.loads((pkg.path / "plan.json").read_text())
     assert doc["qkv"]["chosen"] == "fused" and doc["qkv"]["fused"][0]["members"] == ["l.q", "l.k", "l.v"]
     assert pkg.graph.op("l.q.fused").kind == "matmul" and pkg.graph.op("l.k").kind == "slice"
+
+
+def test_the_pins_a_fused_plan_emits_reproduce_it(tmp_path):
+    from tileplan.graph.pins import read_pins_file
+    from tileplan.planner.pins import emit_pins
+    g = qkv_graph()
+    fused = plan(g, TARGET, qkv="fused")
+    (tmp_path / "pins.toml").write_text(emit_pins(fused))
+    pins = read_pins_file(tmp_path / "pins.toml")
+    assert "q.fused" in {p.op for p in pins}
+    again = plan(g, TARGET, pins=pins)                # a pin of the fused GEMM plans the fused form
+    assert again.qkv["chosen"] == "fused" and again.estimate.cycles == fused.estimate.cycles

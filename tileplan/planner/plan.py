@@ -248,12 +248,15 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     modelled cycles is kept (``"auto"``); ``"fused"`` or ``"separate"`` plans only that form.
     ``Plan.qkv`` records which, with both estimates."""
     from . import qkv as fuse
-    from .pins import check_pins
     t0 = time.perf_counter()
     fuse.check_qkv(qkv)
     canon_graph = canonical(graph)
-    pinned = set(check_pins(canon_graph, [*canon_graph.pins, *pins]))
-    alt = fuse.fused_graph(canon_graph, pinned)
+    names = {op.name for op in canon_graph.ops}
+    every_pin = [*canon_graph.pins, *pins]
+    alt = fuse.fused_graph(canon_graph, {p.op for p in every_pin if p.op in names})   # pinned GEMMs stay apart
+    fused_ops = {op.name for op in alt[0].ops} - names if alt is not None else set()
+    if qkv == "auto" and any(p.op in fused_ops for p in every_pin):
+        qkv = "fused"              # a pin of a fused GEMM (what --emit-pins writes for a fused plan)
     kw = dict(jobs=jobs, solver=solver, frontier_bound=frontier_bound, dp_paths=dp_paths, progress=progress,
               weights=weights, pins=pins, share=share, cache=cache, caches=caches)
     if alt is None:
