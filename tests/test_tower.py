@@ -42,7 +42,8 @@ def test_the_small_tower_compiles_from_a_warm_cache_and_validates_on_the_ipu_mod
     from tileplan.lowering.package import load_package
     steps = {s.name: s for s in load_package(pkg).program.steps}
     layer1 = [n for n in steps if n.startswith("l1.")]
-    same = [n for n in layer1 if _tables(steps[n]) == _tables(steps["l2." + n[3:]])]
+    same = [n for n in layer1 if _tables(steps[n]) == _tables(steps[n.replace("l1.", "l2.")])]   # (grouped steps
+    #                                                                  name each of their layer's parts)
     assert len(same) >= len(layer1) // 2, sorted(set(layer1) - set(same))
     index = json.loads((pkg / "program.json").read_text())
     assert sum("arrays" in s for s in index["steps"]) + sum("arrays" in g for s in index["steps"]

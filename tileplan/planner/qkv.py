@@ -108,7 +108,7 @@ def fused_graph(graph: Graph, pinned: set[str] = frozenset()) -> tuple[Graph, li
     tensors = [t for n, t in graph.tensors.items() if n not in dropped] + made
     outputs = [t.name for t in graph.by_role(Role.OUTPUT)]
     out = Graph.build(graph.name, tensors, ops, outputs=outputs, target=graph.target, pins=graph.pins,
-                      weights=graph.weights)
+                      weights=graph.weights, folded=graph.folded)
     out.imported = dict(graph.imported)
     return out, fused
 
