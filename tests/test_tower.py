@@ -22,10 +22,10 @@ def test_the_small_tower_compiles_from_a_warm_cache_and_validates_on_the_ipu_mod
     target = load_target(g.target)
     cache = PlanCache(tmp_path / "cache")
     p, _, pkg = compile_model(g, target, tmp_path / "cold", cache=cache)
-    assert cache.misses > 0 and cache.hits == 0
+    assert cache.misses > 0       # (its hits: the fused QKV form reading what the separate one stored)
     warm_cache = PlanCache(tmp_path / "cache")
     _, _, warm = compile_model(g, target, tmp_path / "warm", cache=warm_cache)
-    assert warm_cache.misses == 0 and warm_cache.hits == cache.misses
+    assert warm_cache.misses == 0 and warm_cache.hits == cache.misses + cache.hits
     assert (warm / "manifest.json").read_bytes() == (pkg / "manifest.json").read_bytes()
     # Every layer's weights stay resident: the package's parameters are all four layers'.
     plan = json.loads((pkg / "plan.json").read_text())
@@ -42,7 +42,8 @@ def test_the_small_tower_compiles_from_a_warm_cache_and_validates_on_the_ipu_mod
     from tileplan.lowering.package import load_package
     steps = {s.name: s for s in load_package(pkg).program.steps}
     layer1 = [n for n in steps if n.startswith("l1.")]
-    same = [n for n in layer1 if _tables(steps[n]) == _tables(steps["l2." + n[3:]])]
+    same = [n for n in layer1 if _tables(steps[n]) == _tables(steps[n.replace("l1.", "l2.")])]   # (grouped steps
+    #                                                                  name each of their layer's parts)
     assert len(same) >= len(layer1) // 2, sorted(set(layer1) - set(same))
     index = json.loads((pkg / "program.json").read_text())
     assert sum("arrays" in s for s in index["steps"]) + sum("arrays" in g for s in index["steps"]

@@ -52,7 +52,7 @@ def _graph_and_target(model, target):
     return graph, tgt
 
 
-def plan(model, target=None, *, jobs: int = 1, solver: str = "dp", progress=None, weights=None):
+def plan(model, target=None, *, jobs: int = 1, solver: str = "dp", progress=None, weights=None, qkv: str = "auto"):
     """Plan a model: choose every op's implementation, layouts and GEMM grid.
 
     ``model`` is a ``Graph`` or a model path (as for ``load_model``). ``jobs`` worker
@@ -60,23 +60,25 @@ def plan(model, target=None, *, jobs: int = 1, solver: str = "dp", progress=None
     ``"dp"`` or ``"cpsat"``; ``progress(op, done, total)`` is called as catalogues are
     costed; ``weights`` is the parameter storage, ``"planner"`` (selection may store a GEMM's
     weights as its grid reads them) or ``"compact"`` (never), default the model file's
-    ``[plan] weights``, else ``"planner"``. Returns a ``tileplan.planner.plan.Plan``: ``.estimate`` (cycles by phase,
+    ``[plan] weights``, else ``"planner"``; ``qkv`` is ``"auto"`` (GEMMs reading one activation, an
+    encoder layer's Q, K and V, are planned separate and fused, and the cheaper kept), ``"fused"``
+    or ``"separate"``. Returns a ``tileplan.planner.plan.Plan``: ``.estimate`` (cycles by phase,
     memory), ``.ratio`` to the roofline bound, ``.runner_ups`` per GEMM.
     ``tileplan.planner.planjson.plan_to_json(p)`` gives what ``plan.json`` holds.
     """
     from .planner.plan import plan as _plan
     graph, tgt = _graph_and_target(model, target)
-    return _plan(graph, tgt, jobs=jobs, solver=solver, progress=progress, weights=weights)
+    return _plan(graph, tgt, jobs=jobs, solver=solver, progress=progress, weights=weights, qkv=qkv)
 
 
 def compile(model, out_dir, target=None, *, jobs: int = 1, solver: str = "dp", progress=None,
-            weights=None) -> Path:
+            weights=None, qkv: str = "auto") -> Path:
     """Plan and compile a model into the package folder ``out_dir``; returns its path.
 
     The package holds plan.json, the tile program, Poplar codelets and host program,
     report.json and a manifest (README: "The package"). Parameter values a model file
     carries (ONNX initializers, torch weights) travel in it. The same inputs give
-    byte-identical packages. ``weights`` as for ``plan``.
+    byte-identical packages. ``weights`` and ``qkv`` as for ``plan``.
     """
     from .graph.core import Graph
     from .graph.loaders import load_model_and_params
@@ -84,7 +86,7 @@ def compile(model, out_dir, target=None, *, jobs: int = 1, solver: str = "dp", p
     graph, params = (model, None) if isinstance(model, Graph) else load_model_and_params(model)  # one import
     graph, tgt = _graph_and_target(graph, target)
     _, _, path = compile_model(graph, tgt, out_dir, params=params, jobs=jobs, solver=solver, progress=progress,
-                               weights=weights)
+                               weights=weights, qkv=qkv)
     return Path(path)
 
 

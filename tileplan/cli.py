@@ -290,6 +290,17 @@ WeightsOption = Annotated[Optional[str], typer.Option(
          "(never); default: the model file's [plan] weights, else planner.")]
 
 
+QkvOption = Annotated[str, typer.Option(
+    "--qkv", metavar="auto|fused|separate",
+    help="GEMMs reading one activation (Q, K, V): plan them separate and fused and keep the cheaper (auto), "
+         "or force one form.")]
+
+
+def _qkv(qkv: str) -> str:
+    from .planner.qkv import check_qkv
+    return check_qkv(qkv, "--qkv")
+
+
 def _weights(weights: str | None) -> str | None:
     from .graph.core import check_weights
     return None if weights is None else check_weights(weights, "--weights")
@@ -331,6 +342,7 @@ def plan_command(
                                                       help="Write the pins that reproduce this plan (TOML).")] = None,
     cast_bf16: CastBf16Option = None,
     weights: WeightsOption = None,
+    qkv: QkvOption = "auto",
 ) -> None:
     """Plan a model: choose every op's implementation and print the cost report.
     With --json (or -o -) the plan, as plan.json holds it, goes to stdout."""
@@ -343,13 +355,13 @@ def plan_command(
     if output == Path("-"):
         as_json, output = True, None
     out = Output(as_json, quiet, verbose)
-    weights = _weights(weights)
+    weights, qkv = _weights(weights), _qkv(qkv)
     graph, tgt, _ = _model_and_target(model, target, solver, cast_bf16)
     if output is not None:
         check_file(output)                   # before planning, not after
     with _catalogue_progress(quiet) as on_progress, _naming(model):
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
-                      pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights)
+                      pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
     print_report(result, out.console, verbose=verbose)
     if output is not None:
         write_plan_json(result, output)
@@ -376,6 +388,7 @@ def compile_command(
     pins_file: PinsFileOption = None,
     cast_bf16: CastBf16Option = None,
     weights: WeightsOption = None,
+    qkv: QkvOption = "auto",
 ) -> None:
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
     import time
@@ -383,14 +396,14 @@ def compile_command(
     from .atomic import check_folder
     from .lowering.compile import compile_model
 
-    weights = _weights(weights)
+    weights, qkv = _weights(weights), _qkv(qkv)
     graph, tgt, params = _model_and_target(model, target, solver, cast_bf16)   # one import: a factory runs once
     check_folder(output)                     # before planning, not after
     t0 = time.perf_counter()
     with _catalogue_progress(quiet) as on_progress, _naming(model):
         p, state, path = compile_model(graph, tgt, output, params=params, jobs=jobs or os.cpu_count() or 1,
                                        solver=solver, progress=on_progress, pins=_pins(pin, pins_file),
-                                       cache=_plan_cache(cache, no_cache), weights=weights)
+                                       cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
     elapsed = time.perf_counter() - t0
     out = Output(quiet=quiet, verbose=verbose)
     est = p.estimate

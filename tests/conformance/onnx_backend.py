@@ -44,10 +44,11 @@ COVERED = {
     "Dropout": "dropout", "Reshape": "reshape", "Flatten": "flatten", "Squeeze": "squeeze",
     "Unsqueeze": "unsqueeze", "Transpose": "transpose", "LayerNormalization": "layernormalization",
     "Softmax": "softmax", "ReduceSum": "reducesum", "ReduceMean": "reducemean", "ReduceMax": "reducemax",
+    "Split": "split", "Slice": "slice",
 }
 # ONNX op type -> input positions that are static arguments (become initializers).
 STATIC_ARGUMENTS = {"Reshape": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "Dropout": (1,), "ReduceSum": (1,),
-                    "ReduceMean": (1,), "ReduceMax": (1,)}
+                    "ReduceMean": (1,), "ReduceMax": (1,), "Split": (1,), "Slice": (1, 2, 3, 4)}
 TARGET = "ipu21-64"
 FLOAT_TYPES = {"FLOAT", "FLOAT16", "FLOAT8E4M3FNUZ"}
 

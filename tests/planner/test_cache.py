@@ -42,10 +42,10 @@ def test_a_warm_plan_reads_every_catalogue_from_the_cache():
     with tempfile.TemporaryDirectory() as d:
         first = PlanCache(d)
         assert plan_to_json(plan(g, target, cache=first)) == cold
-        assert first.hits == 0 and first.misses > 0
+        assert first.misses > 0       # (its hits: the fused QKV form reading what the separate one stored)
         second = PlanCache(d)
         assert plan_to_json(plan(g, target, cache=second)) == cold
-        assert second.misses == 0 and second.hits == first.misses
+        assert second.misses == 0 and second.hits == first.misses + first.hits
 
 
 def test_a_warm_plan_takes_its_selection_from_the_cache_without_searching_again(tmp_path, monkeypatch):

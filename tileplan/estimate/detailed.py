@@ -349,7 +349,7 @@ def scheduled(program: Program, tiles: int) -> Program:
     back to back share one superstep). The other program-stage passes change memory only
     (``donate_cast_buffer``, ``omit_padding``): the estimate's memory stays the conservative bound."""
     from ..program import alias_noop_copies, group_exchange_steps
-    aliases: dict[str, str] = {}
+    aliases: dict[str, str] = dict(program.aliases)      # the views fragments declared
     steps, _ = alias_noop_copies(program.steps, program.buffers, aliases,
                                  lambda src, dst: moves_nothing(src, dst, tiles))
     steps, _ = group_exchange_steps(steps, aliases)

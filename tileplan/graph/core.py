@@ -550,8 +550,61 @@ class Transpose(Op):
         return np.transpose(x, self.perm)
 
 
+@dataclass(frozen=True)
+class Slice(Op):
+    """The elements ``[start, stop)`` of one axis, step 1 (numpy ``x[..., start:stop, ...]``): what
+    ONNX Split and Slice and ATen split / split_with_sizes / slice / chunk / unbind become, one
+    Slice per output (a fused QKV projection's three heads of ``[..., 3 * H * D]``). Seen on the
+    2-D view ``[outer, L * inner]`` of its input (``inner`` the elements after the axis) it is the
+    column window ``[start * inner, stop * inner)``: the View family plans it as that window of
+    the input's layout (``planner.views.slice_candidates``)."""
+
+    axis: int = -1
+    start: int = 0
+    stop: int = 1
+    kind: ClassVar[str] = "slice"
+
+    def output_scale(self, ins):
+        return ins[0].scale
+
+    def __post_init__(self):
+        for f in ("axis", "start", "stop"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise self.err(f"{f} must be an integer, got {v!r}")
+            object.__setattr__(self, f, int(v))
+
+    def infer(self, ins):
+        (x,) = ins
+        n = len(x.shape)
+        if not -n <= self.axis < n:
+            raise self.err(f"axis {self.axis} is out of range for {x.name!r} {list(x.shape)}")
+        length = x.shape[self.axis % n]
+        if not 0 <= self.start < self.stop <= length:
+            raise self.err(f"[{self.start}, {self.stop}) is not a non-empty range of axis {self.axis} of "
+                           f"{x.name!r} {list(x.shape)} (length {length})")
+        shape = list(x.shape)
+        shape[self.axis % n] = self.stop - self.start
+        return tuple(shape), x.dtype
+
+    def window(self, shape: tuple[int, ...]) -> tuple[int, int, int]:
+        """``(C, c0, w)``: the input's 2-D view has ``C`` columns and the slice is columns
+        ``[c0, c0 + w)`` of every row."""
+        a = self.axis % len(shape)
+        inner = math.prod(shape[a + 1:])
+        return shape[a] * inner, self.start * inner, (self.stop - self.start) * inner
+
+    def flops(self, ins, out):
+        return 0
+
+    def reference(self, x):
+        index = [slice(None)] * x.ndim
+        index[self.axis % x.ndim] = slice(self.start, self.stop)
+        return x[tuple(index)]
+
+
 OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Max, Neg, Sqrt, Reciprocal, Exp,
-                                                           Tanh, Erf, Sigmoid, Relu, GeLU, Cast, Reshape, Transpose,
+                                                           Tanh, Erf, Sigmoid, Relu, GeLU, Cast, Reshape, Transpose, Slice,
                                                            LayerNorm, Softmax, ReduceSum, ReduceMean, ReduceMax)}
 
 

@@ -94,7 +94,7 @@ import numpy as np
 from ..errors import TileplanError
 from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
                    ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor,
-                   Transpose)
+                   Transpose, Slice)
 from .dtypes import DType, dequantise, quantise
 from .importing import BF16_HELP, check_cast_bf16, reduce_ops, transpose_ops, unsupported_error
 from .patterns import fuse
@@ -640,6 +640,69 @@ def _lower_transpose(imp: _Importer, n: _Node) -> list[Op]:
     return transpose_ops(n.name, n.inputs[0], n.outputs[0], tuple(n.attrs["perm"]))
 
 
+def _lower_split(imp: _Importer, n: _Node) -> list[Op]:
+    """Split along ``axis`` (default 0) into the sizes of ``split`` (an input from opset 13, an
+    attribute before), or into ``num_outputs`` (opset 18: parts of ceil(L / n), the last smaller),
+    or into as many equal parts as outputs: one ``Slice`` per output, named after the node and the
+    output's position."""
+    x = n.inputs[0]
+    shape = imp._static(x, what="Split input")
+    axis = int(n.attrs.get("axis", 0))
+    if not -len(shape) <= axis < len(shape):
+        raise n.err(f"axis {axis} is out of range for {x!r} {list(shape)}")
+    length, k = shape[axis], len(n.outputs)
+    if len(n.inputs) > 1 and n.inputs[1]:
+        if n.inputs[1] not in imp.constants:
+            raise n.err(f"split sizes {n.inputs[1]!r} must be a constant (tileplan plans static shapes)")
+        sizes = [int(d) for d in np.asarray(imp.constants[n.inputs[1]]).ravel()]
+    elif "split" in n.attrs:
+        sizes = [int(d) for d in n.attrs["split"]]
+    else:
+        part = -(-length // k)
+        sizes = [min(part, length - i * part) for i in range(k)]
+    if len(sizes) != k or sum(sizes) != length or min(sizes) <= 0:
+        raise n.err(f"split sizes {sizes} must be {k} positive sizes adding up to axis {axis}'s length {length}")
+    bounds = np.concatenate(([0], np.cumsum(sizes))).tolist()
+    return [Slice(n.name if i == 0 else f"{n.name}.{i}", (x,), y, axis=axis, start=a, stop=b)
+            for i, (y, a, b) in enumerate(zip(n.outputs, bounds, bounds[1:]))]
+
+
+def _lower_slice(imp: _Importer, n: _Node) -> list[Op]:
+    """Slice with constant starts, ends, axes and steps 1: one ``Slice`` per sliced axis (ends past
+    the axis clamp to it, negative positions count from the end, as ONNX says); other steps are
+    refused (a strided gather is not a window of a layout)."""
+    x, y = n.inputs[0], n.outputs[0]
+    shape = imp._static(x, what="Slice input")
+    args = []
+    for k, what in ((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")):
+        t = n.inputs[k] if len(n.inputs) > k else ""
+        if t and t not in imp.constants:
+            raise n.err(f"{what} {t!r} must be a constant (tileplan plans static shapes)")
+        args.append([int(d) for d in np.asarray(imp.constants[t]).ravel()] if t else n.attrs.get(what))
+    starts, ends, axes, steps = args
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    windows = []
+    for a, b, e, st in zip(axes, starts, ends, steps):
+        if st != 1:
+            raise n.err(f"step {st} on axis {a}: tileplan slices with step 1")
+        start, stop, _ = slice(b, e).indices(shape[a % len(shape)])
+        if stop <= start:
+            raise n.err(f"[{b}, {e}) leaves axis {a} of {x!r} {list(shape)} empty, a zero-size dimension "
+                        "(tileplan tensors have positive dimensions)")
+        if (start, stop) != (0, shape[a % len(shape)]):
+            windows.append((a % len(shape), start, stop))
+    if not windows:
+        return [Reshape(n.name, (x,), y, shape=tuple(shape))]
+    ops, cur = [], x
+    for i, (a, start, stop) in enumerate(windows):
+        out = y if i == len(windows) - 1 else f"{y}.slice{i}"
+        ops.append(Slice(n.name if i == len(windows) - 1 else f"{n.name}.{i}", (cur,), out, axis=a, start=start,
+                         stop=stop))
+        cur = out
+    return ops
+
+
 def _lower_softmax(imp: _Importer, n: _Node) -> list[Op]:
     """Softmax over ``axis`` (opset 13+; the planner moves another axis last). Below opset 13 the
     input is flattened to 2-D at ``axis`` first (Reshapes ``<y>.rows`` and back)."""
@@ -842,6 +905,8 @@ _LOWER: dict[str, _Row] = {
     "Identity": _Row(_lower_view),
     "Transpose": _Row(_lower_transpose, fold=False),   # _fold_transposes folds constants, keeping names
     "Softmax": _Row(_lower_softmax),
+    "Split": _Row(_lower_split),
+    "Slice": _Row(_lower_slice),       # (after _SHAPE_FOLD: a Slice of integer constants is shape arithmetic)
     "LayerNormalization": _Row(_lower_layernorm, fold=False),
     "ReduceSum": _Row(_reduce(ReduceSum, 13)),
     "ReduceMean": _Row(_reduce(ReduceMean, 18)),

@@ -86,7 +86,7 @@ import numpy as np
 
 from ..errors import TileplanError
 from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
-                   ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor)
+                   ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh, Tensor)
 from .importing import BF16_HELP, check_cast_bf16, reduce_ops, transpose_ops, unsupported_error
 from .dtypes import DType, quantise
 from .patterns import fuse
@@ -236,6 +236,7 @@ class _Importer:
     params: dict[str, np.ndarray] = field(default_factory=dict)
     ops: list[Op] = field(default_factory=list)
     converted: int = 0                       # bf16 tensors converted under cast_bf16
+    pieces: dict[str, tuple] = field(default_factory=dict)   # a split's fx node -> (source, dim, bounds, squeeze)
 
     def run(self) -> TorchModel:
         sig = self.program.graph_signature
@@ -635,6 +636,80 @@ def _reshape(imp: _Importer, node) -> None:
     imp.emit(node, Reshape(node.name, (x,), node.name, shape=_static_shape(node.meta["val"], node.name) or (1,)))
 
 
+def _split(imp: _Importer, node) -> None:
+    """``split.Tensor``, ``split_with_sizes``, ``chunk`` and ``unbind.int`` (a fused QKV
+    projection's ``qkv(x).chunk(3, -1)``, CLIP-style ``in_proj`` outputs): the pieces' bounds along
+    the axis; each ``getitem`` of a piece is then one ``Slice`` (``_getitem``), so a piece no one
+    reads costs nothing."""
+    src = node.args[0]
+    shape = tuple(src.meta["val"].shape)
+    target = _target_name(node.target)
+    dim_at = {"aten.unbind.int": 1}.get(target, 2)
+    dim = int(_arg(node, dim_at, "dim", 0)) % len(shape)
+    length = shape[dim]
+    if target == "aten.unbind.int":
+        sizes = [1] * length
+    elif target == "aten.chunk.default":
+        part = -(-length // int(_arg(node, 1, "chunks")))
+        sizes = [min(part, length - i) for i in range(0, length, part)]
+    elif target == "aten.split.Tensor" and isinstance(node.args[1], int):
+        part = int(node.args[1])
+        sizes = [min(part, length - i) for i in range(0, length, part)]
+    else:
+        sizes = [int(d) for d in _arg(node, 1, "split_sizes")]
+    bounds = np.concatenate(([0], np.cumsum(sizes))).tolist()
+    imp.pieces[node.name] = (src, dim, bounds, target == "aten.unbind.int")
+
+
+def _source(imp: _Importer, node, src) -> str:
+    """The tensor of ``src`` in torch's shape: a Reshape ``<node>.shape`` where tileplan dropped
+    one (a slice's axis is torch's)."""
+    x = imp.read(src, _describe(node))
+    if imp.reshaped(src):
+        shape = _static_shape(src.meta["val"], node.name)
+        out = f"{node.name}.shape"
+        imp.emit(node, Reshape(out, (x,), out, shape=shape))
+        return out
+    return x
+
+
+def _slice_of(imp: _Importer, node, src, dim: int, start: int, stop: int, squeeze: bool = False) -> None:
+    x = _source(imp, node, src)
+    if (start, stop) == (0, imp.known[x].shape[dim]) and not squeeze:
+        imp.value[node.name] = x
+        return
+    out = f"{node.name}.slice" if squeeze else node.name
+    imp.emit(node, Slice(out, (x,), out, axis=dim, start=start, stop=stop))
+    if squeeze:            # (a MatMul needs its operands' batch axes as written: the Reshape stays)
+        imp.emit(node, Reshape(node.name, (out,), node.name, shape=_static_shape(node.meta["val"], node.name) or (1,)))
+
+
+def _getitem(imp: _Importer, node) -> None:
+    """One piece of a split (``_split``)."""
+    src, index = node.args[0], node.args[1]
+    if getattr(src, "name", None) not in imp.pieces or not isinstance(index, int):
+        raise _node_err(node, "indexes a value that is not a split's list of pieces; tileplan imports getitem "
+                              "of split, split_with_sizes, chunk and unbind")
+    x, dim, bounds, squeeze = imp.pieces[src.name]
+    _slice_of(imp, node, x, dim, bounds[index], bounds[index + 1], squeeze)
+
+
+def _slice(imp: _Importer, node) -> None:
+    """``aten.slice.Tensor(x, dim, start, end, step)`` with step 1 (a strided slice is refused):
+    a ``Slice``, nothing where it keeps the whole axis."""
+    src = node.args[0]
+    shape = tuple(src.meta["val"].shape)
+    dim = int(_arg(node, 1, "dim", 0)) % len(shape)
+    start, end, step = _arg(node, 2, "start"), _arg(node, 3, "end"), _arg(node, 4, "step", 1)
+    if step != 1:
+        raise _node_err(node, f"step {step}: tileplan slices with step 1")
+    a, b, _ = slice(start, end).indices(shape[dim])
+    if b <= a:
+        raise _node_err(node, f"[{start}, {end}) leaves axis {dim} empty, a zero-size dimension (tileplan "
+                              "tensors have positive dimensions)")
+    _slice_of(imp, node, src, dim, a, b)
+
+
 def _dropout(imp: _Importer, node) -> None:
     """Inference dropout is its input; ``train=True`` is refused."""
     if _arg(node, 2, "train", False):
@@ -701,6 +776,12 @@ _HANDLERS = {
     "aten.alias.default": _identity,
     "aten.detach.default": _identity,
     "aten.dropout.default": _dropout,
+    "aten.split.Tensor": _split,
+    "aten.split_with_sizes.default": _split,
+    "aten.chunk.default": _split,
+    "aten.unbind.int": _split,
+    "getitem": _getitem,
+    "aten.slice.Tensor": _slice,
 }
 def supported() -> str:
     names = sorted(t.removeprefix("aten.") for t in _HANDLERS)

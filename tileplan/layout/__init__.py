@@ -7,11 +7,12 @@ local format; ``owner_map`` gives that as numpy intervals (``OwnerMap``), and
 
 from .convert import CopyPlan, PairTraffic, convert, gather, plan_copy, scatter
 from .layouts import (Blocks, Explicit, Imported, Intervals, Layout, Packed, PackedPanels, Permuted, Stored, WholeRows,
+                      Window,
                       balanced_bounds,
                       rows_cols)
 from .split_rows import SplitRows
 from .owner_map import LOCAL_FORMATS, LayoutError, OwnerMap, TileIntervals
 
 __all__ = ["Blocks", "CopyPlan", "Explicit", "Imported", "Intervals", "LOCAL_FORMATS", "Layout", "LayoutError",
-           "OwnerMap", "Packed", "PackedPanels", "PairTraffic", "Permuted", "SplitRows", "Stored", "TileIntervals", "WholeRows", "balanced_bounds", "convert",
+           "OwnerMap", "Packed", "PackedPanels", "PairTraffic", "Permuted", "SplitRows", "Stored", "TileIntervals", "WholeRows", "Window", "balanced_bounds", "convert",
            "gather", "plan_copy", "rows_cols", "scatter"]

@@ -484,6 +484,67 @@ class Permuted(Layout):
 
 
 @dataclass(frozen=True)
+class Window(Layout):
+    """Where a Slice's output already is, said of the output: ``x`` (``source_shape``, in layout
+    ``base``) seen as ``[rows, cols]`` row-major, and ``y`` as ``[rows, w]``, the columns
+    ``[c0, c0 + w)`` of every row (a Slice of axis ``a`` has ``cols`` = the elements from axis
+    ``a`` on). Each tile holds the elements of ``y`` that its pieces of ``x`` hold, at the local
+    offsets they have in ``x``'s buffer. A buffer in it is a view of ``x``'s buffer (the Slice's
+    program declares the alias: ``planner.views.slice_candidates``), so a copy out of it is the
+    Slice's only work, planned and costed as any conversion: nothing at all where the output's
+    layout has the same pieces at the same offsets (a column range aligned to column blocks), else
+    one fragment per row piece (never per element). Never offered at a boundary."""
+
+    base: Layout
+    source_shape: tuple[int, ...]
+    cols: int
+    c0: int
+    boundary: ClassVar[bool] = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "source_shape", tuple(int(d) for d in self.source_shape))
+        object.__setattr__(self, "cols", int(self.cols))
+        object.__setattr__(self, "c0", int(self.c0))
+        size = math.prod(self.source_shape)
+        if not isinstance(self.base, Layout) or self.cols <= 0 or size % self.cols or not 0 <= self.c0 < self.cols:
+            raise LayoutError(f"Window: a layout, a column count dividing {size} and a first column within it, "
+                              f"got {self.base}, {self.cols}, {self.c0}")
+
+    def __str__(self) -> str:
+        return f"Win({self.base},{self.c0}/{self.cols})"
+
+    def _width(self, shape) -> int | None:
+        rows = math.prod(self.source_shape) // self.cols
+        size = math.prod(shape)
+        w = size // rows
+        return w if w * rows == size and self.c0 + w <= self.cols else None
+
+    def _shape_problem(self, shape):
+        if self._width(shape) is None:
+            return (f"not a window of columns from {self.c0} of {list(self.source_shape)} seen as "
+                    f"{math.prod(self.source_shape) // self.cols} rows of {self.cols}")
+        return None
+
+    def _build(self, shape, dtype, tiles):
+        w = self._width(shape)
+        if w is None:
+            raise LayoutError(f"{self} on {describe(shape, dtype)}: {self._shape_problem(shape)}")
+        om = self.base.owner_map(self.source_shape, dtype, tiles)
+        C = self.cols
+        first, last = om.start // C, (om.stop - 1) // C          # the source rows each piece touches
+        count = last - first + 1
+        j = np.repeat(np.arange(len(om)), count)
+        r = first[j] + (np.arange(int(count.sum()), dtype=np.int64) - np.repeat(exclusive_cumsum(count), count))
+        s = np.maximum(om.start[j], r * C + self.c0)
+        e = np.minimum(om.stop[j], r * C + self.c0 + w)
+        keep = e > s
+        j, r, s, e = j[keep], r[keep], s[keep], e[keep]
+        start = r * w + (s - r * C - self.c0)
+        return OwnerMap.build(om.tile[j], start, start + (e - s), om.offset[j] + (s - om.start[j]),
+                              math.prod(shape), replicas=om.replicas)
+
+
+@dataclass(frozen=True)
 class Blocks(Layout):
     """A GEMM's private 2-D block grid (DESIGN's ``Grid``); never a boundary layout.
 

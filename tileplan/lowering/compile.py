@@ -64,10 +64,10 @@ def build_report(plan, state, target) -> dict:
 
 
 def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver: str = "dp", progress=None,
-                  registry=None, pins=(), cache=None, weights=None):
+                  registry=None, pins=(), cache=None, weights=None, qkv: str = "auto"):
     from ..planner.plan import plan as make_plan
     p = make_plan(graph, target, jobs=jobs, solver=solver, progress=progress, pins=pins, cache=cache,
-                  weights=weights)
+                  weights=weights, qkv=qkv)
     state, path = compile_plan(p, target, out_dir, params=params, registry=registry)
     return p, state, path
 
@@ -76,6 +76,8 @@ def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver:
 def compile_plan(p, target, out_dir, *, params=None, registry=None):
     """The part of ``compile_model`` after planning: lower the plan, write its package."""
     from ..planner.planjson import plan_to_json
+    from ..planner.qkv import package_params
+    params = package_params((p.qkv or {}).get("fused"), params)   # a fused GEMM's weights, concatenated
     state = lower(p.mid.program, target, registry=registry)
     # The files are made once the package's temporary folder exists (tileplan.atomic.write_folder).
     path = write_package(Path(out_dir), lambda: package_files(p, state, target, params, plan_to_json(p),

@@ -59,7 +59,7 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
     return_freed_memory(setup=True)
     registry = registry or default_registry()
     chosen = PASSES if passes is None else [p for p in PASSES if p.name in passes]
-    state = LoweringState(program, target)
+    state = LoweringState(program, target, aliases=dict(program.aliases))   # the views fragments declared
     for p in chosen:
         if p.stage == "program":
             state = p.run(state)

@@ -210,6 +210,8 @@ class Plan:
                                                   # with the picked pre-arranged weights)
     pinned: dict | None = None    # pins that changed the plan: the pins, the planner's own choice and cycles
     weights: str = "planner"      # the parameter storage it was planned with (``graph.core.WEIGHTS``)
+    qkv: dict | None = None       # fused QKV (``planner.qkv``): the mode, the form chosen, both forms' cycles
+                                  # and the fused groups; None when the graph has no group
 
     @property
     def ratio(self) -> float:
@@ -240,7 +242,49 @@ def resolve_weights(graph: Graph, weights: str | None) -> str:
 @pausing
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
          dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
-         cache=None, caches: Caches | None = None) -> Plan:
+         cache=None, caches: Caches | None = None, qkv: str = "auto") -> Plan:
+    """Plan ``graph`` on ``target`` (``plan_graph`` says how). ``qkv``: GEMMs reading one
+    activation with alike weights (an encoder layer's Q, K and V projections) are planned as
+    they are and fused into one GEMM plus Slices (``planner.qkv``), and the plan with fewer
+    modelled cycles is kept (``"auto"``); ``"fused"`` or ``"separate"`` plans only that form.
+    ``Plan.qkv`` records which, with both estimates."""
+    from . import qkv as fuse
+    t0 = time.perf_counter()
+    fuse.check_qkv(qkv)
+    canon_graph = canonical(graph)
+    names = {op.name for op in canon_graph.ops}
+    every_pin = [*canon_graph.pins, *pins]
+    alt = fuse.fused_graph(canon_graph, {p.op for p in every_pin if p.op in names})   # pinned GEMMs stay apart
+    fused_ops = {op.name for op in alt[0].ops} - names if alt is not None else set()
+    if qkv == "auto" and any(p.op in fused_ops for p in every_pin):
+        qkv = "fused"              # a pin of a fused GEMM (what --emit-pins writes for a fused plan)
+    kw = dict(jobs=jobs, solver=solver, frontier_bound=frontier_bound, dp_paths=dp_paths, progress=progress,
+              weights=weights, pins=pins, share=share, cache=cache, caches=caches)
+    if alt is None:
+        return plan_graph(canon_graph, target, **kw)
+    fused_graph, found = alt
+    separate = plan_graph(canon_graph, target, **kw) if qkv != "fused" else None
+    fused = None
+    if qkv != "separate":
+        try:
+            fused = plan_graph(fused_graph, target, **kw)
+        except TileplanError:
+            if separate is None:
+                raise              # (the fused form does not fit: with "auto" the separate one stands)
+    best = fused if separate is None or (fused is not None and fused.estimate.cycles < separate.estimate.cycles) \
+        else separate              # a tie keeps the graph as written
+    best.qkv = {"mode": qkv, "chosen": "fused" if best is fused else "separate",
+                "separate_cycles": int(separate.estimate.cycles) if separate is not None else None,
+                "fused_cycles": int(fused.estimate.cycles) if fused is not None else None,
+                "fused": [g.to_json() for g in found] if best is fused else [],
+                "groups": [list(g.members) for g in found]}
+    best.plan_seconds = time.perf_counter() - t0
+    return best
+
+
+def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
+               dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
+               cache=None, caches: Caches | None = None) -> Plan:
     """Plan ``graph`` on ``target``: the catalogue of every op, whole-graph selection, the MidGraph
     and its detailed estimate. ``pins`` (``planner.pins.Pin``) restrict GEMMs to a grid; a pinned
     plan that differs from the planner's own choice records it (``Plan.pinned``). ``share``: ops

@@ -31,6 +31,11 @@ Contents:
 - ``folded`` (only when the planner folded outputs at plan time, ``planner.rewrite``): per graph
   output no op writes, its tensor, shape, dtype and one value (a string: ``"-inf"`` is no JSON
   number); host data, no tile memory, zero cycles;
+- ``qkv`` (only when the graph has GEMMs that fuse, ``planner.qkv``): ``mode`` (auto, fused,
+  separate), ``chosen`` (``"fused"`` or ``"separate"``), ``separate_cycles`` and ``fused_cycles``
+  (the whole program's estimate of each form; null where it was not planned), ``groups`` (the
+  GEMMs of each group) and ``fused`` (when chosen: each fused GEMM, its weight and the weights
+  concatenated into it, which the package's params.npz holds);
 - ``runner_ups`` per GEMM: the candidates that lost, best first, with coarse and
   (when they reached it) detailed cycles and memory, and why they lost: kept
   candidates the whole-graph selection did not pick, then the catalogue's
@@ -228,6 +233,8 @@ def plan_to_json(plan) -> dict:
         doc["prearranged"] = pre
     if plan.pinned is not None:               # pins that changed the plan, beside the planner's own choice
         doc["pinned"] = {**plan.pinned, "cycles": int(plan.estimate.cycles)}
+    if plan.qkv is not None:                  # fused QKV: the form chosen and both forms' cycles
+        doc["qkv"] = plan.qkv
     return doc
 
 

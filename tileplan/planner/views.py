@@ -16,6 +16,15 @@
   input its output rows are made of (``Grid`` staging, one fragment per block row), and a
   ``transpose`` kernel writes them as ``[w, T]`` rows (``kernels.rearrange``).
 Other permutations are refused with an error naming the op.
+- ``Slice`` (ONNX Split and Slice, ATen split / chunk / slice / unbind: a fused QKV projection's
+  three heads): the output is a column window ``[c0, c0 + w)`` of the input's 2-D view
+  (``graph.core.Slice.window``). A candidate per pair of activation layouts (input, output): a
+  buffer in ``Window`` is declared a view of the input's buffer (``Program.aliases``: it is the
+  input's memory, read where it lies), and one copy of it into the output buffer is the whole
+  program, planned by the copy machinery like any conversion: nothing moves where the window's
+  pieces are the output's pieces at the same offsets (a column range aligned to the input's
+  column blocks: the output aliases the input), else on-tile copies and exchanges, one fragment
+  per row piece, never per element.
 """
 
 from __future__ import annotations
@@ -23,10 +32,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..estimate.detailed import cost_program, scheduled
-from ..program import ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
+from ..program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
 from ..graph.core import Op
 from ..kernels.calls import CopyCall
-from ..layout import Permuted, WholeRows
+from ..layout import Permuted, WholeRows, Window
 from ..layout.gemm_grid import Grid
 from ..kernels.rearrange import TransposeCall
 from .candidates import Candidate
@@ -50,6 +59,25 @@ def view_candidates(ctx, op) -> list[Candidate]:
             a, b = prog.add_buffer(ctx.tensor_buffer(x.name, lay_in)), prog.add_buffer(ctx.tensor_buffer(y.name, lay_out))
             prog.steps.append(ExchangeStep(f"{op.name}.view", (Copy(a.name, b.name),)))
             out.append(_candidate(ctx, op, lay_in, lay_out, prog, f"view {list(x.shape)} -> {list(y.shape)}"))
+    return out
+
+
+def slice_candidates(ctx, op) -> list[Candidate]:
+    g, tiles = ctx.graph, ctx.target.tiles
+    x, y = g.inputs_of(op)[0], g.output_of(op)
+    C, c0, w = op.window(x.shape)
+    out = []
+    for lay_out in activation_layouts(y, tiles):
+        for lay_in in activation_layouts(x, tiles):
+            prog = Program()
+            a = prog.add_buffer(ctx.tensor_buffer(x.name, lay_in))
+            b = prog.add_buffer(ctx.tensor_buffer(y.name, lay_out))
+            view = prog.add_buffer(Buffer(f"{op.name}.window@{lay_in}", Window(lay_in, x.shape, C, c0), y.shape,
+                                          y.dtype, "transient", "standard", y.scale))
+            prog.aliases[view.name] = a.name           # the window is the input's memory
+            prog.steps.append(ExchangeStep(f"{op.name}.slice", (Copy(view.name, b.name),)))
+            out.append(_candidate(ctx, op, lay_in, lay_out, prog,
+                                  f"slice columns [{c0}, {c0 + w}) of {C}: the window copied where it lies"))
     return out
 
 

@@ -186,7 +186,10 @@ class Program:
     buffers: dict[str, Buffer] = field(default_factory=dict)
     steps: list = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)   # buffer -> the buffer whose memory it shares
-                                                            # (``estimate.detailed.scheduled``)
+                                                            # (``estimate.detailed.scheduled``); a fragment
+                                                            # may declare one: a view of another buffer's
+                                                            # memory (a Slice's ``Window``), kept by
+                                                            # ``extend``, scheduling and lowering
 
     def add_buffer(self, buf: Buffer) -> Buffer:
         old = self.buffers.get(buf.name)
@@ -199,6 +202,9 @@ class Program:
         for b in other.buffers.values():
             self.add_buffer(b)
         self.steps.extend(other.steps)
+        for k, v in other.aliases.items():
+            if self.aliases.setdefault(k, v) != v:
+                raise ValueError(f"buffer {k!r} declared a view of {self.aliases[k]!r} and of {v!r}")
         return self
 
 

@@ -183,9 +183,21 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
         lines.append(f"pinned: {', '.join(f'{op}={spec}' for op, spec in pinned['pins'].items())}: "
                      f"{pinned['cycles']:,} cycles against the planner's own choice's {pinned['own_cycles']:,} "
                      f"({delta:+,}; own: {'; '.join(f'{op}: {c}' for op, c in pinned['own_choice'].items())})")
+    qkv = data.get("qkv")                   # fused QKV (planner.qkv): the form chosen, both forms' cycles
+    if qkv:
+        lines.append(qkv_line(qkv))
     if plan_seconds is not None:
         lines.append(f"plan time: {plan_seconds:.2f} s")
     return Text("\n".join(lines))
+
+
+def qkv_line(qkv: dict) -> str:
+    """One line: which form of the fusable GEMM groups the plan has, and what each form costs."""
+    groups = "; ".join("+".join(g) for g in qkv["groups"])
+    costs = ", ".join(f"{form} {qkv[f'{form}_cycles']:,}" if qkv[f"{form}_cycles"] is not None else f"{form} not planned"
+                      for form in ("separate", "fused"))
+    how = "forced" if qkv["mode"] != "auto" else "the cheaper"
+    return f"fused QKV ({groups}): {qkv['chosen']} ({how}); cycles: {costs}"
 
 
 def render(data: dict, plan_seconds: float | None = None, verbose: bool = False) -> Group:

@@ -1,0 +1,164 @@
+"""Slices (a column window of the input's layout, copied where it lies) and fused QKV (one GEMM of
+the concatenated weights, then Slices), chosen against the separate GEMMs by the estimates."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tileplan.errors import TileplanError
+from tileplan.graph.core import Add, Graph, LayerNorm, MatMul, Role, Slice, Tanh, Tensor
+from tileplan.graph.dtypes import DType
+from tileplan.graph.toml import load_toml
+from tileplan.lowering.compile import compile_model
+from tileplan.lowering.package import load_package
+from tileplan.planner.plan import plan
+from tileplan.planner.qkv import fused_graph, package_params
+from tileplan.sim.validate import validate_package
+from tileplan.target import load_target
+
+TARGET = load_target("ipu21-64")
+
+
+def _run(graph, tmp_path, **kw):
+    p, _, path = compile_model(graph, TARGET, tmp_path / "pkg", jobs=1, **kw)
+    pkg = load_package(path)
+    v = validate_package(pkg)
+    estimate = json.loads((pkg.path / "report.json").read_text())["estimate"]["cycles"]
+    return p, pkg, v, estimate
+
+
+@pytest.mark.parametrize("shape, axis, start, stop", [
+    ((2, 20, 96), -1, 32, 64),          # a head block of a fused projection's output
+    ((2, 20, 96), -1, 0, 96),           # the whole axis
+    ((40, 37), 1, 5, 30),               # odd columns, rows of 37
+    ((2, 20, 96), 1, 3, 17),            # a middle axis: runs of whole rows
+    ((3, 5, 16), 0, 1, 3),              # the first axis: one contiguous range
+    ((130, 24), -1, 8, 16),             # more rows than tiles
+])
+@pytest.mark.parametrize("dtype", [DType.FP16, DType.FP32])
+def test_a_slice_validates_exactly_and_its_estimate_is_the_simulated_cycles(tmp_path, shape, axis, start, stop,
+                                                                             dtype):
+    x = Tensor("x", shape, dtype, Role.INPUT)
+    graph = Graph.build("s", [x], [Tanh("a", ("x",), "h"), Slice("s", ("h",), "hs", axis=axis, start=start, stop=stop),
+                                   Tanh("b", ("hs",), "y")])
+    _, _, v, estimate = _run(graph, tmp_path)
+    assert v.outputs["y"]["passed"] and v.outputs["y"]["max_abs"] == 0.0, v.outputs["y"]
+    assert estimate == v.profile.cycles
+
+
+def _window_candidates(c0: int):
+    """The Slice candidates of columns [c0, c0 + 32) of a [40, 96] tensor, by (in, out) layout."""
+    x = Tensor("x", (40, 96), DType.FP16, Role.INPUT)
+    graph = Graph.build("w", [x], [Tanh("a", ("x",), "h"), Slice("s", ("h",), "hs", start=c0, stop=c0 + 32),
+                                   Tanh("b", ("hs",), "y")])
+    p = plan(graph, TARGET)
+    return {(str(c.ins[0]), str(c.out)): c.estimate for c in p.candidates["s"]}
+
+
+def test_a_window_whose_pieces_are_the_outputs_at_their_offsets_is_a_relabelling():
+    # 40 rows on 64 tiles: one row a tile; columns [0, 32) sit at the offsets the sliced rows have.
+    got = _window_candidates(0)[("Rows(64)", "Rows(64)")]
+    assert got.cycles == 0 and got.bytes_moved == 0
+
+
+def test_a_window_off_its_rows_start_is_an_on_tile_copy_and_moves_nothing_over_the_exchange():
+    got = _window_candidates(32)
+    rows = got[("Rows(64)", "Rows(64)")]
+    assert rows.cycles > 0 and rows.exchange == 0 and rows.sync == 0      # copied where it lies
+    crossed = got[("Rows(64)", "Iv(64,a16)")]
+    assert crossed.exchange > 0                                            # another layout: exchanged
+
+
+def test_a_slice_outside_its_axis_is_one_error_naming_the_op():
+    x = Tensor("x", (4, 8), DType.FP16, Role.INPUT)
+    with pytest.raises(TileplanError, match=r"op 's' \(slice\): \[6, 9\) is not a non-empty range of axis -1"):
+        Graph.build("s", [x], [Slice("s", ("x",), "y", start=6, stop=9)])
+
+
+def test_a_toml_slice_reads_axis_start_and_stop(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text('[model]\nname = "m"\n[tensors]\nx = { shape = [4, 8], dtype = "fp16", role = "input" }\n'
+                    '[[ops]]\nname = "s"\nop = "slice"\ninputs = ["x"]\noutput = "y"\naxis = 1\nstart = 2\nstop = 5\n')
+    (op,) = load_toml(path).ops
+    assert (op.axis, op.start, op.stop) == (1, 2, 5)
+
+
+def qkv_graph(width: int = 64, tokens: int = 24, dtype=DType.FP16) -> Graph:
+    """LayerNorm, then Q, K and V projections with bias Adds, their sum the output (a small layer's
+    three GEMMs reading one activation)."""
+    ts = [Tensor("x", (tokens, width), dtype, Role.INPUT),
+          Tensor("g", (width,), dtype, Role.PARAMETER), Tensor("b", (width,), dtype, Role.PARAMETER)]
+    ops = [LayerNorm("ln", ("x", "g", "b"), "n")]
+    for p in "qkv":
+        ts += [Tensor(f"{p}.w", (width, width), dtype, Role.PARAMETER), Tensor(f"{p}.b", (width,), dtype, Role.PARAMETER)]
+        ops += [MatMul(p, ("n", f"{p}.w"), f"{p}.mm"), Add(f"{p}.bias", (f"{p}.mm", f"{p}.b"), f"{p}.out")]
+    ops += [Add("qk", ("q.out", "k.out"), "qk.out"), Add("qkv", ("qk.out", "v.out"), "y")]
+    return Graph.build("qkv", ts, ops)
+
+
+def test_three_gemms_reading_one_activation_fuse_into_one_gemm_and_three_slices():
+    g, groups = fused_graph(qkv_graph())
+    (group,) = groups
+    assert group.members == ("q", "k", "v") and group.sources == ("q.w", "k.w", "v.w")
+    mm = g.op(group.op)
+    assert isinstance(mm, MatMul) and g.tensors[group.weight].shape == (64, 192)
+    assert [(s.start, s.stop) for s in (g.op("q"), g.op("k"), g.op("v"))] == [(0, 64), (64, 128), (128, 192)]
+    assert not {"q.w", "k.w", "v.w"} & set(g.tensors)
+
+
+def test_gemms_with_weights_of_another_type_or_a_pin_do_not_fuse():
+    g = qkv_graph()
+    assert fused_graph(g, pinned={"q", "k"}) is None                  # one left: nothing to fuse with
+    assert fused_graph(g, pinned={"q"}) is not None                   # k and v still fuse
+
+
+def test_the_package_holds_the_weights_concatenated_and_the_users_params_stay_as_they_are():
+    rng = np.random.default_rng(0)
+    params = {n: rng.standard_normal((4, 3)).astype(np.float16) for n in ("q.w", "k.w", "v.w")}
+    params["other"] = np.ones(3, np.float16)
+    fused = [{"op": "q.fused", "weight": "q.fused.w", "members": ["q", "k", "v"], "sources": ["q.w", "k.w", "v.w"],
+              "axis": -1}]
+    out = package_params(fused, params)
+    assert set(out) == {"q.fused.w", "other"} and set(params) == {"q.w", "k.w", "v.w", "other"}
+    assert np.array_equal(out["q.fused.w"], np.concatenate([params["q.w"], params["k.w"], params["v.w"]], axis=1))
+
+
+def test_selection_keeps_the_form_with_fewer_estimated_cycles_and_records_both():
+    g = qkv_graph()
+    separate = plan(g, TARGET, qkv="separate")
+    fused = plan(g, TARGET, qkv="fused")
+    auto = plan(g, TARGET)
+    costs = {"separate": separate.estimate.cycles, "fused": fused.estimate.cycles}
+    assert costs["separate"] != costs["fused"]
+    cheaper = min(costs, key=costs.get)
+    assert auto.qkv["chosen"] == cheaper and auto.estimate.cycles == costs[cheaper]
+    assert (auto.qkv["separate_cycles"], auto.qkv["fused_cycles"]) == (costs["separate"], costs["fused"])
+    assert separate.qkv["chosen"] == "separate" and separate.qkv["fused_cycles"] is None
+    assert any(op.name == "q.fused" for op in auto.graph.ops) == (cheaper == "fused")
+
+
+@pytest.mark.slow
+def test_the_small_encoder_layer_with_qkv_fused_validates_and_plan_json_says_so(tmp_path):
+    from tileplan.graph.loaders import load_model
+    graph = load_model("fixtures/encoder_layer_small.toml")
+    p, pkg, v, estimate = _run(graph, tmp_path, qkv="fused")
+    assert v.passed, v.outputs
+    assert v.outputs["l.y"]["cosine"] > 0.9999 and estimate == v.profile.cycles
+    doc = json.loads((pkg.path / "plan.json").read_text())
+    assert doc["qkv"]["chosen"] == "fused" and doc["qkv"]["fused"][0]["members"] == ["l.q", "l.k", "l.v"]
+    assert pkg.graph.op("l.q.fused").kind == "matmul" and pkg.graph.op("l.k").kind == "slice"
+
+
+def test_the_pins_a_fused_plan_emits_reproduce_it(tmp_path):
+    from tileplan.graph.pins import read_pins_file
+    from tileplan.planner.pins import emit_pins
+    g = qkv_graph()
+    fused = plan(g, TARGET, qkv="fused")
+    (tmp_path / "pins.toml").write_text(emit_pins(fused))
+    pins = read_pins_file(tmp_path / "pins.toml")
+    assert "q.fused" in {p.op for p in pins}
+    again = plan(g, TARGET, pins=pins)                # a pin of the fused GEMM plans the fused form
+    assert again.qkv["chosen"] == "fused" and again.estimate.cycles == fused.estimate.cycles
