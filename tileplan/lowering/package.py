@@ -40,7 +40,7 @@ from ..graph.serialize import graph_from_dict, graph_to_dict
 from ..target import Target
 from .tile_program import TileProgram
 
-FORMAT = "tileplan-package/1"
+FORMAT = "tileplan-package/2"   # 2: host/tables.bin stores repeated steps once (TPHOST2)
 
 
 def dumps(obj) -> str:
