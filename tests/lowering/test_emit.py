@@ -256,12 +256,15 @@ class HostDataflow:
                     == source.params
                 assert t["vertices"][v0:v0 + nv, 0].tolist() == group.tile.tolist()
                 variant = registry[group.variant]
-                in_types, (out_type,) = operand_types(group.call)
+                in_types, out_types = operand_types(group.call)
                 for i in range(nv):
                     ops = [op0 + i * nf + j for j in range(nf)]
-                    ins = [self.read(o, scope).view(ty.numpy) for o, ty in zip(ops, in_types)]
-                    out = np.asarray(variant.reference(group.call, *ins)).astype(out_type.numpy, copy=False)
-                    results.append((ops[-1], out.reshape(-1)))
+                    # one vertex as the IPU model runs a group: operands [vertices, elements]
+                    ins = [self.read(o, scope).view(ty.numpy)[None] for o, ty in zip(ops, in_types)]
+                    outs = variant.reference(group.call, *ins)
+                    for o, out, ty in zip(ops[len(in_types):], outs if isinstance(outs, tuple) else (outs,),
+                                          out_types):
+                        results.append((o, np.asarray(out).astype(ty.numpy, copy=False).reshape(-1)))
             for op, out in results:
                 self.write(op, scope, out.view(self.vars[self.slices(op, scope)[0][0]].dtype))
             self.copy(t["copies"][c0:c0 + nc].tolist(), scope)
