@@ -111,7 +111,7 @@ import numpy as np
 from ...errors import TileplanError
 from ...graph.dtypes import DType
 from ...layout.panels import row_segments
-from ..tile_program import ComputeSet, Exchange, TileProgram
+from ..tile_program import EXCHANGE_FIELDS, ComputeSet, Exchange, TileProgram
 from .codelets import emit_codelets, group_codelet
 
 CTYPES = ("unsigned char", "half", "float")              # element type codes 0 (U8), 1 (F16), 2 (F32)
@@ -135,6 +135,14 @@ def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     owner = np.repeat(np.arange(counts.size), counts)
     rank = np.arange(owner.size) - np.repeat(np.cumsum(counts) - counts, counts)
     return owner, rank
+
+
+def _first_use(ids: np.ndarray) -> np.ndarray:
+    """``ids`` renumbered by first appearance (equal results: equal up to a renaming)."""
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[inverse.reshape(-1)]
 
 
 def _where(a: int, b: int) -> str:
@@ -508,6 +516,17 @@ class Tables:
     def scope_first_operand(self) -> int:
         return self._scope[2]
 
+    @property
+    def last_binding(self) -> np.ndarray:
+        return self._bindings[-1]
+
+    def bind(self, binding: np.ndarray) -> int:
+        """A scope that uses rows already stored, with ``binding``: returns its first binding."""
+        self.shared_scopes += 1
+        self._bindings.append(_i64(binding))
+        self.n_bindings += binding.size
+        return self.n_bindings - binding.size
+
     def binding_count(self, first_binding: int) -> int:
         return self.n_bindings - first_binding
 
@@ -602,6 +621,7 @@ class Replay:
         self.tables = Tables()
         self.map = ByteMap(tp.tiles)
         self._vars: dict[tuple[str, str], int] = {}
+        self._exchanges: dict[tuple, tuple] = {}     # transfer tables (ids) -> their last exchange's replay
         self._step = ""
         self.summary = {"vertices": 0, "transfers": 0}
 
@@ -647,23 +667,34 @@ class Replay:
         """Byte copies, all read before any is written: one Copy per element type; returns the copies
         and the writes. Rows are taken in destination order (tile, address) so that each tile's received
         elements are one piece of the step's variable."""
+        copies, writes, _ = self._copy_rows(self._copy_reads(st, sa, dt, da, nbytes, what))
+        return copies, writes
+
+    def _copy_reads(self, st, sa, dt, da, nbytes, what: str) -> tuple[np.ndarray, ...]:
+        """What byte copies read, in destination order: ``(query, start, end, var, ct, interval start, its
+        element, destination tile, destination address)`` per piece (``ByteMap.look``)."""
         st, sa, dt, da, nbytes = (_i64(x) for x in (st, sa, dt, da, nbytes))
         order = _destination_order(st, sa, dt, da, nbytes)
         st, sa, dt, da, nbytes = (x[order] for x in (st, sa, dt, da, nbytes))
         qa = st * STRIDE + sa
         q, ps, pe, var, ct, start, elem = self.map.look(qa, qa + nbytes)
         z = _ESZ[ct]
-        defined = var >= 0
-        bad = np.flatnonzero(defined & (((ps - start) % z != 0) | ((pe - ps) % z != 0)))
+        bad = np.flatnonzero((var >= 0) & (((ps - start) % z != 0) | ((pe - ps) % z != 0)))
         if bad.size:
             k = int(bad[0])
             raise TileplanError(f"{what}: {_where(ps[k], pe[k])} "
                                 f"split {CTYPES[ct[k]]} elements of {self.tables.var_name[int(var[k])]!r}")
-        dst = dt[q] * STRIDE + da[q] + (ps - qa[q])
+        return q, ps, pe, var, ct, start, elem, dt[q], dt[q] * STRIDE + da[q] + (ps - qa[q])
+
+    def _copy_rows(self, reads):
+        """The copies and writes of ``_copy_reads``'s pieces, and the variables made for them:
+        ``(code, variable, tiles, counts, was new)`` per element type."""
+        q, ps, pe, var, ct, start, elem, dtile, dst = reads
+        defined = var >= 0
         wvar = np.full(q.size, -1, np.int64)
         welem = np.zeros(q.size, np.int64)
         wct = np.full(q.size, -1, np.int64)
-        copies = []
+        copies, made = [], []
         for code, ctype in enumerate(CTYPES):
             m = np.flatnonzero(defined & (ct == code))
             if not m.size:
@@ -671,14 +702,15 @@ class Replay:
             size = ELEMENT_BYTES[ctype]
             count = (pe[m] - ps[m]) // size
             v = self._named_var(f"{self._step}.{TYPE_SUFFIX[ctype]}", ctype)
-            begins = self.tables.pieces(v, dt[q[m]], count)
+            made.append((code, v, dtile[m], count, self.tables.var_size[v] == 0))
+            begins = self.tables.pieces(v, dtile[m], count)
             src_begin = elem[m] + (ps[m] - start[m]) // size
             zero = np.zeros(m.size, np.int64)
             src = self.tables.operands(1, zero, var[m], src_begin, src_begin + count)
             dst_op = self.tables.operands(1, zero, np.full(m.size, v), begins, begins + count)
             copies.append([src, dst_op])
             wvar[m], welem[m], wct[m] = v, begins, code
-        return copies, (dst, dst + (pe - ps), wvar, welem, wct)
+        return copies, (dst, dst + (pe - ps), wvar, welem, wct), made
 
     # the program ---------------------------------------------------------------------------
 
@@ -817,20 +849,62 @@ class Replay:
     def _exchange(self, step: Exchange) -> None:
         tr = step.transfers
         t = self.tables
-        t.open_scope()
-        copies, writes = self.byte_copies(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes,
-                                          f"exchange {step.name!r}")
-        self.map.write(*writes, f"exchange {step.name!r}")
+        what = f"exchange {step.name!r}"
+        reads = self._copy_reads(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes, what)
         self.summary["transfers"] += len(tr)
+        # A tower's layers run the same transfer tables (the very arrays: lowering pools them) over
+        # their own values: where this exchange reads what an earlier one with these tables read, up to
+        # which variables hold it, its rows are that exchange's, bound to this step's variables.
+        key = tuple(id(getattr(tr, f)) for f in EXCHANGE_FIELDS)
+        earlier = self._exchanges.get(key)
+        if earlier is not None and self._repeat(step.name, earlier, reads, what):
+            return
+        t.open_scope()
+        copies, writes, made = self._copy_rows(reads)
+        self.map.write(*writes, what)
         t.copies += copies
-        self._step_row(1, step.name)
+        body = self._step_row(1, step.name)
+        if all(fresh for *_, fresh in made):
+            q, ps, pe, var, ct, start, elem, dtile, dst = reads
+            self._exchanges[key] = ((q, ps, pe, ct, start, elem, dtile), var, _first_use(var), made, writes,
+                                    body, t.last_binding)
 
-    def _step_row(self, kind: int, name: str) -> None:
-        """The ``steps`` row of the open scope."""
+    def _repeat(self, name: str, earlier, reads, what: str) -> bool:
+        """Replay an exchange as the ``earlier`` one with its tables (see ``_exchange``) if it reads the
+        same pieces up to a renaming of the variables holding them; False (nothing done) if not."""
+        fixed, old_var, old_use, made, writes, body, binding = earlier
+        q, ps, pe, var, ct, start, elem, dtile, dst = reads
+        if not all(np.array_equal(a, b) for a, b in zip((q, ps, pe, ct, start, elem, dtile), fixed)):
+            return False
+        if not np.array_equal(_first_use(var), old_use) or not np.array_equal(var < 0, old_var < 0):
+            return False
+        if any((f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code]) in self._vars for code, *_ in made):
+            return False
         t = self.tables
-        _, first_group, groups, first_copy, copies, _, _, first_binding = t.close_scope()
-        t.steps.append([kind, t.string(name), first_group, groups, first_copy, copies, first_binding,
-                        t.binding_count(first_binding)])
+        old_ids, at = np.unique(old_var, return_index=True)      # earlier variable -> this step's
+        new_ids = var[at]
+        for code, v, tiles, counts, _ in made:
+            nv = self._named_var(f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code])
+            t.pieces(nv, tiles, counts)
+            old_ids, new_ids = np.append(old_ids, v), np.append(new_ids, nv)
+        order = np.argsort(old_ids)
+        old_ids, new_ids = old_ids[order], new_ids[order]
+
+        def renamed(ids: np.ndarray) -> np.ndarray:
+            return new_ids[np.searchsorted(old_ids, ids)]
+
+        wa, wb, wvar, welem, wct = writes
+        self.map.write(dst, dst + (pe - ps), np.where(wvar >= 0, renamed(wvar), wvar), welem, wct, what)
+        first_binding = t.bind(renamed(binding))
+        t.steps.append([1, t.string(name), *body[1:5], first_binding, binding.size])
+        return True
+
+    def _step_row(self, kind: int, name: str) -> tuple[int, ...]:
+        """The ``steps`` row of the open scope; returns the scope's rows (``Tables.close_scope``)."""
+        t = self.tables
+        *body, first_binding = t.close_scope()
+        t.steps.append([kind, t.string(name), *body[1:5], first_binding, t.binding_count(first_binding)])
+        return tuple(body)
 
     def _compute(self, step: ComputeSet) -> None:
         t = self.tables
