@@ -592,6 +592,7 @@ class _SharedPieces:
             else:
                 keep[a:a + n] = False
             out_first[v] = at
+        out_first[counts == 0] = 0
         self.pieces, self.first = pieces[keep], out_first
 
 
@@ -621,7 +622,7 @@ class Replay:
         self.tables = Tables()
         self.map = ByteMap(tp.tiles)
         self._vars: dict[tuple[str, str], int] = {}
-        self._exchanges: dict[tuple, tuple] = {}     # transfer tables (ids) -> their last exchange's replay
+        self._exchanges: dict[tuple, tuple] = {}     # transfer tables (ids) -> the last exchange built with them
         self._step = ""
         self.summary = {"vertices": 0, "transfers": 0}
 
