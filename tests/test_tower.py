@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tileplan
@@ -77,19 +78,25 @@ def test_a_tower_whose_weights_do_not_fit_names_the_tile_region_and_largest_buff
     assert not (tmp_path / "plan.json").exists()
 
 
-def test_the_tower_lowered_from_its_renamed_layers_is_the_program_of_their_vertices_built_out():
+@pytest.fixture(scope="module")
+def small_tower():
+    """The small tower's planned program and its target (planned once for the module: 40 s of CPU)."""
+    from tileplan.planner.plan import plan
+    from tileplan.target import load_target
+    g = load_model(TOWER)
+    target = load_target(g.target)
+    return g, target, plan(g, target).mid.program
+
+
+def test_the_tower_lowered_from_its_renamed_layers_is_the_program_of_their_vertices_built_out(small_tower):
     """Shared costing renames one layer's compute steps for the others (``ComputeStep.renamed``: their
     vertices are never built, lowering places the original's grouping by the renamed buffers, and
     copies with one plan are expanded and merged once). The tile program must be the one lowered
     from the same program with every renamed step's vertices built out as plain steps, array for
     array, and lowering must not have built the renamed steps' vertices."""
     from tileplan.lowering.lower import lower
-    from tileplan.planner.plan import plan
     from tileplan.program import ComputeStep, Program
-    from tileplan.target import load_target
-    g = load_model(TOWER)
-    target = load_target(g.target)
-    prog = plan(g, target).mid.program
+    g, target, prog = small_tower
     renamed = [s for s in prog.steps if isinstance(s, ComputeStep) and s.source is not None]
     assert {s.name.split(".")[0] for s in renamed} >= {"l1", "l2", "l3"}    # later layers: renamings
     got = lower(prog, target).tile_program.to_files()
@@ -99,3 +106,51 @@ def test_the_tower_lowered_from_its_renamed_layers_is_the_program_of_their_verti
     assert all(s.source is None for s in built.steps if isinstance(s, ComputeStep))
     want = lower(built, target).tile_program.to_files()
     assert got[1] == want[1] and got[0] == want[0]
+
+
+def test_the_tower_s_host_tables_hold_each_repeated_step_once_and_compute_what_the_ipu_model_computes(small_tower,
+                                                                                                     monkeypatch):
+    """host/tables.bin stores a step whose rows equal an earlier step's (slot for slot: the same
+    vertices, operands and copies over that layer's own variables) once; the later layers' steps
+    refer to those rows with their own bindings. Executed as host.cpp executes them, the shared rows
+    still compute, byte for byte, the outputs the IPU model computes from the tile program."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "lowering"))
+    from test_emit import HostDataflow, read_tables, run_ipu_model
+    from tileplan.lowering.emit import emit_host
+    from tileplan.lowering.lower import lower
+    from tileplan.sim.reference import seeded_values
+    from tileplan.lowering.emit.host import Replay
+    g, target, prog = small_tower
+    tp = lower(prog, target).tile_program
+    repeats = []
+    replay_as_earlier = Replay._repeat
+    monkeypatch.setattr(Replay, "_repeat", lambda self, *a: repeats.append(replay_as_earlier(self, *a)) or repeats[-1])
+    files = emit_host(tp, target, g.name)
+    # a repeated exchange is replayed from the earlier one's rows: the tables a full replay writes
+    assert sum(repeats) >= 3 * 20, repeats
+    monkeypatch.setattr(Replay, "_repeat", lambda self, *a: False)
+    assert emit_host(tp, target, g.name) == files
+    tables = read_tables(files["host/tables.bin"])
+    steps = tables["steps"]
+    names = [tables.string(n) for n in steps[:, 1].tolist()]
+    body = {name: tuple(row[2:6]) for name, row in zip(names, steps.tolist())}
+    scope = {name: tuple(row[6:8]) for name, row in zip(names, steps.tolist())}
+    layer2 = [n for n in names if n.startswith("l2.")]
+    shared = [n for n in layer2 if body[n] == body["l1." + n[3:]]]
+    assert len(shared) >= len(layer2) * 3 // 4, sorted(set(layer2) - set(shared))
+    # shared rows, each layer's own variables: the bindings differ where the layer's values do
+    assert any(scope[n] != scope["l1." + n[3:]] for n in shared)
+    bound = tables["bindings"][:, 0]
+    differs = [n for n in shared
+               if not np.array_equal(bound[slice(scope[n][0], sum(scope[n]))],
+                                     bound[slice(scope["l1." + n[3:]][0], sum(scope["l1." + n[3:]]))])]
+    assert len(differs) == len(shared)
+    # each distinct group row stored once: fewer groups than the steps' vertex groups
+    assert len(tables["groups"]) * 2 < sum(len([gr for gr in getattr(st, "groups", ()) if gr.call.primitive != "copy"])
+                                           for st in tp.steps)
+    stored = seeded_values(g, seed=5)
+    got = HostDataflow(tables, tp, target).run(stored)
+    want = run_ipu_model(tp, target, stored)
+    assert set(got) == set(want) == {"l3.y"}
+    assert got["l3.y"].tobytes() == np.ascontiguousarray(want["l3.y"]).tobytes()

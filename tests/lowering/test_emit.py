@@ -163,8 +163,8 @@ def test_emission_is_deterministic(smoke):
 
 # ---- host/tables.bin, read here by its documented layout --------------------------------------
 
-TABLE_NAMES = ("variables", "pieces", "runs", "operands", "host_tensors", "host_copies", "steps", "groups", "fields",
-               "params", "vertices", "copies")
+TABLE_NAMES = ("variables", "pieces", "runs", "operands", "bindings", "host_tensors", "host_copies", "steps", "groups",
+               "fields", "params", "vertices", "copies")
 CTYPE_OF_CODE = ("unsigned char", "half", "float")
 
 
@@ -175,9 +175,9 @@ class HostTables(dict):
 
 
 def read_tables(data: bytes) -> HostTables:
-    """Little-endian: magic "TPHOST1\\0", u32 sections; per section char name[16], u32 element bytes,
+    """Little-endian: magic "TPHOST2\\0", u32 sections; per section char name[16], u32 element bytes,
     u32 columns, u64 rows, then the rows (int32, or bytes for ``strings``)."""
-    assert data[:8] == b"TPHOST1\0"
+    assert data[:8] == b"TPHOST2\0"
     (count,) = struct.unpack_from("<I", data, 8)
     at, out = 12, HostTables()
     for _ in range(count):
@@ -207,41 +207,43 @@ class HostDataflow:
             elements = int(pieces[first:first + count, 1].sum())
             self.vars.append(np.zeros(elements, NUMPY_OF_CTYPE[CTYPE_OF_CODE[ctype]]))
 
-    def slices(self, op: int) -> list[tuple[int, int, int]]:
+    def slices(self, op: int, scope) -> list[tuple[int, int, int]]:
+        """An operand's slices; its runs name slots of ``scope`` (first binding, bindings)."""
         first, count = self.t["operands"][op].tolist()
+        bound = self.t["bindings"][scope[0]:scope[0] + scope[1], 0].tolist()
         out = []
-        for var, begin, elements, n, stride in self.t["runs"][first:first + count].tolist():
-            out += [(var, begin + c * stride, begin + c * stride + elements) for c in range(n)]
+        for slot, begin, elements, n, stride in self.t["runs"][first:first + count].tolist():
+            out += [(bound[slot], begin + c * stride, begin + c * stride + elements) for c in range(n)]
         return out
 
-    def read(self, op: int) -> np.ndarray:
-        return np.concatenate([self.vars[v][b:e] for v, b, e in self.slices(op)])
+    def read(self, op: int, scope) -> np.ndarray:
+        return np.concatenate([self.vars[v][b:e] for v, b, e in self.slices(op, scope)])
 
-    def write(self, op: int, data: np.ndarray) -> None:
+    def write(self, op: int, scope, data: np.ndarray) -> None:
         at = 0
-        for v, b, e in self.slices(op):
+        for v, b, e in self.slices(op, scope):
             self.vars[v][b:e] = data[at:at + e - b]
             at += e - b
         assert at == data.size
 
-    def copy(self, pairs) -> None:
-        data = [self.read(src) for src, _ in pairs]          # a superstep reads, then writes
+    def copy(self, pairs, scope) -> None:
+        data = [self.read(src, scope) for src, _ in pairs]          # a superstep reads, then writes
         for (_, dst), d in zip(pairs, data):
-            self.write(dst, d)
+            self.write(dst, scope, d)
 
     def run(self, stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         t = self.t
         registry = default_registry()
         hosts = t["host_tensors"].tolist()
         for role in (0, 1):          # program 0 streams the parameters, program 1 starts with the inputs
-            for r, name, ctype, elements, op, first, count in hosts:
+            for r, name, ctype, elements, op, first, count, *scope in hosts:
                 if r == role:
                     data = np.ascontiguousarray(stored[t.string(name)]).reshape(-1)
-                    self.write(op, data.view(NUMPY_OF_CTYPE[CTYPE_OF_CODE[ctype]]))
+                    self.write(op, scope, data.view(NUMPY_OF_CTYPE[CTYPE_OF_CODE[ctype]]))
                     assert data.size == elements
-                    self.copy(t["host_copies"][first:first + count].tolist())
+                    self.copy(t["host_copies"][first:first + count].tolist(), scope)
         assert len(t["steps"]) == len(self.tp.steps)
-        for (kind, name, g0, ng, c0, nc), step in zip(t["steps"].tolist(), self.tp.steps):
+        for (kind, name, g0, ng, c0, nc, *scope), step in zip(t["steps"].tolist(), self.tp.steps):
             assert t.string(name) == step.name and kind == (0 if isinstance(step, ComputeSet) else 1)
             groups = [g for g in getattr(step, "groups", []) if g.call.primitive != "copy"]
             assert ng == len(groups)
@@ -255,16 +257,19 @@ class HostDataflow:
                     == source.params
                 assert t["vertices"][v0:v0 + nv, 0].tolist() == group.tile.tolist()
                 variant = registry[group.variant]
-                in_types, (out_type,) = operand_types(group.call)
+                in_types, out_types = operand_types(group.call)
                 for i in range(nv):
                     ops = [op0 + i * nf + j for j in range(nf)]
-                    ins = [self.read(o).view(ty.numpy) for o, ty in zip(ops, in_types)]
-                    out = np.asarray(variant.reference(group.call, *ins)).astype(out_type.numpy, copy=False)
-                    results.append((ops[-1], out.reshape(-1)))
+                    # one vertex as the IPU model runs a group: operands [vertices, elements]
+                    ins = [self.read(o, scope).view(ty.numpy)[None] for o, ty in zip(ops, in_types)]
+                    outs = variant.reference(group.call, *ins)
+                    for o, out, ty in zip(ops[len(in_types):], outs if isinstance(outs, tuple) else (outs,),
+                                          out_types):
+                        results.append((o, np.asarray(out).astype(ty.numpy, copy=False).reshape(-1)))
             for op, out in results:
-                self.write(op, out.view(self.vars[self.slices(op)[0][0]].dtype))
-            self.copy(t["copies"][c0:c0 + nc].tolist())
-        return {t.string(name): self.read(op) for r, name, _, _, op, _, _ in hosts if r == 2}
+                self.write(op, scope, out.view(self.vars[self.slices(op, scope)[0][0]].dtype))
+            self.copy(t["copies"][c0:c0 + nc].tolist(), scope)
+        return {t.string(name): self.read(op, scope) for r, name, _, _, op, _, _, *scope in hosts if r == 2}
 
 
 def param_value(kind: int, value: int):
@@ -348,12 +353,12 @@ def test_a_value_that_changes_type_in_place_travels_as_its_new_type():
     tp = tiny_program(target)
     flow = host_dataflow(tp, target)
     t = flow.t
-    (_, _, _, _, c0, nc) = t["steps"][1].tolist()
+    (_, _, _, _, c0, nc, *scope) = t["steps"][1].tolist()
     assert nc == 1                                      # the exchange: one Copy, of bytes
     (src, dst) = t["copies"][c0].tolist()
     for op in (src, dst):
-        first, count = t["operands"][op].tolist()
-        assert count >= 1 and all(t["variables"][var, 1] == 0 for var, *_ in t["runs"][first:first + count].tolist())
+        slices = flow.slices(op, scope)
+        assert slices and all(t["variables"][var, 1] == 0 for var, _, _ in slices)
     x = np.linspace(-3, 3, 8).astype(np.float16)
     got = flow.run({"x": x})["y"]
     assert got.tobytes() == run_ipu_model(tp, target, {"x": x})["y"].tobytes()

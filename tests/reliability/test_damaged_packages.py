@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 
+from tileplan.lowering.package import FORMAT
 from tileplan.lowering.tile_program import deterministic_npz
 
 from reliability_corpus import assert_refused, rehash
@@ -133,7 +134,7 @@ def test_a_manifest_that_is_a_list_is_refused(cli, damaged):
 
 
 def test_a_manifest_whose_files_are_not_a_table_is_refused(cli, damaged):
-    (damaged / "manifest.json").write_text(json.dumps({"format": "tileplan-package/1", "files": ["plan.json"]}))
+    (damaged / "manifest.json").write_text(json.dumps({"format": FORMAT, "files": ["plan.json"]}))
     assert_refused(cli("validate", damaged), damaged / "manifest.json", "damaged manifest")
 
 

@@ -9,7 +9,8 @@ program.npz        the tile program's arrays (addresses, vertex and transfer tab
 params.npz         parameter values, when the model file carried them (ONNX, torch)
 codelets/*.cpp     one Poplar codelet per kernel specialisation
 host.cpp           the same graph built with the Poplar host API, reading
-host/tables.bin    its variables, operands, vertices and copies (binary tables)
+host/tables.bin    its variables, operands, vertices and copies (binary tables; a step equal to an
+                   earlier one slot for slot, a tower's later layers, refers to its rows)
 report.json        estimate vs program by step, memory per tile, pass log
 manifest.json      SHA-256 of every file above, and the format version
 ```
@@ -40,7 +41,7 @@ from ..graph.serialize import graph_from_dict, graph_to_dict
 from ..target import Target
 from .tile_program import TileProgram
 
-FORMAT = "tileplan-package/1"
+FORMAT = "tileplan-package/2"   # 2: host/tables.bin stores repeated steps once (TPHOST2)
 
 
 def dumps(obj) -> str:

@@ -54,26 +54,36 @@ full-size SigLIP MLP on 1472 tiles (millions of transfer rows) small.
 
 ``host/tables.bin``
 -------------------
-Little-endian. ``char magic[8] = "TPHOST1\\0"``, ``uint32 sections``, then per
+Little-endian. ``char magic[8] = "TPHOST2\\0"``, ``uint32 sections``, then per
 section: ``char name[16]`` (NUL-padded), ``uint32 element_bytes`` (1 for
 ``strings``, 4 for every other section: signed int32), ``uint32 columns``,
 ``uint64 rows``, then ``rows * columns * element_bytes`` bytes, row-major.
-A name is a byte offset into ``strings`` (NUL-terminated names). Sections:
+A name is a byte offset into ``strings`` (NUL-terminated names).
+
+Each step and each host tensor is a *scope*: its runs name variables by slot, slot ``i`` being
+the scope's binding ``bindings[first binding + i]``. A scope whose rows (groups, fields, params,
+vertices, operands, runs, copies) equal an earlier scope's slot for slot refers to that scope's
+rows and differs only in its binding: the 27 layers of a tower store each layer-invariant step
+once, and each layer's variables (its parameters, its activations) are bound per step. Variables
+with equal pieces share one range of ``pieces`` too. Sections:
 
 ==============  =================================================================
 strings         the names, each NUL-terminated
 variables       name, element type (0 U8, 1 F16, 2 F32), first piece, pieces
 pieces          tile, elements (a variable is its pieces in order)
-runs            variable, begin, elements, count, stride: the ``count`` slices
-                ``[begin + c * stride, begin + c * stride + elements)``
+runs            slot (the variable: see bindings), begin, elements, count, stride:
+                the ``count`` slices ``[begin + c * stride, begin + c * stride + elements)``
 operands        first run, runs (an operand concatenates its runs' slices)
+bindings        variable (a scope's slot ``i`` is row ``first binding + i``)
 host_tensors    role (0 parameter, 1 input, 2 output), name (stream handle and
                 file name), element type, elements, operand (row-major order,
-                replica 0), first replica copy, replica copies
+                replica 0), first replica copy, replica copies, first binding,
+                bindings
 host_copies     source operand, destination operand (fill further replicas)
 steps           kind (0 compute, 1 exchange), name, first group, groups,
-                first copy, copies (a compute step executes its compute set,
-                then its copies; an exchange is its copies)
+                first copy, copies, first binding, bindings (a compute step
+                executes its compute set, then its copies; an exchange is its
+                copies)
 groups          vertex class, first field, fields, first param, params,
                 first vertex, vertices, first operand: vertex ``i``'s field
                 ``j`` connects to operand ``first operand + i * fields + j``
@@ -105,7 +115,7 @@ import numpy as np
 from ...errors import TileplanError
 from ...graph.dtypes import DType
 from ...layout.panels import row_segments
-from ..tile_program import ComputeSet, Exchange, TileProgram
+from ..tile_program import EXCHANGE_FIELDS, ComputeSet, Exchange, TileProgram
 from .codelets import emit_codelets, group_codelet
 
 CTYPES = ("unsigned char", "half", "float")              # element type codes 0 (U8), 1 (F16), 2 (F32)
@@ -116,11 +126,11 @@ _ESZ = np.array([1, 2, 4, 1], np.int64)                   # element bytes by cod
 STRIDE = 1 << 32                                          # global byte address: tile * STRIDE + address
 HOST_CPP = "host.cpp"
 TABLES_FILE = "host/tables.bin"
-MAGIC = b"TPHOST1\0"
+MAGIC = b"TPHOST2\0"
 ROLE = {"parameter": 0, "input": 1, "output": 2}
-SECTIONS = (("strings", 1), ("variables", 4), ("pieces", 2), ("runs", 5), ("operands", 2), ("host_tensors", 7),
-            ("host_copies", 2), ("steps", 6), ("groups", 8), ("fields", 1), ("params", 3), ("vertices", 1),
-            ("copies", 2))
+SECTIONS = (("strings", 1), ("variables", 4), ("pieces", 2), ("runs", 5), ("operands", 2), ("bindings", 1),
+            ("host_tensors", 9), ("host_copies", 2), ("steps", 8), ("groups", 8), ("fields", 1), ("params", 3),
+            ("vertices", 1), ("copies", 2))
 
 
 def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,6 +139,14 @@ def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     owner = np.repeat(np.arange(counts.size), counts)
     rank = np.arange(owner.size) - np.repeat(np.cumsum(counts) - counts, counts)
     return owner, rank
+
+
+def _first_use(ids: np.ndarray) -> np.ndarray:
+    """``ids`` renumbered by first appearance (equal results: equal up to a renaming)."""
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[inverse.reshape(-1)]
 
 
 def _where(a: int, b: int) -> str:
@@ -390,6 +408,11 @@ class Tables:
         self._vertices: list[np.ndarray] = []
         self.n_vertices = 0
         self.copies: list[list[int]] = []
+        self._bindings: list[np.ndarray] = []
+        self.n_bindings = 0
+        self._scope: tuple | None = None
+        self._bodies: dict[bytes, tuple[int, ...]] = {}     # a scope's content -> where it is stored
+        self.shared_scopes = 0
 
     def string(self, s: str) -> int:
         if s not in self._string_ids:
@@ -446,6 +469,71 @@ class Tables:
         self.n_vertices += len(tiles)
         return self.n_vertices - len(tiles)
 
+    # ---- scopes: a step's (or a host tensor's) rows, stored once per distinct content ----------
+
+    def open_scope(self) -> None:
+        """Start the rows of one step or host tensor (its groups, fields, params, vertices, operands,
+        runs, copies and host copies)."""
+        self._scope = (len(self._runs), len(self._op_runs), self.n_ops, len(self.groups), len(self.fields),
+                       len(self.params), len(self._vertices), self.n_vertices, len(self.copies),
+                       len(self.host_copies))
+
+    def close_scope(self) -> tuple[int, int, int, int, int, int, int, int]:
+        """End the scope: its runs name variables through a binding (run ``var`` = slot ``i``: the
+        scope's ``i``-th distinct variable, in order of first use), and rows equal, slot for slot, to an
+        earlier scope's are dropped for that scope's. Returns ``(first operand, first group, groups,
+        first copy, copies, first host copy, host copies, first binding)``: the rows the scope uses
+        (its own or the earlier scope's); its binding is ``bindings[first binding:]`` (``binding_count``)."""
+        r0, o0, n0, g0, f0, p0, v0, nv0, c0, h0 = self._scope
+        self._scope = None
+        runs = np.concatenate(self._runs[r0:]) if len(self._runs) > r0 else np.zeros((0, 5), np.int64)
+        uniq, first, inverse = np.unique(runs[:, 0], return_index=True, return_inverse=True)
+        by_use = np.argsort(first, kind="stable")
+        slot = np.empty(uniq.size, np.int64)
+        slot[by_use] = np.arange(uniq.size)
+        local = runs.copy()
+        local[:, 0] = slot[inverse.reshape(-1)]
+        binding = uniq[by_use]
+        op_runs = np.concatenate(self._op_runs[o0:]) if len(self._op_runs) > o0 else np.zeros(0, np.int64)
+        groups = np.asarray(self.groups[g0:], np.int64).reshape(-1, 8) - [0, f0, 0, p0, 0, nv0, 0, n0]
+        copies = np.asarray(self.copies[c0:], np.int64).reshape(-1, 2) - n0
+        host_copies = np.asarray(self.host_copies[h0:], np.int64).reshape(-1, 2) - n0
+        vertices = np.concatenate(self._vertices[v0:]) if len(self._vertices) > v0 else np.zeros(0, np.int64)
+        parts = (local, op_runs, groups, np.asarray(self.fields[f0:], np.int64), np.asarray(self.params[p0:], np.int64),
+                 _i64(vertices), copies, host_copies, _i64([self.n_ops - n0, uniq.size]))
+        key = b"|".join(str(a.shape).encode() + _i64(a).tobytes() for a in parts)
+        body = self._bodies.get(key)
+        if body is None:
+            body = (n0, g0, groups.shape[0], c0, copies.shape[0], h0, host_copies.shape[0])
+            self._bodies[key] = body
+            self._runs[r0:] = [local]
+        else:                        # the same rows as an earlier scope: refer to them
+            self.shared_scopes += 1
+            del self._runs[r0:], self._op_runs[o0:], self.groups[g0:], self.fields[f0:], self.params[p0:]
+            del self._vertices[v0:], self.copies[c0:], self.host_copies[h0:]
+            self.n_ops, self.n_vertices = n0, nv0
+        self._bindings.append(binding)
+        self.n_bindings += binding.size
+        return (*body, self.n_bindings - binding.size)
+
+    @property
+    def scope_first_operand(self) -> int:
+        return self._scope[2]
+
+    @property
+    def last_binding(self) -> np.ndarray:
+        return self._bindings[-1]
+
+    def bind(self, binding: np.ndarray) -> int:
+        """A scope that uses rows already stored, with ``binding``: returns its first binding."""
+        self.shared_scopes += 1
+        self._bindings.append(_i64(binding))
+        self.n_bindings += binding.size
+        return self.n_bindings - binding.size
+
+    def binding_count(self, first_binding: int) -> int:
+        return self.n_bindings - first_binding
+
     def sections(self) -> dict[str, np.ndarray]:
         """Every section as an int64 ``[rows, columns]`` array (``strings`` as bytes)."""
         nv = len(self.var_name)
@@ -462,6 +550,7 @@ class Tables:
         else:
             pv = pt = pc = np.zeros(0, np.int64)
         npieces = np.bincount(pv, minlength=nv)[:nv]
+        shared = _SharedPieces(np.stack([pt, pc], axis=1), npieces)
         runs = np.concatenate(self._runs) if self._runs else np.zeros((0, 5), np.int64)
         op_runs = np.concatenate(self._op_runs) if self._op_runs else np.zeros(0, np.int64)
 
@@ -471,19 +560,44 @@ class Tables:
         names = _i64([self.string(s) for s in self.var_name])      # before ``strings`` is taken
         return {
             "strings": bytes(self.strings),
-            "variables": np.stack([names, _i64(self.var_type), np.cumsum(npieces) - npieces, npieces], axis=1),
-            "pieces": np.stack([pt, pc], axis=1),
+            "variables": np.stack([names, _i64(self.var_type), shared.first, npieces], axis=1),
+            "pieces": shared.pieces,
             "runs": runs,
             "operands": np.stack([np.cumsum(op_runs) - op_runs, op_runs], axis=1),
-            "host_tensors": table(self.host_tensors, 7),
+            "bindings": (np.concatenate(self._bindings) if self._bindings else np.zeros(0, np.int64))[:, None],
+            "host_tensors": table(self.host_tensors, 9),
             "host_copies": table(self.host_copies, 2),
-            "steps": table(self.steps, 6),
+            "steps": table(self.steps, 8),
             "groups": table(self.groups, 8),
             "fields": table(self.fields, 1),
             "params": table(self.params, 3),
             "vertices": (np.concatenate(self._vertices) if self._vertices else np.zeros(0, np.int64))[:, None],
             "copies": table(self.copies, 2),
         }
+
+
+class _SharedPieces:
+    """The pieces table with each distinct piece list stored once (``pieces``) and the first piece of
+    each variable in it (``first``)."""
+
+    def __init__(self, pieces: np.ndarray, counts: np.ndarray):
+        first = np.cumsum(counts) - counts
+        keep = np.ones(pieces.shape[0], bool)
+        out_first = first.copy()
+        seen: dict[bytes, int] = {}
+        stored = 0
+        for v in np.flatnonzero(counts).tolist():
+            a, n = int(first[v]), int(counts[v])
+            key = pieces[a:a + n].tobytes()
+            at = seen.get(key)
+            if at is None:
+                seen[key] = at = stored
+                stored += n
+            else:
+                keep[a:a + n] = False
+            out_first[v] = at
+        out_first[counts == 0] = 0
+        self.pieces, self.first = pieces[keep], out_first
 
 
 def pack_tables(sections: dict[str, np.ndarray]) -> bytes:
@@ -512,6 +626,7 @@ class Replay:
         self.tables = Tables()
         self.map = ByteMap(tp.tiles)
         self._vars: dict[tuple[str, str], int] = {}
+        self._exchanges: dict[tuple, tuple] = {}     # transfer tables (ids) -> the last exchange built with them
         self._step = ""
         self.summary = {"vertices": 0, "transfers": 0}
 
@@ -557,23 +672,34 @@ class Replay:
         """Byte copies, all read before any is written: one Copy per element type; returns the copies
         and the writes. Rows are taken in destination order (tile, address) so that each tile's received
         elements are one piece of the step's variable."""
+        copies, writes, _ = self._copy_rows(self._copy_reads(st, sa, dt, da, nbytes, what))
+        return copies, writes
+
+    def _copy_reads(self, st, sa, dt, da, nbytes, what: str) -> tuple[np.ndarray, ...]:
+        """What byte copies read, in destination order: ``(query, start, end, var, ct, interval start, its
+        element, destination tile, destination address)`` per piece (``ByteMap.look``)."""
         st, sa, dt, da, nbytes = (_i64(x) for x in (st, sa, dt, da, nbytes))
         order = _destination_order(st, sa, dt, da, nbytes)
         st, sa, dt, da, nbytes = (x[order] for x in (st, sa, dt, da, nbytes))
         qa = st * STRIDE + sa
         q, ps, pe, var, ct, start, elem = self.map.look(qa, qa + nbytes)
         z = _ESZ[ct]
-        defined = var >= 0
-        bad = np.flatnonzero(defined & (((ps - start) % z != 0) | ((pe - ps) % z != 0)))
+        bad = np.flatnonzero((var >= 0) & (((ps - start) % z != 0) | ((pe - ps) % z != 0)))
         if bad.size:
             k = int(bad[0])
             raise TileplanError(f"{what}: {_where(ps[k], pe[k])} "
                                 f"split {CTYPES[ct[k]]} elements of {self.tables.var_name[int(var[k])]!r}")
-        dst = dt[q] * STRIDE + da[q] + (ps - qa[q])
+        return q, ps, pe, var, ct, start, elem, dt[q], dt[q] * STRIDE + da[q] + (ps - qa[q])
+
+    def _copy_rows(self, reads):
+        """The copies and writes of ``_copy_reads``'s pieces, and the variables made for them:
+        ``(code, variable, tiles, counts, was new)`` per element type."""
+        q, ps, pe, var, ct, start, elem, dtile, dst = reads
+        defined = var >= 0
         wvar = np.full(q.size, -1, np.int64)
         welem = np.zeros(q.size, np.int64)
         wct = np.full(q.size, -1, np.int64)
-        copies = []
+        copies, made = [], []
         for code, ctype in enumerate(CTYPES):
             m = np.flatnonzero(defined & (ct == code))
             if not m.size:
@@ -581,14 +707,15 @@ class Replay:
             size = ELEMENT_BYTES[ctype]
             count = (pe[m] - ps[m]) // size
             v = self._named_var(f"{self._step}.{TYPE_SUFFIX[ctype]}", ctype)
-            begins = self.tables.pieces(v, dt[q[m]], count)
+            made.append((code, v, dtile[m], count, self.tables.var_size[v] == 0))
+            begins = self.tables.pieces(v, dtile[m], count)
             src_begin = elem[m] + (ps[m] - start[m]) // size
             zero = np.zeros(m.size, np.int64)
             src = self.tables.operands(1, zero, var[m], src_begin, src_begin + count)
             dst_op = self.tables.operands(1, zero, np.full(m.size, v), begins, begins + count)
             copies.append([src, dst_op])
             wvar[m], welem[m], wct[m] = v, begins, code
-        return copies, (dst, dst + (pe - ps), wvar, welem, wct)
+        return copies, (dst, dst + (pe - ps), wvar, welem, wct), made
 
     # the program ---------------------------------------------------------------------------
 
@@ -664,6 +791,7 @@ class Replay:
         ctype = DType(info.dtype).cpp
         size_b = ELEMENT_BYTES[ctype]
         code = TYPE_CODE[ctype]
+        t.open_scope()
         placed: set[bytes] = set()
         main = None
         src, dst = [], []          # slices (var, begin, end) of the replica copies
@@ -690,19 +818,27 @@ class Replay:
                 src.append(_through(main, s[others], e[others]))
                 dst.append((np.full(others.size, v), begin[others], begin[others] + e[others] - s[others]))
         operand = t.operands(1, *_row_major(main, info))
-        first_copy = len(t.host_copies)
         if dst:
             sv, sb, se = (np.concatenate(x) for x in zip(*src))
             dv, db, de = (np.concatenate(x) for x in zip(*dst))
             t.host_copies.append([t.operands(1, np.zeros(sv.size), sv, sb, se),
                                   t.operands(1, np.zeros(dv.size), dv, db, de)])
-        t.host_tensors.append([ROLE["parameter" if info.kind == "parameter" else "input"], t.string(tensor), code,
-                               int(main[1][-1]), operand, first_copy, len(t.host_copies) - first_copy])
+        self._host_tensor(ROLE["parameter" if info.kind == "parameter" else "input"], tensor, code,
+                          int(main[1][-1]), operand)
+
+    def _host_tensor(self, role: int, tensor: str, code: int, elements: int, operand: int) -> None:
+        """The ``host_tensors`` row of the open scope (a host tensor's operand and replica copies)."""
+        t = self.tables
+        rel = operand - t.scope_first_operand
+        first_op, _, _, _, _, first_copy, copies, first_binding = t.close_scope()
+        t.host_tensors.append([role, t.string(tensor), code, elements, first_op + rel, first_copy, copies,
+                               first_binding, t.binding_count(first_binding)])
 
     def _host_read(self, tensor: str, b: int) -> None:
         t = self.tables
         info = self.tp.buffers[b]
         ctype = DType(info.dtype).cpp
+        t.open_scope()
         r, tl, s, e, a, _, size = self._pieces(b)
         m = np.flatnonzero(r == 0)
         q, var, begin, end = self.typed_read(tl[m], a[m], (e[m] - s[m]) * ELEMENT_BYTES[ctype], ctype,
@@ -713,21 +849,71 @@ class Replay:
         before -= np.repeat(before[first], np.diff(np.concatenate((first, [q.size]))))   # ... in its piece
         at = s[m][q] + before                                   # the slice's first element of the tensor
         operand = t.operands(1, *_row_major((at, at + length, var, begin), info))
-        t.host_tensors.append([ROLE["output"], t.string(tensor), TYPE_CODE[ctype], size, operand, 0, 0])
+        self._host_tensor(ROLE["output"], tensor, TYPE_CODE[ctype], size, operand)
 
     def _exchange(self, step: Exchange) -> None:
         tr = step.transfers
-        copies, writes = self.byte_copies(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes,
-                                          f"exchange {step.name!r}")
-        self.map.write(*writes, f"exchange {step.name!r}")
-        self.summary["transfers"] += len(tr)
         t = self.tables
-        t.steps.append([1, t.string(step.name), len(t.groups), 0, len(t.copies), len(copies)])
+        what = f"exchange {step.name!r}"
+        reads = self._copy_reads(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes, what)
+        self.summary["transfers"] += len(tr)
+        # A tower's layers run the same transfer tables (the very arrays: lowering pools them) over
+        # their own values: where this exchange reads what an earlier one with these tables read, up to
+        # which variables hold it, its rows are that exchange's, bound to this step's variables.
+        key = tuple(id(getattr(tr, f)) for f in EXCHANGE_FIELDS)
+        earlier = self._exchanges.get(key)
+        if earlier is not None and self._repeat(step.name, earlier, reads, what):
+            return
+        t.open_scope()
+        copies, writes, made = self._copy_rows(reads)
+        self.map.write(*writes, what)
         t.copies += copies
+        body = self._step_row(1, step.name)
+        if all(fresh for *_, fresh in made):
+            q, ps, pe, var, ct, start, elem, dtile, dst = reads
+            self._exchanges[key] = ((q, ps, pe, ct, start, elem, dtile), var, _first_use(var), made, writes,
+                                    body, t.last_binding)
+
+    def _repeat(self, name: str, earlier, reads, what: str) -> bool:
+        """Replay an exchange as the ``earlier`` one with its tables (see ``_exchange``) if it reads the
+        same pieces up to a renaming of the variables holding them; False (nothing done) if not."""
+        fixed, old_var, old_use, made, writes, body, binding = earlier
+        q, ps, pe, var, ct, start, elem, dtile, dst = reads
+        if not all(np.array_equal(a, b) for a, b in zip((q, ps, pe, ct, start, elem, dtile), fixed)):
+            return False
+        if not np.array_equal(_first_use(var), old_use) or not np.array_equal(var < 0, old_var < 0):
+            return False
+        if any((f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code]) in self._vars for code, *_ in made):
+            return False
+        t = self.tables
+        old_ids, at = np.unique(old_var, return_index=True)      # earlier variable -> this step's
+        new_ids = var[at]
+        for code, v, tiles, counts, _ in made:
+            nv = self._named_var(f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code])
+            t.pieces(nv, tiles, counts)
+            old_ids, new_ids = np.append(old_ids, v), np.append(new_ids, nv)
+        order = np.argsort(old_ids)
+        old_ids, new_ids = old_ids[order], new_ids[order]
+
+        def renamed(ids: np.ndarray) -> np.ndarray:
+            return new_ids[np.searchsorted(old_ids, ids)]
+
+        wa, wb, wvar, welem, wct = writes
+        self.map.write(dst, dst + (pe - ps), np.where(wvar >= 0, renamed(wvar), wvar), welem, wct, what)
+        first_binding = t.bind(renamed(binding))
+        t.steps.append([1, t.string(name), *body[1:5], first_binding, binding.size])
+        return True
+
+    def _step_row(self, kind: int, name: str) -> tuple[int, ...]:
+        """The ``steps`` row of the open scope; returns the scope's rows (``Tables.close_scope``)."""
+        t = self.tables
+        *body, first_binding = t.close_scope()
+        t.steps.append([kind, t.string(name), *body[1:5], first_binding, t.binding_count(first_binding)])
+        return tuple(body)
 
     def _compute(self, step: ComputeSet) -> None:
         t = self.tables
-        first_group = len(t.groups)
+        t.open_scope()
         writes = []
         copy_rows = []
         for gi, group in enumerate(step.groups):
@@ -776,9 +962,8 @@ class Replay:
             writes.append(w)
         if writes:
             self.map.write(*(np.concatenate(x) for x in zip(*writes)), f"compute set {step.name!r}")
-        t.steps.append([0, t.string(step.name), first_group, len(t.groups) - first_group, len(t.copies),
-                        len(copies)])
         t.copies += copies
+        self._step_row(0, step.name)
 
 
 # ---- host.cpp --------------------------------------------------------------------------------
@@ -805,7 +990,7 @@ INCLUDES_CPP = r"""#include <cstddef>
 
 TABLES_CPP = r"""
 // ---- the tables (host/tables.bin) ------------------------------------------
-// Little-endian: char magic[8] = "TPHOST1\0", uint32 sections, then per
+// Little-endian: char magic[8] = "TPHOST2\0", uint32 sections, then per
 // section: char name[16] (NUL-padded), uint32 elementBytes (1 for "strings",
 // 4 for every other section: int32), uint32 columns, uint64 rows, and
 // rows * columns * elementBytes bytes, row-major. Names are byte offsets into
@@ -834,13 +1019,15 @@ struct Tables {
   std::vector<char> strings;   // NUL-terminated names
   Table variables;    // name, element type, first piece, pieces
   Table pieces;       // tile, elements: a variable is its pieces in order, each mapped to its tile
-  Table runs;         // variable, begin, elements, count, stride: the count slices
+  Table runs;         // slot, begin, elements, count, stride: the count slices
                       // [begin + c * stride, begin + c * stride + elements)
   Table operands;     // first run, runs: an operand concatenates its runs' slices
+  Table bindings;     // variable: a scope's (step's, host tensor's) runs name bindings[first + variable]
   Table hostTensors;  // role (0 parameter, 1 input, 2 output), name, element type, elements, operand,
-                      // first replica copy, replica copies
+                      // first replica copy, replica copies, first binding, bindings
   Table hostCopies;   // source operand, destination operand
-  Table steps;        // kind (0 compute, 1 exchange), name, first group, groups, first copy, copies
+  Table steps;        // kind (0 compute, 1 exchange), name, first group, groups, first copy, copies,
+                      // first binding, bindings
   Table groups;       // vertex class, first field, fields, first param, params, first vertex, vertices,
                       // first operand (vertex i's field j: operand firstOperand + i * fields + j)
   Table fields;       // name
@@ -867,7 +1054,7 @@ Tables readTables(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot open " + path);
   char magic[8];
-  if (!in.read(magic, 8) || std::memcmp(magic, "TPHOST1", 8) != 0)
+  if (!in.read(magic, 8) || std::memcmp(magic, "TPHOST2", 8) != 0)
     throw std::runtime_error(path + ": not a tileplan host table file");
   std::map<std::string, Table> byName;
   std::vector<char> strings;
@@ -908,9 +1095,10 @@ Tables readTables(const std::string &path) {
   t.pieces = take("pieces", 2);
   t.runs = take("runs", 5);
   t.operands = take("operands", 2);
-  t.hostTensors = take("host_tensors", 7);
+  t.bindings = take("bindings", 1);
+  t.hostTensors = take("host_tensors", 9);
   t.hostCopies = take("host_copies", 2);
-  t.steps = take("steps", 6);
+  t.steps = take("steps", 8);
   t.groups = take("groups", 8);
   t.fields = take("fields", 1);
   t.params = take("params", 3);
@@ -976,11 +1164,18 @@ std::vector<poplar::Tensor> addVariables(poplar::Graph &graph, const Tables &t) 
   return vars;
 }
 
-poplar::Tensor operand(const Tables &t, const std::vector<poplar::Tensor> &vars, std::size_t id) {
+// The variables a step or host tensor names: slot i of its runs is variable bindings[first + i].
+struct Scope {
+  std::size_t first = 0, count = 0;
+};
+
+poplar::Tensor operand(const Tables &t, const std::vector<poplar::Tensor> &vars, Scope scope, std::size_t id) {
   std::vector<poplar::Tensor> parts;
   const std::size_t first = t.operands(id, 0), count = t.operands(id, 1);
   for (std::size_t r = first; r < first + count; ++r) {
-    const poplar::Tensor &var = vars.at(t.runs(r, 0));
+    const std::size_t slot = static_cast<std::size_t>(t.runs(r, 0));
+    if (slot >= scope.count) throw std::out_of_range("run " + std::to_string(r) + " names no bound variable");
+    const poplar::Tensor &var = vars.at(t.bindings(scope.first + slot, 0));
     const std::int64_t begin = t.runs(r, 1), elements = t.runs(r, 2), stride = t.runs(r, 4);
     for (std::int64_t c = 0; c < t.runs(r, 3); ++c)
       parts.push_back(var.slice(begin + c * stride, begin + c * stride + elements));
@@ -988,9 +1183,9 @@ poplar::Tensor operand(const Tables &t, const std::vector<poplar::Tensor> &vars,
   return parts.size() == 1 ? parts.front() : poplar::concat(parts);
 }
 
-poplar::program::Copy copy(const Tables &t, const std::vector<poplar::Tensor> &vars, std::size_t src,
+poplar::program::Copy copy(const Tables &t, const std::vector<poplar::Tensor> &vars, Scope scope, std::size_t src,
                            std::size_t dst) {
-  return poplar::program::Copy(operand(t, vars, src), operand(t, vars, dst));
+  return poplar::program::Copy(operand(t, vars, scope, src), operand(t, vars, scope, dst));
 }
 
 // Streams the host tensors of one role in (0 parameters, 1 inputs), then fills their further replicas.
@@ -998,12 +1193,13 @@ void streamIn(poplar::Graph &graph, const Tables &t, const std::vector<poplar::T
               poplar::program::Sequence &prog) {
   for (std::size_t h = 0; h < t.hostTensors.rows; ++h) {
     if (t.hostTensors(h, 0) != role) continue;
+    const Scope scope{static_cast<std::size_t>(t.hostTensors(h, 7)), static_cast<std::size_t>(t.hostTensors(h, 8))};
     poplar::DataStream stream = graph.addHostToDeviceFIFO(t.string(t.hostTensors(h, 1)),
                                                           elementType(t.hostTensors(h, 2)), t.hostTensors(h, 3));
-    prog.add(poplar::program::Copy(stream, operand(t, vars, t.hostTensors(h, 4))));
+    prog.add(poplar::program::Copy(stream, operand(t, vars, scope, t.hostTensors(h, 4))));
     const std::size_t first = t.hostTensors(h, 5), count = t.hostTensors(h, 6);
     for (std::size_t c = first; c < first + count; ++c)
-      prog.add(copy(t, vars, t.hostCopies(c, 0), t.hostCopies(c, 1)));
+      prog.add(copy(t, vars, scope, t.hostCopies(c, 0), t.hostCopies(c, 1)));
   }
 }
 
@@ -1013,6 +1209,7 @@ poplar::program::Sequence buildRun(poplar::Graph &graph, const Tables &t, const 
   streamIn(graph, t, vars, 1, run);
   for (std::size_t s = 0; s < t.steps.rows; ++s) {
     const std::size_t firstGroup = t.steps(s, 2), groups = t.steps(s, 3);
+    const Scope scope{static_cast<std::size_t>(t.steps(s, 6)), static_cast<std::size_t>(t.steps(s, 7))};
     if (groups > 0) {
       poplar::ComputeSet cs = graph.addComputeSet(t.string(t.steps(s, 1)));
       for (std::size_t g = firstGroup; g < firstGroup + groups; ++g) {
@@ -1024,7 +1221,8 @@ poplar::program::Sequence buildRun(poplar::Graph &graph, const Tables &t, const 
         for (std::size_t i = 0; i < vertices; ++i) {
           poplar::VertexRef v = graph.addVertex(cs, vertexClass);
           for (std::size_t j = 0; j < fields; ++j)
-            graph.connect(v[t.string(t.fields(firstField + j, 0))], operand(t, vars, firstOperand + i * fields + j));
+            graph.connect(v[t.string(t.fields(firstField + j, 0))],
+                          operand(t, vars, scope, firstOperand + i * fields + j));
           for (std::size_t p = firstParam; p < firstParam + params; ++p) {
             const char *name = t.string(t.params(p, 0));
             if (t.params(p, 1) == 1) graph.setInitialValue(v[name], static_cast<unsigned>(t.params(p, 2)));
@@ -1037,13 +1235,15 @@ poplar::program::Sequence buildRun(poplar::Graph &graph, const Tables &t, const 
       run.add(poplar::program::Execute(cs));
     }
     const std::size_t firstCopy = t.steps(s, 4), copies = t.steps(s, 5);
-    for (std::size_t c = firstCopy; c < firstCopy + copies; ++c) run.add(copy(t, vars, t.copies(c, 0), t.copies(c, 1)));
+    for (std::size_t c = firstCopy; c < firstCopy + copies; ++c)
+      run.add(copy(t, vars, scope, t.copies(c, 0), t.copies(c, 1)));
   }
   for (std::size_t h = 0; h < t.hostTensors.rows; ++h) {
     if (t.hostTensors(h, 0) != 2) continue;
+    const Scope scope{static_cast<std::size_t>(t.hostTensors(h, 7)), static_cast<std::size_t>(t.hostTensors(h, 8))};
     poplar::DataStream stream = graph.addDeviceToHostFIFO(t.string(t.hostTensors(h, 1)),
                                                           elementType(t.hostTensors(h, 2)), t.hostTensors(h, 3));
-    run.add(poplar::program::Copy(operand(t, vars, t.hostTensors(h, 4)), stream));
+    run.add(poplar::program::Copy(operand(t, vars, scope, t.hostTensors(h, 4)), stream));
   }
   return run;
 }
@@ -1130,8 +1330,8 @@ int main(int argc, char **argv) {
   try {
     const Tables t = readTables(argc > 1 ? argv[1] : kTablesFile);
     std::printf("strings %zu\n", t.strings.size());
-    const Table *tables[] = {&t.variables, &t.pieces, &t.runs, &t.operands, &t.hostTensors, &t.hostCopies, &t.steps,
-                             &t.groups, &t.fields, &t.params, &t.vertices, &t.copies};
+    const Table *tables[] = {&t.variables, &t.pieces, &t.runs, &t.operands, &t.bindings, &t.hostTensors,
+                             &t.hostCopies, &t.steps, &t.groups, &t.fields, &t.params, &t.vertices, &t.copies};
     for (const Table *table : tables) {
       std::printf("%s %zu %u\n", table->name.c_str(), table->rows, table->columns);
       for (std::size_t r = 0; r < table->rows; ++r)
