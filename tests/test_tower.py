@@ -76,19 +76,16 @@ def test_a_tower_whose_weights_do_not_fit_names_the_tile_region_and_largest_buff
     assert not (tmp_path / "plan.json").exists()
 
 
-def test_the_tower_lowered_from_its_renamed_layers_is_the_program_of_their_vertices_built_out():
+def test_the_tower_lowered_from_its_renamed_layers_is_the_program_of_their_vertices_built_out(planned):
     """Shared costing renames one layer's compute steps for the others (``ComputeStep.renamed``: their
     vertices are never built, lowering places the original's grouping by the renamed buffers, and
     copies with one plan are expanded and merged once). The tile program must be the one lowered
     from the same program with every renamed step's vertices built out as plain steps, array for
     array, and lowering must not have built the renamed steps' vertices."""
     from tileplan.lowering.lower import lower
-    from tileplan.planner.plan import plan
     from tileplan.program import ComputeStep, Program
-    from tileplan.target import load_target
-    g = load_model(TOWER)
-    target = load_target(g.target)
-    prog = plan(g, target).mid.program
+    _, target, p = planned(TOWER)
+    prog = p.mid.program
     renamed = [s for s in prog.steps if isinstance(s, ComputeStep) and s.source is not None]
     assert {s.name.split(".")[0] for s in renamed} >= {"l1", "l2", "l3"}    # later layers: renamings
     got = lower(prog, target).tile_program.to_files()
