@@ -30,3 +30,23 @@ def cli(capsys):
         return info.value.code or 0, out, err
 
     return run
+
+
+@pytest.fixture(scope="session")
+def planned():
+    """``planned(model_path) -> (graph, target, plan)``: the model file planned once per session with the
+    planner's defaults (shared costing, no plan cache), on the model's own target. Tests that only read
+    the plan share it; a test that changes planning options plans for itself."""
+    from tileplan.graph.loaders import load_model
+    from tileplan.planner.plan import plan
+    from tileplan.target import load_target
+    memo = {}
+
+    def get(path):
+        if path not in memo:
+            graph = load_model(path)
+            target = load_target(graph.target)
+            memo[path] = graph, target, plan(graph, target)
+        return memo[path]
+
+    return get

@@ -78,17 +78,7 @@ def test_a_tower_whose_weights_do_not_fit_names_the_tile_region_and_largest_buff
     assert not (tmp_path / "plan.json").exists()
 
 
-@pytest.fixture(scope="module")
-def small_tower():
-    """The small tower's planned program and its target (planned once for the module: 40 s of CPU)."""
-    from tileplan.planner.plan import plan
-    from tileplan.target import load_target
-    g = load_model(TOWER)
-    target = load_target(g.target)
-    return g, target, plan(g, target).mid.program
-
-
-def test_the_tower_lowered_from_its_renamed_layers_is_the_program_of_their_vertices_built_out(small_tower):
+def test_the_tower_lowered_from_its_renamed_layers_is_the_program_of_their_vertices_built_out(planned):
     """Shared costing renames one layer's compute steps for the others (``ComputeStep.renamed``: their
     vertices are never built, lowering places the original's grouping by the renamed buffers, and
     copies with one plan are expanded and merged once). The tile program must be the one lowered
@@ -96,7 +86,8 @@ def test_the_tower_lowered_from_its_renamed_layers_is_the_program_of_their_verti
     array, and lowering must not have built the renamed steps' vertices."""
     from tileplan.lowering.lower import lower
     from tileplan.program import ComputeStep, Program
-    g, target, prog = small_tower
+    _, target, p = planned(TOWER)
+    prog = p.mid.program
     renamed = [s for s in prog.steps if isinstance(s, ComputeStep) and s.source is not None]
     assert {s.name.split(".")[0] for s in renamed} >= {"l1", "l2", "l3"}    # later layers: renamings
     got = lower(prog, target).tile_program.to_files()
@@ -108,8 +99,7 @@ def test_the_tower_lowered_from_its_renamed_layers_is_the_program_of_their_verti
     assert got[1] == want[1] and got[0] == want[0]
 
 
-def test_the_tower_s_host_tables_hold_each_repeated_step_once_and_compute_what_the_ipu_model_computes(small_tower,
-                                                                                                     monkeypatch):
+def test_the_tower_s_host_tables_hold_each_repeated_step_once_and_compute_what_the_ipu_model_computes(planned, monkeypatch):
     """host/tables.bin stores a step whose rows equal an earlier step's (slot for slot: the same
     vertices, operands and copies over that layer's own variables) once; the later layers' steps
     refer to those rows with their own bindings. Executed as host.cpp executes them, the shared rows
@@ -121,8 +111,8 @@ def test_the_tower_s_host_tables_hold_each_repeated_step_once_and_compute_what_t
     from tileplan.lowering.lower import lower
     from tileplan.sim.reference import seeded_values
     from tileplan.lowering.emit.host import Replay
-    g, target, prog = small_tower
-    tp = lower(prog, target).tile_program
+    g, target, p = planned(TOWER)
+    tp = lower(p.mid.program, target).tile_program
     repeats = []
     replay_as_earlier = Replay._repeat
     monkeypatch.setattr(Replay, "_repeat", lambda self, *a: repeats.append(replay_as_earlier(self, *a)) or repeats[-1])

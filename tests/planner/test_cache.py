@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,34 @@ def package_bytes(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.fixture(scope="module")
+def cold_cache(tmp_path_factory) -> tuple[Path, dict, int, int]:
+    """The layer planned once into an empty plan cache: (its folder, the plan JSON, hits, misses).
+    Tests warm a copy of the folder (``warm_copy``), so every one starts from the same cold entries."""
+    folder = tmp_path_factory.mktemp("cold-cache")
+    g = load_model(LAYER)
+    first = PlanCache(folder)
+    return folder, plan_to_json(plan(g, load_target(g.target), cache=first)), first.hits, first.misses
+
+
+@pytest.fixture(scope="module")
+def cold_cli_plan(tmp_path_factory) -> Path:
+    """``tileplan plan LAYER --cache cache -o cold.json`` run once: the folder holding both."""
+    from tileplan.cli import main
+    root = tmp_path_factory.mktemp("cold-cli")
+    with pytest.raises(SystemExit) as info:
+        main(["plan", str(LAYER), "--cache", str(root / "cache"), "-q", "-o", str(root / "cold.json")])
+    assert (info.value.code or 0) == 0
+    return root
+
+
+def warm_copy(folder: Path, tmp_path: Path) -> Path:
+    """A copy of a cold cache (or CLI run) folder in this test's tmp_path."""
+    dst = tmp_path / "copy"
+    shutil.copytree(folder, dst)
+    return dst
+
+
 def test_a_cold_and_a_warm_compile_write_byte_identical_packages(cli, tmp_path):
     cache = tmp_path / "cache"
     assert cli("compile", LAYER, "-o", tmp_path / "cold", "--cache", cache, "-q")[0] == 0
@@ -34,25 +63,23 @@ def test_a_cold_and_a_warm_compile_write_byte_identical_packages(cli, tmp_path):
     assert package_bytes(tmp_path / "none") == package_bytes(tmp_path / "cold")
 
 
-def test_a_warm_plan_reads_every_catalogue_from_the_cache():
-    g = load_model(LAYER)
-    target = load_target(g.target)
-    cold = plan_to_json(plan(g, target))
-    import tempfile
-    with tempfile.TemporaryDirectory() as d:
-        first = PlanCache(d)
-        assert plan_to_json(plan(g, target, cache=first)) == cold
-        assert first.misses > 0       # (its hits: the fused QKV form reading what the separate one stored)
-        second = PlanCache(d)
-        assert plan_to_json(plan(g, target, cache=second)) == cold
-        assert second.misses == 0 and second.hits == first.misses + first.hits
+def test_a_warm_plan_reads_every_catalogue_from_the_cache(planned, cold_cache, tmp_path):
+    g, target, uncached = planned(LAYER)
+    cold = plan_to_json(uncached)
+    folder, first, first_hits, first_misses = cold_cache
+    assert first == cold
+    assert first_misses > 0       # (its hits: the fused QKV form reading what the separate one stored)
+    second = PlanCache(warm_copy(folder, tmp_path))
+    assert plan_to_json(plan(g, target, cache=second)) == cold
+    assert second.misses == 0 and second.hits == first_misses + first_hits
 
 
-def test_a_warm_plan_takes_its_selection_from_the_cache_without_searching_again(tmp_path, monkeypatch):
+def test_a_warm_plan_takes_its_selection_from_the_cache_without_searching_again(cold_cache, tmp_path, monkeypatch):
     import tileplan.planner.plan as planning
     g = load_model(LAYER)
     target = load_target(g.target)
-    cold = plan_to_json(plan(g, target, cache=PlanCache(tmp_path)))
+    folder, cold = cold_cache[:2]
+    tmp_path = warm_copy(folder, tmp_path)
 
     def no_search(*args, **kwargs):
         raise AssertionError("the warm plan searched again")
@@ -64,12 +91,13 @@ def test_a_warm_plan_takes_its_selection_from_the_cache_without_searching_again(
         plan(g, target, cache=PlanCache(tmp_path), dp_paths=4)
 
 
-def test_a_selection_entry_whose_picks_do_not_fit_is_ignored_with_a_warning(tmp_path):
+def test_a_selection_entry_whose_picks_do_not_fit_is_ignored_with_a_warning(cold_cache, tmp_path):
     import pickle
     import zlib
     g = load_model(LAYER)
     target = load_target(g.target)
-    cold = plan_to_json(plan(g, target, cache=PlanCache(tmp_path)))
+    folder, cold = cold_cache[:2]
+    tmp_path = warm_copy(folder, tmp_path)
     for f in tmp_path.glob("*.entry"):
         head, _, body = f.read_bytes().partition(b"\n")
         value = pickle.loads(zlib.decompress(body))
@@ -85,9 +113,9 @@ def test_a_selection_entry_whose_picks_do_not_fit_is_ignored_with_a_warning(tmp_
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign"])
-def test_a_corrupt_or_foreign_entry_is_ignored_with_one_warning_and_replaced(cli, tmp_path, damage):
+def test_a_corrupt_or_foreign_entry_is_ignored_with_one_warning_and_replaced(cli, cold_cli_plan, tmp_path, damage):
+    tmp_path = warm_copy(cold_cli_plan, tmp_path)              # cache/ and cold.json of one cold CLI plan
     cache = tmp_path / "cache"
-    assert cli("plan", LAYER, "--cache", cache, "-q", "-o", tmp_path / "cold.json")[0] == 0
     entries = sorted(cache.glob("*.entry"))
     victim = entries[0]
     if damage == "garbage":
@@ -126,9 +154,8 @@ def test_an_entry_that_would_build_other_objects_is_refused(tmp_path):
     assert len(lines) == 1 and "not allowed" in lines[0]
 
 
-def test_cache_info_and_clear_report_and_remove_the_entries(cli, tmp_path):
-    cache = tmp_path / "cache"
-    cli("plan", LAYER, "--cache", cache, "-q")
+def test_cache_info_and_clear_report_and_remove_the_entries(cli, cold_cli_plan, tmp_path):
+    cache = warm_copy(cold_cli_plan, tmp_path) / "cache"
     count = len(list(cache.glob("*.entry")))
     code, out, _ = cli("cache", "info", "--cache", cache)
     assert code == 0 and f"{count} entries" in out and str(cache) in out

@@ -114,10 +114,9 @@ def test_the_small_tower_is_found_as_four_repeated_layers_with_one_subgraph_key(
 
 @pytest.mark.parametrize("fixture", [LAYER, pytest.param(TOWER, marks=pytest.mark.slow)],
                          ids=["encoder_layer_small", "encoder_tower_small"])
-def test_a_plan_with_shared_costing_is_byte_identical_to_one_costing_every_op(fixture):
-    g = load_model(fixture)
-    target = load_target(g.target)
-    shared = json.dumps(plan_to_json(plan(g, target, share=True)), sort_keys=True)
+def test_a_plan_with_shared_costing_is_byte_identical_to_one_costing_every_op(planned, fixture):
+    g, target, shared_plan = planned(fixture)                  # share=True: the planner's default
+    shared = json.dumps(plan_to_json(shared_plan), sort_keys=True)
     alone = json.dumps(plan_to_json(plan(g, target, share=False)), sort_keys=True)
     assert shared == alone
 
