@@ -12,7 +12,7 @@ attention-style heads), MatMuls with a parameter on either side, transposed oper
 (``q k^T``, batched, batches broadcast both ways), FP8 MatMuls with power-of-two scales on both operands, FP16 MatMuls with
 FP32 partials, every broadcast form the Pointwise family plans (dense, scalar, a row ``[N]``, a
 trailing ``[..., P, N]``, a column ``[..., M, 1]``, either way round), casts between FP32, FP16 and
-FP8, Reshapes, Transposes, LayerNorm, Softmax over any axis and the reductions with and without
+FP8, Reshapes, Transposes, Slices of any axis, LayerNorm, Softmax over any axis and the reductions with and without
 ``keepdims``. Dimensions are small and mostly odd (3..40).
 
 Input domains stay legal and well conditioned for the float64 comparison: validation inputs are
@@ -419,6 +419,25 @@ class _Builder:
         self.emit("transpose", [t], self.out(t, shape=tuple(t.shape[p] for p in perm), lo=t.lo), perm=perm)
         return True
 
+    def slicing(self, rng: random.Random) -> bool:
+        """A Slice of part of one axis of a recent activation, the last axis one time in two."""
+        fits = self.pool[-4:]
+        if not fits:
+            return False
+        t = rng.choice(fits)
+        n = len(t.shape)
+        axis = n - 1 if rng.random() < 0.5 else rng.randrange(n)
+        length = t.shape[axis]
+        if length < 2:
+            return False
+        start = rng.randrange(length)
+        stop = rng.randint(start + 1, length - (start == 0))      # a proper part of the axis
+        shape = t.shape[:axis] + (stop - start,) + t.shape[axis + 1:]
+        self.features[f"slice axis {'last' if axis == n - 1 else 'other'}"] += 1
+        self.emit("slice", [t], self.out(t, shape=shape, lo=t.lo),
+                  axis=axis - n if rng.random() < 0.5 else axis, start=start, stop=stop)
+        return True
+
     def matmul(self) -> bool:
         a = self.pick(rank_min=2)
         if a is None:
@@ -557,6 +576,10 @@ class _Builder:
             tries += 1
             if rng.choice(builders)():
                 steps -= 1
+        # A Slice, in two cases of three, drawn from its own generator (adding it kept the other draws).
+        slices = random.Random(f"slice {self.seed}")
+        if slices.random() < 2 / 3:
+            self.slicing(slices)
         # Every input must be read; an unread one joins the graph through a pointwise op.
         for name in self.inputs:
             if not self.uses[name]:

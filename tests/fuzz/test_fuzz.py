@@ -60,7 +60,7 @@ def test_the_fifty_cases_hold_every_op_kind_and_the_features_the_issue_names():
     for feature in ("fan-out tensors", "several inputs", "several outputs", "3-D or 4-D tensors", "batched matmul",
                     "activation x activation", "fp8 scale", "odd dimensions", "output also read",
                     "broadcast dense", "broadcast scalar", "broadcast row", "broadcast col", "broadcast trailing",
-                    "matmul fp8", "matmul fp16", "matmul fp32", "softmax axis other", "fp8 view",
+                    "matmul fp8", "matmul fp16", "matmul fp32", "softmax axis other", "slice axis last", "slice axis other", "fp8 view",
                     "pinned rows layout", "pinned intervals layout", "pinned explicit layout", "solver cpsat"):
         assert features[feature] >= 3, (feature, features)
 

@@ -140,3 +140,22 @@ def test_hf_siglip_layer_with_its_projections_fused_validates_against_torch(tmp_
     np.savez(tmp_path / "expected.npz", **{out.name: want.reshape(out.shape)})
     v = validate_package(load_package(path), inputs_path=tmp_path / "inputs.npz", expected_path=tmp_path / "expected.npz")
     assert v.passed and v.outputs[out.name]["cosine"] > 0.9999, v.outputs
+
+
+class StridedTokens(torch.nn.Module):
+    """Every other token and every third channel of ``tanh(x)``: ``aten.slice`` with steps."""
+
+    def forward(self, x):
+        return torch.tanh(x)[:, 1::2, ::3] * 2.0
+
+
+def test_a_torch_strided_slice_imports_with_its_steps_and_validates_against_torch(tmp_path):
+    from tileplan.graph.torch import import_module
+    x = torch.randn(2, 11, 16)
+    imported = import_module(StridedTokens(), (x,))
+    steps = sorted(op.step for op in imported.graph.ops if op.kind == "slice")
+    assert steps == [2, 3]
+    with torch.no_grad():
+        want = StridedTokens()(x).numpy()
+    (inp,) = imported.graph.by_role(Role.INPUT)
+    _validate(imported.graph, imported.params, {inp.name: x.numpy()}, want, tmp_path)

@@ -191,13 +191,21 @@ def test_a_device_op_reading_a_folded_constant_is_refused_naming_it():
         canonical(g)
 
 
-def test_an_input_only_folded_ops_read_is_refused_naming_it():
+def test_an_input_only_folded_ops_read_stays_declared_and_validates_unread(tmp_path):
+    """``y = z + b`` with ``z`` zero-size folds away; ``b`` stays an input of the package (a user's
+    inputs do not change with what folding removed), nothing on the device holds or reads it, and
+    validate takes it like any input."""
     from tileplan.graph.core import Add
-    from tileplan.planner.rewrite import canonical
     g = Graph.build("unread", [Tensor("b", (1, 4), F32, Role.INPUT), Tensor("z", (0, 4), F32, Role.INPUT)],
                     [Add("add", ("z", "b"), "y")])
-    with pytest.raises(TileplanError, match=r"input 'b' is read only by ops folded at plan time"):
-        canonical(g)
+    p, state, path = compile_model(g, load_target("ipu21-64"), tmp_path / "pkg", jobs=1)
+    assert p.graph.folded == {"y": 0.0} and not p.graph.ops
+    assert p.graph.tensors["b"].role is Role.INPUT and not p.graph.consumers["b"]
+    assert "b" not in {b.tensor for b in state.tile_program.buffers}
+    assert json.loads((path / "model.json").read_text())["unread"] == ["b"]
+    pkg = load_package(path)
+    assert pkg.graph.tensors["b"].role is Role.INPUT
+    assert validate_package(pkg).passed
 
 
 def test_the_reductions_of_an_empty_set_are_onnx_s():

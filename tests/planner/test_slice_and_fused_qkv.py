@@ -30,19 +30,24 @@ def _run(graph, tmp_path, **kw):
     return p, pkg, v, estimate
 
 
-@pytest.mark.parametrize("shape, axis, start, stop", [
-    ((2, 20, 96), -1, 32, 64),          # a head block of a fused projection's output
-    ((2, 20, 96), -1, 0, 96),           # the whole axis
-    ((40, 37), 1, 5, 30),               # odd columns, rows of 37
-    ((2, 20, 96), 1, 3, 17),            # a middle axis: runs of whole rows
-    ((3, 5, 16), 0, 1, 3),              # the first axis: one contiguous range
-    ((130, 24), -1, 8, 16),             # more rows than tiles
+@pytest.mark.parametrize("shape, axis, start, stop, step", [
+    ((2, 20, 96), -1, 32, 64, 1),          # a head block of a fused projection's output
+    ((2, 20, 96), -1, 0, 96, 1),           # the whole axis
+    ((40, 37), 1, 5, 30, 1),               # odd columns, rows of 37
+    ((2, 20, 96), 1, 3, 17, 1),            # a middle axis: runs of whole rows
+    ((3, 5, 16), 0, 1, 3, 1),              # the first axis: one contiguous range
+    ((130, 24), -1, 8, 16, 1),             # more rows than tiles
+    ((2, 20, 96), 1, 19, -1, -1),          # reversed tokens: rows gathered
+    ((130, 24), 0, 3, 130, 4),             # every fourth row
+    ((40, 37), -1, 36, 0, -5),             # the last axis backwards: swapped to rows and back
+    ((3, 5, 16), 2, 1, 16, 3),             # strided along the last axis of a 3-D tensor
 ])
 @pytest.mark.parametrize("dtype", [DType.FP16, DType.FP32])
 def test_a_slice_validates_exactly_and_its_estimate_is_the_simulated_cycles(tmp_path, shape, axis, start, stop,
-                                                                             dtype):
+                                                                             step, dtype):
     x = Tensor("x", shape, dtype, Role.INPUT)
-    graph = Graph.build("s", [x], [Tanh("a", ("x",), "h"), Slice("s", ("h",), "hs", axis=axis, start=start, stop=stop),
+    graph = Graph.build("s", [x], [Tanh("a", ("x",), "h"),
+                                   Slice("s", ("h",), "hs", axis=axis, start=start, stop=stop, step=step),
                                    Tanh("b", ("hs",), "y")])
     _, _, v, estimate = _run(graph, tmp_path)
     assert v.outputs["y"]["passed"] and v.outputs["y"]["max_abs"] == 0.0, v.outputs["y"]
@@ -74,16 +79,21 @@ def test_a_window_off_its_rows_start_is_an_on_tile_copy_and_moves_nothing_over_t
 
 def test_a_slice_outside_its_axis_is_one_error_naming_the_op():
     x = Tensor("x", (4, 8), DType.FP16, Role.INPUT)
-    with pytest.raises(TileplanError, match=r"op 's' \(slice\): \[6, 9\) is not a non-empty range of axis -1"):
+    with pytest.raises(TileplanError, match=r"op 's' \(slice\): range\(6, 9, 1\) does not lie in axis -1 of 'x'"):
         Graph.build("s", [x], [Slice("s", ("x",), "y", start=6, stop=9)])
+    with pytest.raises(TileplanError, match=r"op 's' \(slice\): step must not be 0"):
+        Slice("s", ("x",), "y", start=0, stop=2, step=0)
 
 
-def test_a_toml_slice_reads_axis_start_and_stop(tmp_path):
+def test_a_toml_slice_reads_axis_start_stop_and_step(tmp_path):
     path = tmp_path / "m.toml"
     path.write_text('[model]\nname = "m"\n[tensors]\nx = { shape = [4, 8], dtype = "fp16", role = "input" }\n'
                     '[[ops]]\nname = "s"\nop = "slice"\ninputs = ["x"]\noutput = "y"\naxis = 1\nstart = 2\nstop = 5\n')
     (op,) = load_toml(path).ops
-    assert (op.axis, op.start, op.stop) == (1, 2, 5)
+    assert (op.axis, op.start, op.stop, op.step) == (1, 2, 5, 1)
+    path.write_text(path.read_text() + "step = 2\n")
+    (op,) = load_toml(path).ops
+    assert op.step == 2 and load_toml(path).tensors["y"].shape == (4, 2)
 
 
 def qkv_graph(width: int = 64, tokens: int = 24, dtype=DType.FP16) -> Graph:

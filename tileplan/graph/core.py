@@ -552,27 +552,35 @@ class Transpose(Op):
 
 @dataclass(frozen=True)
 class Slice(Op):
-    """The elements ``[start, stop)`` of one axis, step 1 (numpy ``x[..., start:stop, ...]``): what
-    ONNX Split and Slice and ATen split / split_with_sizes / slice / chunk / unbind become, one
-    Slice per output (a fused QKV projection's three heads of ``[..., 3 * H * D]``). Seen on the
-    2-D view ``[outer, L * inner]`` of its input (``inner`` the elements after the axis) it is the
-    column window ``[start * inner, stop * inner)``: the View family plans it as that window of
-    the input's layout (``planner.views.slice_candidates``)."""
+    """The elements ``start, start + step, ...`` before ``stop`` of one axis (numpy
+    ``x[..., start:stop:step, ...]`` with ``start`` and ``stop`` as ``range`` takes them: ``stop``
+    may be -1 for a negative step reaching index 0): what ONNX Split and Slice and ATen split /
+    split_with_sizes / slice / chunk / unbind become, one Slice per output and sliced axis (a fused
+    QKV projection's three heads of ``[..., 3 * H * D]``). With step 1, seen on the 2-D view
+    ``[outer, L * inner]`` of its input (``inner`` the elements after the axis), it is the column
+    window ``[start * inner, stop * inner)``: the View family plans it as that window of the
+    input's layout. Another step (reversed, strided) on an axis before the last picks whole rows
+    of the trailing axes: the family gathers them like a Transpose's rows; on the last axis the
+    planner moves the axis first (``planner.rewrite``). An empty range gives a zero-size output,
+    folded at plan time."""
 
     axis: int = -1
     start: int = 0
     stop: int = 1
+    step: int = 1
     kind: ClassVar[str] = "slice"
 
     def output_scale(self, ins):
         return ins[0].scale
 
     def __post_init__(self):
-        for f in ("axis", "start", "stop"):
+        for f in ("axis", "start", "stop", "step"):
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
                 raise self.err(f"{f} must be an integer, got {v!r}")
             object.__setattr__(self, f, int(v))
+        if self.step == 0:
+            raise self.err("step must not be 0")
 
     def infer(self, ins):
         (x,) = ins
@@ -580,15 +588,30 @@ class Slice(Op):
         if not -n <= self.axis < n:
             raise self.err(f"axis {self.axis} is out of range for {x.name!r} {list(x.shape)}")
         length = x.shape[self.axis % n]
-        if not 0 <= self.start < self.stop <= length:
-            raise self.err(f"[{self.start}, {self.stop}) is not a non-empty range of axis {self.axis} of "
+        legal = (0 <= self.start <= self.stop <= length if self.step > 0 else
+                 -1 <= self.stop <= self.start < length)
+        if not legal:
+            raise self.err(f"range({self.start}, {self.stop}, {self.step}) does not lie in axis {self.axis} of "
                            f"{x.name!r} {list(x.shape)} (length {length})")
         shape = list(x.shape)
-        shape[self.axis % n] = self.stop - self.start
+        shape[self.axis % n] = len(self.indices())
         return tuple(shape), x.dtype
 
+    @staticmethod
+    def positions(r: range) -> dict:
+        """``start``, ``stop`` and ``step`` for the positions ``r`` (``range(*slice(..).indices(L))``),
+        step 1 where at most one position is taken."""
+        if len(r) <= 1:
+            first = r[0] if len(r) else 0
+            return {"start": first, "stop": first + len(r), "step": 1}
+        return {"start": r.start, "stop": r.stop if r.step > 0 else max(r.stop, -1), "step": r.step}
+
+    def indices(self) -> range:
+        """The input positions along the axis, in output order."""
+        return range(self.start, self.stop, self.step)
+
     def window(self, shape: tuple[int, ...]) -> tuple[int, int, int]:
-        """``(C, c0, w)``: the input's 2-D view has ``C`` columns and the slice is columns
+        """``(C, c0, w)`` (step 1): the input's 2-D view has ``C`` columns and the slice is columns
         ``[c0, c0 + w)`` of every row."""
         a = self.axis % len(shape)
         inner = math.prod(shape[a + 1:])
@@ -598,9 +621,7 @@ class Slice(Op):
         return 0
 
     def reference(self, x):
-        index = [slice(None)] * x.ndim
-        index[self.axis % x.ndim] = slice(self.start, self.stop)
-        return x[tuple(index)]
+        return np.take(x, np.asarray(self.indices(), dtype=np.int64), axis=self.axis % x.ndim)
 
 
 OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Max, Neg, Sqrt, Reciprocal, Exp,
@@ -645,7 +666,8 @@ class Graph:
     @classmethod
     def build(cls, name: str, tensors: list[Tensor], ops: list[Op], *,
               outputs: list[str] | None = None, target: str | None = None, pins: tuple = (),
-              weights: str | None = None, folded: dict[str, float] | None = None) -> "Graph":
+              weights: str | None = None, folded: dict[str, float] | None = None,
+              unread: frozenset = frozenset()) -> "Graph":
         """Check and complete a graph: declared tensors plus ops whose outputs may be undeclared.
 
         Op outputs that are not declared get their inferred shape and dtype
@@ -653,7 +675,8 @@ class Graph:
         ``outputs`` (default: every tensor no op consumes) get role OUTPUT. ``folded``: declared
         graph outputs that no op writes, each with its one value (``Graph.folded``). A zero-size
         input or parameter no op reads is allowed (it holds nothing); so is a graph without ops
-        when it has folded outputs.
+        when it has folded outputs. ``unread``: inputs and parameters that only ops folded at plan
+        time read (``planner.rewrite``): declared, written by nobody's host program, read by none.
         """
         folded = {k: float(v) for k, v in (folded or {}).items()}
         table: dict[str, Tensor] = {}
@@ -744,7 +767,7 @@ class Graph:
                 raise TileplanError(f"tensor {n!r} is an intermediate but no op produces it "
                                     "(declare it with role 'input' or 'parameter')")
         unused = [n for n, t in table.items() if t.role in (Role.INPUT, Role.PARAMETER) and not consumers[n]
-                  and t.size]
+                  and t.size and n not in unread]
         if unused:
             raise TileplanError(f"tensor(s) {', '.join(repr(u) for u in unused)} are declared but no op uses them")
         stray = [n for n in folded if n not in out_names]

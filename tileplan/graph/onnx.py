@@ -660,17 +660,18 @@ def _lower_split(imp: _Importer, n: _Node) -> list[Op]:
     else:
         part = -(-length // k)
         sizes = [min(part, length - i * part) for i in range(k)]
-    if len(sizes) != k or sum(sizes) != length or min(sizes) <= 0:
-        raise n.err(f"split sizes {sizes} must be {k} positive sizes adding up to axis {axis}'s length {length}")
+    if len(sizes) != k or sum(sizes) != length or min(sizes) < 0:
+        raise n.err(f"split sizes {sizes} must be {k} sizes of at least 0 adding up to axis {axis}'s length "
+                    f"{length}")
     bounds = np.concatenate(([0], np.cumsum(sizes))).tolist()
     return [Slice(n.name if i == 0 else f"{n.name}.{i}", (x,), y, axis=axis, start=a, stop=b)
             for i, (y, a, b) in enumerate(zip(n.outputs, bounds, bounds[1:]))]
 
 
 def _lower_slice(imp: _Importer, n: _Node) -> list[Op]:
-    """Slice with constant starts, ends, axes and steps 1: one ``Slice`` per sliced axis (ends past
-    the axis clamp to it, negative positions count from the end, as ONNX says); other steps are
-    refused (a strided gather is not a window of a layout)."""
+    """Slice with constant starts, ends, axes and steps: one ``Slice`` per sliced axis, positions
+    as ONNX (and Python) take them: ends past the axis clamp to it, negative positions count from
+    the end, a negative step walks back, an empty range gives a zero-size output."""
     x, y = n.inputs[0], n.outputs[0]
     shape = imp._static(x, what="Slice input")
     args = []
@@ -684,21 +685,18 @@ def _lower_slice(imp: _Importer, n: _Node) -> list[Op]:
     steps = [1] * len(starts) if steps is None else steps
     windows = []
     for a, b, e, st in zip(axes, starts, ends, steps):
-        if st != 1:
-            raise n.err(f"step {st} on axis {a}: tileplan slices with step 1")
-        start, stop, _ = slice(b, e).indices(shape[a % len(shape)])
-        if stop <= start:
-            raise n.err(f"[{b}, {e}) leaves axis {a} of {x!r} {list(shape)} empty, a zero-size dimension "
-                        "(tileplan tensors have positive dimensions)")
-        if (start, stop) != (0, shape[a % len(shape)]):
-            windows.append((a % len(shape), start, stop))
+        if st == 0:
+            raise n.err(f"step 0 on axis {a}")
+        length = shape[a % len(shape)]
+        positions = Slice.positions(range(*slice(b, e, st).indices(length)))
+        if positions != {"start": 0, "stop": length, "step": 1}:
+            windows.append((a % len(shape), positions))
     if not windows:
         return [Reshape(n.name, (x,), y, shape=tuple(shape))]
     ops, cur = [], x
-    for i, (a, start, stop) in enumerate(windows):
+    for i, (a, positions) in enumerate(windows):
         out = y if i == len(windows) - 1 else f"{y}.slice{i}"
-        ops.append(Slice(n.name if i == len(windows) - 1 else f"{n.name}.{i}", (cur,), out, axis=a, start=start,
-                         stop=stop))
+        ops.append(Slice(n.name if i == len(windows) - 1 else f"{n.name}.{i}", (cur,), out, axis=a, **positions))
         cur = out
     return ops
 

@@ -26,6 +26,10 @@ def graph_to_dict(g: Graph) -> dict:
          "outputs": [t.name for t in g.by_role(Role.OUTPUT)]}
     if g.folded:           # values as repr strings: -inf and NaN are not JSON numbers
         d["folded"] = {k: repr(v) for k, v in sorted(g.folded.items())}
+    unread = sorted(n for n, t in g.tensors.items() if t.role in (Role.INPUT, Role.PARAMETER) and t.size
+                    and not g.consumers[n])
+    if unread:             # read only by ops folded at plan time (``planner.rewrite``)
+        d["unread"] = unread
     return d
 
 
@@ -41,6 +45,7 @@ def graph_from_dict(d: dict) -> Graph:
             extra = {k: v for k, v in o.items() if k not in ("name", "kind", "inputs", "output")}
             ops.append(cls(o["name"], tuple(o["inputs"]), o["output"], **extra))
         folded = {k: float(v) for k, v in d.get("folded", {}).items()}
-        return Graph.build(d["name"], tensors, ops, outputs=d["outputs"], target=d.get("target"), folded=folded)
+        return Graph.build(d["name"], tensors, ops, outputs=d["outputs"], target=d.get("target"), folded=folded,
+                           unread=frozenset(d.get("unread", ())))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TileplanError(f"the package's model.json is damaged: {exc}") from None

@@ -285,7 +285,7 @@ OP_OPTIONS = {"matmul": {"transpose_a": _bool, "transpose_b": _bool},
               "layernorm": {"epsilon": lambda v, where, key: _number(v, where, key)},
               "softmax": {"axis": _int, "softmax_scale": lambda v, where, key: _number(v, where, key)},
               "cast": {"saturate": _bool},
-              "slice": {"axis": _int, "start": _int, "stop": _int},
+              "slice": {"axis": _int, "start": _int, "stop": _int, "step": _int},
               **{k: {"keepdims": _bool} for k in ("reducesum", "reducemean", "reducemax")}}
 
 

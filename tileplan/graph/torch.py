@@ -673,13 +673,15 @@ def _source(imp: _Importer, node, src) -> str:
     return x
 
 
-def _slice_of(imp: _Importer, node, src, dim: int, start: int, stop: int, squeeze: bool = False) -> None:
+def _slice_of(imp: _Importer, node, src, dim: int, start: int, stop: int, squeeze: bool = False,
+              step: int = 1) -> None:
     x = _source(imp, node, src)
-    if (start, stop) == (0, imp.known[x].shape[dim]) and not squeeze:
+    positions = Slice.positions(range(start, stop, step))
+    if positions == {"start": 0, "stop": imp.known[x].shape[dim], "step": 1} and not squeeze:
         imp.value[node.name] = x
         return
     out = f"{node.name}.slice" if squeeze else node.name
-    imp.emit(node, Slice(out, (x,), out, axis=dim, start=start, stop=stop))
+    imp.emit(node, Slice(out, (x,), out, axis=dim, **positions))
     if squeeze:            # (a MatMul needs its operands' batch axes as written: the Reshape stays)
         imp.emit(node, Reshape(node.name, (out,), node.name, shape=_static_shape(node.meta["val"], node.name) or (1,)))
 
@@ -695,19 +697,14 @@ def _getitem(imp: _Importer, node) -> None:
 
 
 def _slice(imp: _Importer, node) -> None:
-    """``aten.slice.Tensor(x, dim, start, end, step)`` with step 1 (a strided slice is refused):
-    a ``Slice``, nothing where it keeps the whole axis."""
+    """``aten.slice.Tensor(x, dim, start, end, step)`` (step positive, as torch allows): a
+    ``Slice``, nothing where it keeps the whole axis."""
     src = node.args[0]
     shape = tuple(src.meta["val"].shape)
     dim = int(_arg(node, 1, "dim", 0)) % len(shape)
     start, end, step = _arg(node, 2, "start"), _arg(node, 3, "end"), _arg(node, 4, "step", 1)
-    if step != 1:
-        raise _node_err(node, f"step {step}: tileplan slices with step 1")
-    a, b, _ = slice(start, end).indices(shape[dim])
-    if b <= a:
-        raise _node_err(node, f"[{start}, {end}) leaves axis {dim} empty, a zero-size dimension (tileplan "
-                              "tensors have positive dimensions)")
-    _slice_of(imp, node, src, dim, a, b)
+    a, b, st = slice(start, end, step).indices(shape[dim])
+    _slice_of(imp, node, src, dim, a, b, step=st)
 
 
 def _dropout(imp: _Importer, node) -> None:

@@ -434,34 +434,51 @@ class Permuted(Layout):
     ``x`` its pieces of ``y`` are made of. The permutation must keep the last axis: runs of the
     trailing axes it keeps stay contiguous in both tensors, so the owner map has one interval per
     run (never per element). A conversion into it is the Transpose's exchange; a local copy on
-    every tile then gives ``y`` in ``base``. Never offered at a boundary."""
+    every tile then gives ``y`` in ``base``. Never offered at a boundary.
+
+    ``pick`` = ``(axis, start, step, length)`` says the same of a strided or reversed Slice
+    (``y = x.take(range(start, ..., step), axis)``, ``x``'s axis ``axis`` of ``length``, before its
+    last axis): output position ``i`` along that axis is input position ``start + step * i``; the
+    runs are the trailing axes after it."""
 
     base: Layout
     out_shape: tuple[int, ...]
     perm: tuple[int, ...]
+    pick: tuple[int, ...] = ()
     boundary: ClassVar[bool] = False
 
     def __post_init__(self):
         object.__setattr__(self, "out_shape", tuple(int(d) for d in self.out_shape))
         object.__setattr__(self, "perm", tuple(int(p) for p in self.perm))
+        object.__setattr__(self, "pick", tuple(int(p) for p in self.pick))
         if sorted(self.perm) != list(range(len(self.out_shape))) or self.perm[-1] != len(self.perm) - 1:
             raise LayoutError(f"Permuted: perm {list(self.perm)} must be a permutation of "
                               f"{len(self.out_shape)} axes keeping the last one")
+        if self.pick and (len(self.pick) != 4 or not 0 <= self.pick[0] < len(self.out_shape) - 1):
+            raise LayoutError(f"Permuted: pick {list(self.pick)} must be (axis, start, step, length) of an axis "
+                              "before the last")
 
     def __str__(self) -> str:
-        return f"Perm({self.base},{''.join(map(str, self.perm))})"
+        pick = f",{self.pick[0]}:{self.pick[1]}:{self.pick[2]}" if self.pick else ""
+        return f"Perm({self.base},{''.join(map(str, self.perm))}{pick})"
 
     def kept_axes(self) -> int:
-        """The first of the trailing axes the permutation keeps in place."""
+        """The first of the trailing axes the permutation keeps in place (and no pick reads)."""
         k = len(self.perm)
-        while k > 0 and self.perm[k - 1] == k - 1:
+        while k > 0 and self.perm[k - 1] == k - 1 and not (self.pick and self.pick[0] == k - 1):
             k -= 1
         return k
 
+    def _in_shape(self) -> tuple[int, ...]:
+        shape = [self.out_shape[self.perm.index(a)] for a in range(len(self.perm))]
+        if self.pick:
+            shape[self.pick[0]] = self.pick[3]
+        return tuple(shape)
+
     def _shape_problem(self, shape):
-        want = tuple(self.out_shape[self.perm.index(a)] for a in range(len(self.perm)))
+        want = self._in_shape()
         if tuple(shape) != want:
-            return f"the input of this transpose has shape {list(want)}, not {list(shape)}"
+            return f"the input of this rearrangement has shape {list(want)}, not {list(shape)}"
         return None
 
     def _build(self, shape, dtype, tiles):
@@ -478,6 +495,9 @@ class Permuted(Layout):
         in_coord = [None] * k
         for i in range(k):
             in_coord[self.perm[i]] = out_coord[i]
+        if self.pick:
+            axis, start, step, _ = self.pick
+            in_coord[axis] = start + step * in_coord[axis]
         in_run = np.ravel_multi_index(in_coord, tuple(shape[:k])) if k else np.zeros_like(r)
         start = in_run * run + (s - r * run)
         return OwnerMap.build(om.tile[j], start, start + (e - s), om.offset[j] + (s - om.start[j]), math.prod(shape))

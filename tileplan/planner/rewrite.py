@@ -10,6 +10,9 @@ packaged in model.json and validated; it computes exactly what the original does
 - A Softmax over another axis than the last runs over the last: Transposes bring the axis there
   (leading axes permuted keeping the last, then the last two swapped, the two forms the Transpose
   family plans) and take it back; named ``<op>.to_last*`` and ``<op>.from_last*``.
+- A Slice with a step other than 1 (reversed or strided) on the last axis runs on the one before:
+  the last two axes swapped (``<op>.to_rows``), sliced, and swapped back (``<op>.from_rows``); a
+  1-D input is a row first (``<op>.row``, ``<op>.unrow``). The View family gathers the picked rows.
 - A reduction without ``keepdims`` keeps its unit axis and a Reshape drops it (``<op>.squeeze``):
   the row-wise kernel writes one value per row, on the row's tile.
 - A MatMul whose operands broadcast their batch dimensions against each other (``[3, 1, M, K]``
@@ -49,7 +52,7 @@ import math
 import numpy as np
 
 from ..errors import TileplanError
-from ..graph.core import Cast, Graph, MatMul, Reduce, Reshape, Role, Softmax, Tensor, Transpose
+from ..graph.core import Cast, Graph, MatMul, Reduce, Reshape, Role, Slice, Softmax, Tensor, Transpose
 from ..graph.dtypes import dequantise, quantise
 
 
@@ -82,11 +85,6 @@ def _fold(graph: Graph) -> tuple[list, dict[str, float], set[str]]:
                 raise op.err(f"reads {i!r}, which is folded at plan time (every element "
                              f"{known[i].flat[0] if known[i].size else 'none'}); tileplan does not upload "
                              "folded constants to tiles")
-    read = {i for op in kept for i in op.inputs}
-    for n, t in graph.tensors.items():
-        if t.role in (Role.INPUT, Role.PARAMETER) and t.size and n not in read:
-            raise TileplanError(f"{t.role} {n!r} is read only by ops folded at plan time (their results are "
-                                f"zero-size or constant); tileplan plans no {t.role} that nothing on the device reads")
     folded = {n: float(known[n].flat[0]) if known[n].size else 0.0 for n in sorted(made & outputs)}
     return kept, folded, made - outputs
 
@@ -113,6 +111,26 @@ def _softmax_last(graph: Graph, op: Softmax) -> list | None:
         out = op.output if i == len(steps) - 1 else f"{op.output}.{name}"
         ops.append(Transpose(f"{op.name}.{name}", (cur,), out, perm=perm))
         cur = out
+    return ops
+
+
+def _strided_last(graph: Graph, op: Slice) -> list | None:
+    x = graph.tensors[op.inputs[0]]
+    n = len(x.shape)
+    if op.step == 1 or op.axis % n != n - 1:
+        return None
+    ops, cur = [], op.inputs[0]
+    if n == 1:
+        ops.append(Reshape(f"{op.name}.row", (cur,), f"{op.output}.row", shape=(1, x.shape[0])))
+        cur = f"{op.output}.row"
+    m = max(n, 2)
+    swap = tuple(range(m - 2)) + (m - 1, m - 2)
+    ops.append(Transpose(f"{op.name}.to_rows", (cur,), f"{op.output}.to_rows", perm=swap))
+    ops.append(dataclasses.replace(op, inputs=(f"{op.output}.to_rows",), output=f"{op.output}.rows", axis=m - 2))
+    last = op.output if n > 1 else f"{op.output}.col"
+    ops.append(Transpose(f"{op.name}.from_rows", (f"{op.output}.rows",), last, perm=swap))
+    if n == 1:
+        ops.append(Reshape(f"{op.name}.unrow", (last,), op.output, shape=graph.tensors[op.output].shape))
     return ops
 
 
@@ -220,7 +238,8 @@ def _identity_cast(graph: Graph, op: Cast) -> list | None:
     return [Reshape(op.name, op.inputs, op.output, shape=dst.shape)]
 
 
-RULES = ((Softmax, _softmax_last), (Reduce, _keep_unit_axis), (MatMul, _matmul), (Cast, _identity_cast))
+RULES = ((Softmax, _softmax_last), (Reduce, _keep_unit_axis), (MatMul, _matmul), (Cast, _identity_cast),
+         (Slice, _strided_last))
 
 
 def _shared(graph: Graph, ops: list, declared: dict[str, Tensor]) -> tuple[list, set[str]]:
@@ -264,7 +283,9 @@ def canonical(graph: Graph) -> Graph:
         return graph
     tensors = [t for t in list(graph.tensors.values()) + declared if t.name not in gone and t.name not in dropped]
     outputs = [t.name for t in graph.by_role(Role.OUTPUT)]
+    read = {i for op in ops for i in op.inputs}
+    unread = frozenset(t.name for t in tensors if t.role in (Role.INPUT, Role.PARAMETER) and t.name not in read)
     out = Graph.build(graph.name, tensors, ops, outputs=outputs, target=graph.target, pins=graph.pins,
-                      folded=folded or graph.folded)
+                      folded=folded or graph.folded, unread=unread)
     out.imported = dict(graph.imported)          # what the importer converted travels with the graph
     return out

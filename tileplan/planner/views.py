@@ -16,8 +16,11 @@
   input its output rows are made of (``Grid`` staging, one fragment per block row), and a
   ``transpose`` kernel writes them as ``[w, T]`` rows (``kernels.rearrange``).
 Other permutations are refused with an error naming the op.
+- ``Slice`` with a step other than 1 (reversed or strided, on an axis before the last; the
+  planner's rewrite moves the last axis first): the rows of the trailing axes it picks, gathered
+  as a Transpose's rows are (``Permuted`` with a ``pick``), then one local copy per tile.
 - ``Slice`` (ONNX Split and Slice, ATen split / chunk / slice / unbind: a fused QKV projection's
-  three heads): the output is a column window ``[c0, c0 + w)`` of the input's 2-D view
+  three heads), step 1: the output is a column window ``[c0, c0 + w)`` of the input's 2-D view
   (``graph.core.Slice.window``). A candidate per pair of activation layouts (input, output): a
   buffer in ``Window`` is declared a view of the input's buffer (``Program.aliases``: it is the
   input's memory, read where it lies), and one copy of it into the output buffer is the whole
@@ -65,6 +68,17 @@ def view_candidates(ctx, op) -> list[Candidate]:
 def slice_candidates(ctx, op) -> list[Candidate]:
     g, tiles = ctx.graph, ctx.target.tiles
     x, y = g.inputs_of(op)[0], g.output_of(op)
+    axis = op.axis % len(x.shape)
+    if op.step != 1:
+        if axis == len(x.shape) - 1:
+            raise op.err("a strided or reversed Slice of the last axis is planned after the rewrite that moves "
+                         "the axis (planner.rewrite); this graph was not rewritten")
+        pick = (axis, op.start, op.step, x.shape[axis])
+        identity = tuple(range(len(y.shape)))
+        return [_gather_rows(ctx, op, Permuted(lay_out, y.shape, identity, pick),
+                             f"slice {op.start}:{op.stop}:{op.step} of axis {axis}: rows exchanged, one local copy "
+                             "per tile", source=lay_in)
+                for lay_out in activation_layouts(y, tiles) for lay_in in activation_layouts(x, tiles)]
     C, c0, w = op.window(x.shape)
     out = []
     for lay_out in activation_layouts(y, tiles):
@@ -88,7 +102,8 @@ def transpose_candidates(ctx, op) -> list[Candidate]:
     if perm == tuple(range(n)):
         return view_candidates(ctx, op)
     if perm[-1] == n - 1:
-        return [_row_permutation(ctx, op, lay) for lay in activation_layouts(y, target.tiles)]
+        return [_gather_rows(ctx, op, Permuted(lay, y.shape, perm), f"transpose {''.join(map(str, perm))}: rows "
+                             "exchanged, one local copy per tile") for lay in activation_layouts(y, target.tiles)]
     if perm == tuple(range(n - 2)) + (n - 1, n - 2):
         if y.layout is not None and not isinstance(y.layout, WholeRows):
             raise op.err(f"a transpose of the last two axes writes whole rows; the pinned layout {y.layout} of "
@@ -98,19 +113,29 @@ def transpose_candidates(ctx, op) -> list[Candidate]:
                  "axes, or permutes leading axes keeping the last (split it into two Transposes)")
 
 
-def _row_permutation(ctx, op, lay) -> Candidate:
+def _gather_rows(ctx, op, staged: Permuted, desc: str, source=None) -> Candidate:
+    """The output in ``staged.base``: the input exchanged into ``staged`` (each tile receives the
+    input rows its output pieces are made of), then one local copy per tile. A Transpose's staged
+    input holds every element, so it is the candidate's input layout (selection converts into it);
+    a Slice's holds the rows it picks only, so the candidate reads ``source`` (a boundary layout)
+    and its program exchanges that into a transient buffer in ``staged``."""
     g, target = ctx.graph, ctx.target
     x, y = g.inputs_of(op)[0], g.output_of(op)
-    staged = Permuted(lay, y.shape, tuple(op.perm))
+    lay = staged.base
     prog = Program()
-    src = prog.add_buffer(ctx.tensor_buffer(x.name, staged))
+    if source is None:
+        src = prog.add_buffer(ctx.tensor_buffer(x.name, staged))
+    else:
+        whole = prog.add_buffer(ctx.tensor_buffer(x.name, source))
+        src = prog.add_buffer(Buffer(f"{op.name}.rows@{staged}", staged, x.shape, x.dtype, "transient", "standard",
+                                     x.scale))
+        prog.steps.append(ExchangeStep(f"{op.name}.gather", (Copy(whole.name, src.name),)))
     dst = prog.add_buffer(ctx.tensor_buffer(y.name, lay))
     held = lay.owner_map(y.shape, y.dtype, target.tiles).elements_per_tile(target.tiles)
     vertices = tuple(_vertex(t, CopyCall(int(e) * y.dtype.itemsize), (Operand(src.name, 0, int(e)),),
                              (Operand(dst.name, 0, int(e)),), ctx.caches) for t, e in enumerate(held.tolist()) if e)
     prog.steps.append(ComputeStep(f"{op.name}.copy", vertices))
-    return _candidate(ctx, op, staged, lay, prog, f"transpose {''.join(map(str, op.perm))}: rows exchanged, "
-                                                 f"one local copy per tile")
+    return _candidate(ctx, op, staged if source is None else source, lay, prog, desc)
 
 
 def column_blocks(x_shape, lay: WholeRows, y_shape, dtype, tiles: int) -> tuple[Grid, list]:
