@@ -18,7 +18,8 @@ Stages:
 - ``quality``: per GEMM, the Spearman correlation of the coarse cycles with the
   detailed cycles over its detailed candidates (``planner.quality``); on small
   graphs, the bounded search (``solve_dp(paths=16)``) against the optimum of the
-  same ``select.Problem`` (exhaustive, or the exact DP past 2e6 combinations).
+  same ``select.Problem`` (exhaustive, or the exact DP past 2e6 combinations, or CP-SAT's proved
+  optimum past 1e9).
 - ``compile``: the last plan lowered and its package written into a temporary
   folder; compile time = that plan's time + lowering + package writing.
 - ``validate``: the package run on the bundled IPU model (``validate_package``):
@@ -669,8 +670,9 @@ def _search(rec: dict) -> str:
     if not s:
         return "—"
     if s["gap"] is None:
-        return "nothing fits"
-    how = "exhaustive" if s["optimum_method"] == "exhaustive" else "vs exact DP"
+        return "nothing fits" if s["bounded_cycles"] is None else f"no optimum known ({s['optimum_method']})"
+    how = {"exhaustive": "exhaustive", "cp-sat (proved optimal)": "vs CP-SAT, proved optimal"}.get(
+        s["optimum_method"], "vs exact DP")
     return f"{100 * s['gap']:.2f}% ({how}, {s['combinations']:,} combinations)"
 
 

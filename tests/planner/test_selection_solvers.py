@@ -202,3 +202,19 @@ def test_the_interleaved_region_is_checked_beside_the_total():
                       resident=z + 20, capacity=1000, interleaved_capacity=40, resident_interleaved=z + 20)
     for sol in (solve_dp(problem), solve_cpsat(problem), solve_exhaustive(problem)):
         assert sol.picks == {"a": 1} and sol.interleaved_peak == 30
+
+
+def test_the_search_gap_of_a_layer_too_large_for_the_exact_dp_is_measured_against_cp_sat_s_proved_optimum(planned):
+    """The small encoder layer has about 1.5e20 choice combinations: neither exhaustive search nor
+    the unbounded DP finishes, so the bench's oracle is CP-SAT's solution, used only when CP-SAT
+    proves it optimal."""
+    from pathlib import Path
+    from tileplan.planner.plan import Context, build_problem
+    from tileplan.planner.quality import MAX_EXACT_DP, search_gap
+    g, target, p = planned(Path(__file__).resolve().parents[2] / "fixtures" / "encoder_layer_small.toml")
+    problem = build_problem(Context(p.graph, target, 1, weights=p.weights), p.candidates)
+    got = search_gap(problem, paths=16, cpsat_seconds=120)
+    assert got["combinations"] > MAX_EXACT_DP
+    assert got["optimum_method"] == "cp-sat (proved optimal)"
+    assert got["optimum_cycles"] <= got["bounded_cycles"] == p.estimate.cycles
+    assert got["gap"] < 0.01
