@@ -231,6 +231,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
     from .graph.loaders import check_against_target, load_model, load_params
     from .planner.plan import Context, build_problem, plan
     from .planner.quality import amp_floor, coarse_ranking, search_gap
+    from .planner.planjson import prearranged
     from .target import load_target
 
     path = FIXTURES / f"{bench['name']}.toml"
@@ -268,8 +269,8 @@ def _stages(bench: dict, work_dir: str, send) -> None:
     compact = plan(graph, target, jobs=jobs, cache=cache, weights="compact")
     send("compact", {"plan_seconds_all": [compact.plan_seconds], "plan_seconds": compact.plan_seconds,
                      "plan_seconds_first": compact.plan_seconds, **_plan_figures(compact), **_floor_figures(compact)})
-    send("figures", {"storage_in_grid": sorted(n for n, st in p.storage.items()
-                                               if st.layout != compact.storage[n].layout)})
+    send("figures", {"storage_in_grid": sorted(r["tensor"] for r in prearranged(p))})   # (the two plans may
+    #                                                      differ in their QKV form, so in their weights' names)
     send("compact-done", "plan")
 
     if "quality" in stages:
