@@ -22,7 +22,9 @@ op i's interleaved transients, at every op, every tile.
 Solvers:
 - ``solve_dp``: a DP over the op order whose state is the layouts of the live
   values, keeping per state at most ``paths`` (cycles, peak) Pareto paths
-  (dominance pruning); exact when ``paths`` is None (unbounded).
+  (dominance pruning: the fastest, the one with the least peak and, when choices
+  hold storage over the whole program, the one holding the least); exact when
+  ``paths`` is None (unbounded).
 - ``solve_exhaustive``: the oracle for tests (every combination).
 - ``planner.cpsat.solve_cpsat``: the same problem as a CP-SAT model.
 
@@ -417,6 +419,10 @@ _FASTEST = operator.attrgetter("cycles", "peak", "picks")
 _LEAST = operator.attrgetter("peak", "cycles", "picks")
 
 
+def _LEANEST(p):
+    return p.sums[1], p.cycles, p.peak, p.picks
+
+
 def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> bool:
     """Keep the bucket a Pareto set, at most ``bound`` paths (fastest kept); True when ``p``
     went in. A path covers another when it is no slower, its peak is no larger and, with per-tile
@@ -442,10 +448,18 @@ def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> bool:
     bucket.append(p)
     if bound is not None and len(bucket) > bound:
         # The bound - 1 fastest, and the least-memory path (or the next fastest if it is among them).
+        # With storage held over the whole program, also the path holding the least of it (the fastest
+        # such): the fastest paths may all hold pre-arranged weights that leave later ops no room but
+        # for slow grids (a 27-layer tower), and this path is the one that leaves them the most.
         bucket.sort(key=_FASTEST)
         low = min(bucket, key=_LEAST)
         fastest = bucket[:bound - 1]
-        bucket[:] = fastest + [bucket[bound - 1] if low in fastest else low]
+        kept = fastest + [bucket[bound - 1] if low in fastest else low]
+        if ps is not None:
+            lean = min(bucket, key=_LEANEST)
+            if lean not in kept:
+                kept.append(lean)
+        bucket[:] = kept
     return True
 
 
