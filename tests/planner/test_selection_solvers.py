@@ -218,3 +218,29 @@ def test_the_search_gap_of_a_layer_too_large_for_the_exact_dp_is_measured_agains
     assert got["optimum_method"] == "cp-sat (proved optimal)"
     assert got["optimum_cycles"] <= got["bounded_cycles"] == p.estimate.cycles
     assert got["gap"] < 0.01
+
+
+def tower_like_problem(layers: int = 12) -> Problem:
+    """A chain of GEMM-like ops, one tile, each with three choices: weights pre-arranged (fastest,
+    holds 10 bytes over the whole program), compact weights on a wide grid (holds 5, needs 20
+    transient bytes) and compact weights serialised (holds 5, needs 2 transient, three times as
+    slow). The capacity fits every op compact on the wide grid, or a few pre-arranged ones only with
+    every op serialised: the 27-layer tower's trap."""
+    one = lambda v: np.array([v], dtype=np.int64)
+    choices = {f"op{i}": [Choice(("R",), "R", 90, one(0), "pre", one(10), None),
+                          Choice(("R",), "R", 100, one(20), "wide", one(5), None),
+                          Choice(("R",), "R", 300, one(2), "serial", one(5), None)] for i in range(layers)}
+    ops = list(choices)
+    return Problem(ops=ops, inputs={op: ["x" if i == 0 else f"t{i - 1}"] for i, op in enumerate(ops)},
+                   output={op: f"t{i}" for i, op in enumerate(ops)}, choices=choices, fixed={"x": "R"},
+                   outputs={f"t{layers - 1}"}, tile_bytes=lambda t, lay: one(0),
+                   conversion=lambda t, a, b: (0, None), resident=one(0), capacity=5 * layers + 20 + 4)
+
+
+def test_the_bounded_dp_keeps_a_path_that_leaves_room_for_later_ops_when_storage_is_held_all_along():
+    problem = tower_like_problem()
+    got = solve_dp(problem, paths=4)
+    best = solve_dp(problem, paths=None)
+    assert best.cycles == 100 * 12                  # every op wide: one pre-arranged op leaves no room
+    assert got.cycles == best.cycles, (got.picks, best.picks)
+    assert all(problem.choices[op][k].label != "serial" for op, k in got.picks.items())
