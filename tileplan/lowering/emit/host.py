@@ -106,6 +106,7 @@ each one's element count and the bytes of its one element, and the host writes
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import struct
 from collections import defaultdict
@@ -147,6 +148,18 @@ def _first_use(ids: np.ndarray) -> np.ndarray:
     rank = np.empty(first.size, np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.size)
     return rank[inverse.reshape(-1)]
+
+
+def _reads_digest(reads) -> bytes:
+    """A content hash of what an exchange's byte copies read (``Replay._copy_reads``), with the
+    variables holding it up to a renaming: two exchanges with equal digests read the same pieces."""
+    q, ps, pe, var, ct, start, elem, dtile, dst = reads
+    h = hashlib.sha256()
+    for a in (q, ps, pe, ct, start, elem, dtile, _first_use(var), var < 0):
+        a = np.ascontiguousarray(a, dtype=np.int64)
+        h.update(struct.pack("<q", a.size))
+        h.update(a.tobytes())
+    return h.digest()
 
 
 def _where(a: int, b: int) -> str:
@@ -870,37 +883,40 @@ class Replay:
         t.copies += copies
         body = self._step_row(1, step.name)
         if all(fresh for *_, fresh in made):
-            q, ps, pe, var, ct, start, elem, dtile, dst = reads
-            self._exchanges[key] = ((q, ps, pe, ct, start, elem, dtile), var, _first_use(var), made, writes,
-                                    body, t.last_binding)
+            # Kept small (a tower has hundreds of exchanges of up to millions of pieces): a digest of
+            # the pieces read, the variables read (first occurrence of each), the variables made.
+            var = reads[3]
+            ids, at = np.unique(var, return_index=True)
+            self._exchanges[key] = (_reads_digest(reads), ids, at, [(code, v) for code, v, *_ in made], body,
+                                    t.last_binding)
 
     def _repeat(self, name: str, earlier, reads, what: str) -> bool:
         """Replay an exchange as the ``earlier`` one with its tables (see ``_exchange``) if it reads the
-        same pieces up to a renaming of the variables holding them; False (nothing done) if not."""
-        fixed, old_var, old_use, made, writes, body, binding = earlier
+        same pieces up to a renaming of the variables holding them; False (nothing done) if not. The
+        variables it makes get the pieces the earlier one's got (the same tiles and counts, in the same
+        order), so what it writes is the earlier writes renamed."""
+        digest, old_ids, at, made, body, binding = earlier
         q, ps, pe, var, ct, start, elem, dtile, dst = reads
-        if not all(np.array_equal(a, b) for a, b in zip((q, ps, pe, ct, start, elem, dtile), fixed)):
+        if _reads_digest(reads) != digest:
             return False
-        if not np.array_equal(_first_use(var), old_use) or not np.array_equal(var < 0, old_var < 0):
-            return False
-        if any((f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code]) in self._vars for code, *_ in made):
+        if any((f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code]) in self._vars for code, _ in made):
             return False
         t = self.tables
-        old_ids, at = np.unique(old_var, return_index=True)      # earlier variable -> this step's
         new_ids = var[at]
-        for code, v, tiles, counts, _ in made:
+        defined = var >= 0
+        wvar = np.full(q.size, -1, np.int64)
+        welem = np.zeros(q.size, np.int64)
+        wct = np.full(q.size, -1, np.int64)
+        for code, v in made:
+            m = np.flatnonzero(defined & (ct == code))
             nv = self._named_var(f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code])
-            t.pieces(nv, tiles, counts)
+            begins = t.pieces(nv, dtile[m], (pe[m] - ps[m]) // ELEMENT_BYTES[CTYPES[code]])
+            wvar[m], welem[m], wct[m] = nv, begins, code
             old_ids, new_ids = np.append(old_ids, v), np.append(new_ids, nv)
         order = np.argsort(old_ids)
         old_ids, new_ids = old_ids[order], new_ids[order]
-
-        def renamed(ids: np.ndarray) -> np.ndarray:
-            return new_ids[np.searchsorted(old_ids, ids)]
-
-        wa, wb, wvar, welem, wct = writes
-        self.map.write(dst, dst + (pe - ps), np.where(wvar >= 0, renamed(wvar), wvar), welem, wct, what)
-        first_binding = t.bind(renamed(binding))
+        self.map.write(dst, dst + (pe - ps), wvar, welem, wct, what)
+        first_binding = t.bind(new_ids[np.searchsorted(old_ids, binding)])
         t.steps.append([1, t.string(name), *body[1:5], first_binding, binding.size])
         return True
 
