@@ -136,3 +136,35 @@ class PlanCache:
             for f in self.path.glob(f".tmp-*{SUFFIX}"):
                 f.unlink(missing_ok=True)
         return len(files)
+
+
+class MemoryCache:
+    """The plan cache's interface in memory, for one ``plan`` call without a cache on disk: its two
+    QKV forms (``planner.qkv``) share the catalogues of the GEMMs they have in common (an encoder
+    layer's output projection, MLP and attention products), as they would through a cache folder.
+    Entries are pickled on ``store`` and unpickled on ``load``, so each reader gets its own objects,
+    as from disk."""
+
+    full_key = staticmethod(PlanCache.full_key)
+
+    def __init__(self):
+        self._entries: dict[str, bytes] = {}
+        self.hits = self.misses = 0
+
+    def warn(self, line: str) -> None:       # (an entry made in this process is never foreign)
+        print(line, file=sys.stderr)
+
+    def file_of(self, key: dict) -> str:
+        return "(in memory)"
+
+    def load(self, key: dict):
+        got = self._entries.get(json.dumps(key, sort_keys=True))
+        if got is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return pickle.loads(got)
+
+    def store(self, key: dict, value: dict) -> None:
+        self._entries[json.dumps(key, sort_keys=True)] = pickle.dumps(value, protocol=4)
+

@@ -262,6 +262,9 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
               weights=weights, pins=pins, share=share, cache=cache, caches=caches)
     if alt is None:
         return plan_graph(canon_graph, target, **kw)
+    if cache is None and qkv == "auto":
+        from .cache import MemoryCache
+        kw["cache"] = MemoryCache()          # the two forms' common GEMMs costed once
     fused_graph, found = alt
     separate = plan_graph(canon_graph, target, **kw) if qkv != "fused" else None
     fused = None
