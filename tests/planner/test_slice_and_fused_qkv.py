@@ -41,6 +41,7 @@ def _run(graph, tmp_path, **kw):
     ((130, 24), 0, 3, 130, 4),             # every fourth row
     ((40, 37), -1, 36, 0, -5),             # the last axis backwards: swapped to rows and back
     ((3, 5, 16), 2, 1, 16, 3),             # strided along the last axis of a 3-D tensor
+    ((37,), 0, 35, 2, -3),                 # a 1-D tensor backwards: a row, swapped to rows and back
 ])
 @pytest.mark.parametrize("dtype", [DType.FP16, DType.FP32])
 def test_a_slice_validates_exactly_and_its_estimate_is_the_simulated_cycles(tmp_path, shape, axis, start, stop,
