@@ -32,7 +32,8 @@ def chosen(graph, target):
     return [(op["name"], op["candidate"]) for op in data["ops"]], data["totals"]["cycles"]
 
 
-@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_prime_dims", "odd_fp8_tails", "odd_3d_activation"])
+@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_prime_dims", "odd_fp8_tails", "odd_3d_activation",
+                                     "encoder_layer_small"])
 def test_the_onnx_twin_of_a_fixture_plans_to_the_same_plan_as_the_toml_original(fixture):
     toml = load_model(FIXTURES / f"{fixture}.toml")
     twin = load_model(FIXTURES / f"{fixture}.onnx")
@@ -113,3 +114,26 @@ def test_a_torch_linear_gelu_linear_module_compiles_and_validates_against_torch(
     np.savez(tmp_path / "in.npz", **{inp: x.numpy()})
     np.savez(tmp_path / "want.npz", **{out: want})
     assert run("validate", pkg, "--inputs", tmp_path / "in.npz", "--expected", tmp_path / "want.npz") == 0
+
+
+def test_the_torch_factory_of_the_small_encoder_layer_compiles_and_validates_against_torch(tmp_path):
+    """``fixtures/siglip_hf.py:encoder_layer_small``: HF SiglipEncoderLayer at the TOML fixture's
+    shapes, through the CLI, validated against the module's own output."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(FIXTURES))
+    import siglip_hf
+    module, (x,) = siglip_hf.encoder_layer_small()
+    graph = load_model(f"{FIXTURES / 'siglip_hf.py'}:encoder_layer_small")
+    kinds = [op.kind for op in graph.ops]
+    assert kinds.count("layernorm") == 2 and kinds.count("softmax") == 1
+    (inp,) = graph.by_role(Role.INPUT)
+    (out,) = graph.by_role(Role.OUTPUT)
+    with torch.no_grad():
+        want = module.float()(x.float()).numpy()
+    np.savez(tmp_path / "inputs.npz", **{inp.name: x.float().numpy()})
+    np.savez(tmp_path / "expected.npz", **{out.name: want.reshape(out.shape)})
+    pkg = tmp_path / "pkg"
+    assert run("compile", f"{FIXTURES / 'siglip_hf.py'}:encoder_layer_small", "--target", "ipu21-64", "-o", pkg) == 0
+    assert run("validate", pkg, "--inputs", tmp_path / "inputs.npz", "--expected", tmp_path / "expected.npz") == 0
+

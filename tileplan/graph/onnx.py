@@ -1082,6 +1082,32 @@ def to_onnx(graph: Graph, params: dict[str, np.ndarray], *, opset: int = OPSET):
         elif isinstance(op, Cast):
             out = graph.tensors[op.output]
             nodes.append(h.make_node("Cast", list(op.inputs), [op.output], name=op.name, to=elem[out.dtype]))
+        elif isinstance(op, LayerNorm):
+            nodes.append(h.make_node("LayerNormalization", list(op.inputs), [op.output], name=op.name, axis=-1,
+                                     epsilon=op.epsilon))
+        elif isinstance(op, Softmax):
+            src = op.inputs[0]
+            if op.softmax_scale != 1.0:       # a Mul by a scalar Constant: what the importer folds back
+                x = graph.tensors[src]
+                c = onnx.numpy_helper.from_array(np.array(op.softmax_scale, x.dtype.numpy), f"{op.name}.scale")
+                nodes.append(h.make_node("Constant", [], [c.name], name=c.name, value=c))
+                nodes.append(h.make_node("Mul", [src, c.name], [f"{op.name}.scaled"], name=f"{op.name}.mul"))
+                src = f"{op.name}.scaled"
+            nodes.append(h.make_node("Softmax", [src], [op.output], name=op.name, axis=op.axis))
+        elif isinstance(op, (ReduceSum, ReduceMean, ReduceMax)):
+            axes = onnx.numpy_helper.from_array(np.array([-1], np.int64), f"{op.name}.axes")
+            nodes.append(h.make_node("Constant", [], [axes.name], name=axes.name, value=axes))
+            kind = {ReduceSum: "ReduceSum", ReduceMean: "ReduceMean", ReduceMax: "ReduceMax"}[type(op)]
+            nodes.append(h.make_node(kind, [op.inputs[0], axes.name], [op.output], name=op.name,
+                                     keepdims=int(op.keepdims)))
+        elif isinstance(op, Slice):
+            names = []
+            for what, v in (("starts", op.start), ("ends", op.stop if op.stop >= 0 else -2**63), ("axes", op.axis),
+                            ("steps", op.step)):
+                c = onnx.numpy_helper.from_array(np.array([v], np.int64), f"{op.name}.{what}")
+                nodes.append(h.make_node("Constant", [], [c.name], name=c.name, value=c))
+                names.append(c.name)
+            nodes.append(h.make_node("Slice", [op.inputs[0], *names], [op.output], name=op.name))
         else:
             raise TileplanError(f"op {op.name!r} ({op.kind}): no ONNX form")
     inits = []
