@@ -4,6 +4,9 @@ compile onto ipu21-64 and validate on the IPU model against torch's own outputs.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -17,19 +20,8 @@ from tileplan.lowering.package import load_package  # noqa: E402
 from tileplan.sim.validate import validate_package  # noqa: E402
 from tileplan.target import load_target  # noqa: E402
 
-
-class Hidden(torch.nn.Module):
-    """A layer or an encoder as a function of the hidden states alone (what torch.export traces)."""
-
-    def __init__(self, module, encoder: bool):
-        super().__init__()
-        self.module, self.encoder = module, encoder
-
-    def forward(self, x):
-        if self.encoder:
-            return self.module(inputs_embeds=x).last_hidden_state
-        y = self.module(x, None) if "Siglip" in type(self.module).__name__ else self.module(x)
-        return y[0] if isinstance(y, tuple) else y
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
+from siglip_hf import Hidden  # noqa: E402
 
 
 def siglip_layer():

@@ -1038,6 +1038,85 @@ _ONNX_TYPE = {cls.kind: name for name, cls in (("Add", Add), ("Sub", Sub), ("Mul
                                                ("Sigmoid", Sigmoid), ("Relu", Relu), ("Max", Max))}
 
 
+def _constant(h, name: str, value: np.ndarray):
+    """A Constant node holding ``value``, named (and output) ``name``."""
+    t = _onnx().numpy_helper.from_array(value, name)
+    return h.make_node("Constant", [], [name], name=name, value=t)
+
+
+def _export_matmul(op, graph, h, elem):
+    nodes, ins = [], list(op.inputs)
+    for k, flag in enumerate((op.transpose_a, op.transpose_b)):
+        if flag:
+            r = len(graph.tensors[ins[k]].shape)
+            out = f"{op.name}.{'ab'[k]}T"
+            nodes.append(h.make_node("Transpose", [ins[k]], [out], name=f"{op.name}.transpose_{'ab'[k]}",
+                                     perm=list(range(r - 2)) + [r - 1, r - 2]))
+            ins[k] = out
+    return nodes + [h.make_node("MatMul", ins, [op.output], name=op.name)]
+
+
+def _export_pointwise(op, graph, h, elem):
+    return [h.make_node(_ONNX_TYPE[op.kind], list(op.inputs), [op.output], name=op.name)]
+
+
+def _export_reshape(op, graph, h, elem):
+    return [_constant(h, f"{op.name}.shape", np.array(op.shape, np.int64)),
+            h.make_node("Reshape", [op.inputs[0], f"{op.name}.shape"], [op.output], name=op.name)]
+
+
+def _export_transpose(op, graph, h, elem):
+    return [h.make_node("Transpose", list(op.inputs), [op.output], name=op.name, perm=list(op.perm))]
+
+
+def _export_gelu(op, graph, h, elem):
+    return [h.make_node("Gelu", list(op.inputs), [op.output], name=op.name,
+                        approximate="none" if op.approximate == "erf" else "tanh")]
+
+
+def _export_cast(op, graph, h, elem):
+    return [h.make_node("Cast", list(op.inputs), [op.output], name=op.name, to=elem[graph.tensors[op.output].dtype])]
+
+
+def _export_layernorm(op, graph, h, elem):
+    return [h.make_node("LayerNormalization", list(op.inputs), [op.output], name=op.name, axis=-1,
+                        epsilon=op.epsilon)]
+
+
+def _export_softmax(op, graph, h, elem):
+    """Softmax over its axis; a scale other than 1 is a Mul by a scalar Constant before it (what
+    the importer's ``scaled-softmax`` pattern folds back)."""
+    if op.softmax_scale == 1.0:
+        return [h.make_node("Softmax", list(op.inputs), [op.output], name=op.name, axis=op.axis)]
+    dtype = graph.tensors[op.inputs[0]].dtype.numpy
+    return [_constant(h, f"{op.name}.scale", np.array(op.softmax_scale, dtype)),
+            h.make_node("Mul", [op.inputs[0], f"{op.name}.scale"], [f"{op.name}.scaled"], name=f"{op.name}.mul"),
+            h.make_node("Softmax", [f"{op.name}.scaled"], [op.output], name=op.name, axis=op.axis)]
+
+
+def _export_reduce(onnx_type: str):
+    def write(op, graph, h, elem):
+        return [_constant(h, f"{op.name}.axes", np.array([-1], np.int64)),
+                h.make_node(onnx_type, [op.inputs[0], f"{op.name}.axes"], [op.output], name=op.name,
+                            keepdims=int(op.keepdims))]
+    return write
+
+
+def _export_slice(op, graph, h, elem):
+    """ONNX Slice of one axis (a negative step's ``stop`` of -1, "through index 0", is INT64_MIN)."""
+    bounds = (("starts", op.start), ("ends", op.stop if op.stop >= 0 else -2**63), ("axes", op.axis),
+              ("steps", op.step))
+    return [_constant(h, f"{op.name}.{what}", np.array([v], np.int64)) for what, v in bounds] + \
+        [h.make_node("Slice", [op.inputs[0], *(f"{op.name}.{what}" for what, _ in bounds)], [op.output], name=op.name)]
+
+
+# Each op kind's ONNX nodes (the pointwise ops of ``_ONNX_TYPE`` are one node of that type).
+_EXPORT = {MatMul: _export_matmul, Reshape: _export_reshape, Transpose: _export_transpose, GeLU: _export_gelu,
+           Cast: _export_cast, LayerNorm: _export_layernorm, Softmax: _export_softmax,
+           ReduceSum: _export_reduce("ReduceSum"), ReduceMean: _export_reduce("ReduceMean"),
+           ReduceMax: _export_reduce("ReduceMax"), Slice: _export_slice}
+
+
 def to_onnx(graph: Graph, params: dict[str, np.ndarray], *, opset: int = OPSET):
     """An ``onnx.ModelProto`` computing ``graph``, with ``params`` as initializers.
 
@@ -1057,59 +1136,10 @@ def to_onnx(graph: Graph, params: dict[str, np.ndarray], *, opset: int = OPSET):
 
     nodes = []
     for op in graph.ops:
-        if isinstance(op, MatMul):
-            ins = list(op.inputs)
-            for k, flag in enumerate((op.transpose_a, op.transpose_b)):
-                if flag:
-                    src = graph.tensors[ins[k]]
-                    r = len(src.shape)
-                    out = f"{op.name}.{'ab'[k]}T"
-                    nodes.append(h.make_node("Transpose", [src.name], [out], name=f"{op.name}.transpose_{'ab'[k]}",
-                                             perm=list(range(r - 2)) + [r - 1, r - 2]))
-                    ins[k] = out
-            nodes.append(h.make_node("MatMul", ins, [op.output], name=op.name))
-        elif op.kind in _ONNX_TYPE:
-            nodes.append(h.make_node(_ONNX_TYPE[op.kind], list(op.inputs), [op.output], name=op.name))
-        elif isinstance(op, Reshape):
-            shape = onnx.numpy_helper.from_array(np.array(op.shape, np.int64), f"{op.name}.shape")
-            nodes.append(h.make_node("Constant", [], [shape.name], name=shape.name, value=shape))
-            nodes.append(h.make_node("Reshape", [op.inputs[0], shape.name], [op.output], name=op.name))
-        elif isinstance(op, Transpose):
-            nodes.append(h.make_node("Transpose", list(op.inputs), [op.output], name=op.name, perm=list(op.perm)))
-        elif isinstance(op, GeLU):
-            nodes.append(h.make_node("Gelu", list(op.inputs), [op.output], name=op.name,
-                                     approximate="none" if op.approximate == "erf" else "tanh"))
-        elif isinstance(op, Cast):
-            out = graph.tensors[op.output]
-            nodes.append(h.make_node("Cast", list(op.inputs), [op.output], name=op.name, to=elem[out.dtype]))
-        elif isinstance(op, LayerNorm):
-            nodes.append(h.make_node("LayerNormalization", list(op.inputs), [op.output], name=op.name, axis=-1,
-                                     epsilon=op.epsilon))
-        elif isinstance(op, Softmax):
-            src = op.inputs[0]
-            if op.softmax_scale != 1.0:       # a Mul by a scalar Constant: what the importer folds back
-                x = graph.tensors[src]
-                c = onnx.numpy_helper.from_array(np.array(op.softmax_scale, x.dtype.numpy), f"{op.name}.scale")
-                nodes.append(h.make_node("Constant", [], [c.name], name=c.name, value=c))
-                nodes.append(h.make_node("Mul", [src, c.name], [f"{op.name}.scaled"], name=f"{op.name}.mul"))
-                src = f"{op.name}.scaled"
-            nodes.append(h.make_node("Softmax", [src], [op.output], name=op.name, axis=op.axis))
-        elif isinstance(op, (ReduceSum, ReduceMean, ReduceMax)):
-            axes = onnx.numpy_helper.from_array(np.array([-1], np.int64), f"{op.name}.axes")
-            nodes.append(h.make_node("Constant", [], [axes.name], name=axes.name, value=axes))
-            kind = {ReduceSum: "ReduceSum", ReduceMean: "ReduceMean", ReduceMax: "ReduceMax"}[type(op)]
-            nodes.append(h.make_node(kind, [op.inputs[0], axes.name], [op.output], name=op.name,
-                                     keepdims=int(op.keepdims)))
-        elif isinstance(op, Slice):
-            names = []
-            for what, v in (("starts", op.start), ("ends", op.stop if op.stop >= 0 else -2**63), ("axes", op.axis),
-                            ("steps", op.step)):
-                c = onnx.numpy_helper.from_array(np.array([v], np.int64), f"{op.name}.{what}")
-                nodes.append(h.make_node("Constant", [], [c.name], name=c.name, value=c))
-                names.append(c.name)
-            nodes.append(h.make_node("Slice", [op.inputs[0], *names], [op.output], name=op.name))
-        else:
+        write = _EXPORT.get(type(op)) or (_export_pointwise if op.kind in _ONNX_TYPE else None)
+        if write is None:
             raise TileplanError(f"op {op.name!r} ({op.kind}): no ONNX form")
+        nodes += write(op, graph, h, elem)
     inits = []
     for t in graph.by_role(Role.PARAMETER):
         if t.name not in params:
