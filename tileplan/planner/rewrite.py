@@ -34,8 +34,9 @@ packaged in model.json and validated; it computes exactly what the original does
   written by the host program, with zero cycles; a folded tensor that is not an output is dropped.
   A graph may fold entirely (no op left: an empty tile program). Zero-size inputs and parameters
   stay declared (the host has nothing to write). An op left on the device that reads a folded
-  non-empty tensor is refused (the package does not upload constants to tiles), as is a
-  non-empty input or parameter that only folded ops read.
+  non-empty tensor is refused (the package does not upload constants to tiles). A non-empty
+  input or parameter that only folded ops read stays declared, read by nothing on the tiles
+  (``Graph.build``'s ``unread``; model.json lists it).
 
 - Ops that compute the same thing (kind, attributes, inputs, output type) are one op
   (``_shared``): the later ones' readers read the first one's output.
