@@ -1,7 +1,9 @@
 """Models users already have: ONNX files and PyTorch modules, compiled and validated end to end."""
 
+import copy
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,7 @@ from onnx import numpy_helper
 
 from tileplan.cli import main
 from tileplan.graph.core import Role
+from tileplan.graph.dtypes import DType
 from tileplan.graph.loaders import load_model
 from tileplan.planner.plan import plan
 from tileplan.planner.planjson import plan_to_json
@@ -116,24 +119,54 @@ def test_a_torch_linear_gelu_linear_module_compiles_and_validates_against_torch(
     assert run("validate", pkg, "--inputs", tmp_path / "in.npz", "--expected", tmp_path / "want.npz") == 0
 
 
-def test_the_torch_factory_of_the_small_encoder_layer_compiles_and_validates_against_torch(tmp_path):
+@pytest.mark.parametrize("factory", ["encoder_layer_small", "encoder_layer_small_fp8"])
+def test_the_torch_factory_of_the_small_encoder_layer_compiles_and_validates_against_torch(factory, tmp_path):
     """``fixtures/siglip_hf.py:encoder_layer_small``: HF SiglipEncoderLayer at the TOML fixture's
-    shapes, through the CLI, validated against the module's own output."""
+    shapes, through the CLI, validated against the module's own output; ``_fp8``: its Linears
+    FP8 GEMMs in the quantise-dequantise form (every projection an FP8 MatMul, the MLP weights
+    with their scales), validated against the same module run by torch in FP32."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     sys.path.insert(0, str(FIXTURES))
     import siglip_hf
-    module, (x,) = siglip_hf.encoder_layer_small()
-    graph = load_model(f"{FIXTURES / 'siglip_hf.py'}:encoder_layer_small")
+    module, (x,) = getattr(siglip_hf, factory)()
+    graph = load_model(f"{FIXTURES / 'siglip_hf.py'}:{factory}")
     kinds = [op.kind for op in graph.ops]
     assert kinds.count("layernorm") == 2 and kinds.count("softmax") == 1
+    fp8 = sorted(graph.tensors[op.inputs[1]].scale for op in graph.ops if op.kind == "matmul"
+                 and all(graph.tensors[t].dtype is DType.FP8 for t in op.inputs))
+    assert fp8 == ([-1, 0, 0, 0, 0, 1] if factory.endswith("fp8") else [])
     (inp,) = graph.by_role(Role.INPUT)
     (out,) = graph.by_role(Role.OUTPUT)
     with torch.no_grad():
-        want = module.float()(x.float()).numpy()
+        want = copy.deepcopy(module).float()(x.float()).numpy()
     np.savez(tmp_path / "inputs.npz", **{inp.name: x.float().numpy()})
     np.savez(tmp_path / "expected.npz", **{out.name: want.reshape(out.shape)})
     pkg = tmp_path / "pkg"
-    assert run("compile", f"{FIXTURES / 'siglip_hf.py'}:encoder_layer_small", "--target", "ipu21-64", "-o", pkg) == 0
+    assert run("compile", f"{FIXTURES / 'siglip_hf.py'}:{factory}", "--target", "ipu21-64", "-o", pkg) == 0
     assert run("validate", pkg, "--inputs", tmp_path / "inputs.npz", "--expected", tmp_path / "expected.npz") == 0
+
+
+def test_the_fp8_layer_s_torch_factory_has_the_toml_fixture_s_gemms_and_ops():
+    """``siglip_hf.py:siglip_layer_fp8_b1`` and ``siglip_layer_fp8_b1.toml`` (make_encoder.py) are
+    the same layer: every op with its operand types, FP8 scales and GEMM shapes, but for HF eager
+    attention's softmax in FP32 (its scores cast up and the probabilities back)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+    def summary(graph):
+        ops = Counter()
+        for op in graph.ops:
+            ins = [graph.tensors[t] for t in op.inputs]
+            key = (op.kind, tuple((t.dtype.value, t.scale, t.role is Role.PARAMETER) for t in ins))
+            ops[key + ((op.mnk(ins),) if op.kind == "matmul" else ())] += 1
+        return ops
+
+    torch_ops = summary(load_model(f"{FIXTURES / 'siglip_hf.py'}:siglip_layer_fp8_b1"))
+    toml_ops = summary(load_model(FIXTURES / "siglip_layer_fp8_b1.toml"))
+    fp32_softmax = Counter({("cast", (("fp16", 0, False),)): 1, ("softmax", (("fp32", 0, False),)): 1,
+                            ("cast", (("fp32", 0, False),)): 1})
+    assert torch_ops - toml_ops == fp32_softmax
+    assert toml_ops - torch_ops == Counter({("softmax", (("fp16", 0, False),)): 1})
+    assert sum(n for k, n in toml_ops.items() if k[0] == "matmul" and k[1][0][0] == "fp8") == 6
 

@@ -392,3 +392,56 @@ def test_attention_s_scale_folds_into_the_softmax_and_the_graph_computes_what_to
     got = reference(model.graph, {"q": q.numpy(), "k": k.numpy()})[out.name]
     with torch.no_grad():
         np.testing.assert_allclose(got, module(q, k).numpy(), rtol=1e-5, atol=1e-6)
+
+
+class Qdq(nn.Module):
+    """``x.to(f8).half() @ (w8.half() * 2**s)^T``: an FP8 GEMM in the quantise-dequantise form,
+    and the ways it can fall short of one."""
+
+    def __init__(self, scale=0, also=False, dequant=torch.float16, x8=True):
+        super().__init__()
+        torch.manual_seed(3)
+        self.register_buffer("w8", (torch.randn(8, 16) * 0.3).to(torch.float8_e4m3fnuz))
+        self.scale, self.also, self.dequant, self.x8 = scale, also, dequant, x8
+
+    def forward(self, x):
+        w = self.w8.to(self.dequant)
+        w = w * 2.0 ** self.scale if self.scale else w
+        a = x.to(torch.float8_e4m3fnuz).to(self.dequant) if self.x8 else x.to(self.dequant)
+        y = F.linear(a, w)
+        return (y + w.sum(dim=1)) if self.also else y.half()
+
+
+def _fp8_matmuls(graph):
+    return [op for op in graph.ops if isinstance(op, MatMul)
+            and all(graph.tensors[t].dtype is DType.FP8 for t in op.inputs)]
+
+
+@pytest.mark.parametrize("scale", [0, -2])
+def test_a_quantise_dequantise_gemm_imports_as_an_fp8_matmul_with_the_weight_s_scale(scale):
+    x = torch.randn(2, 4, 16).half()
+    module = Qdq(scale).eval()
+    model = import_module(module, (x,))
+    (mm,) = _fp8_matmuls(model.graph)
+    w = model.graph.tensors[mm.inputs[1]]
+    assert (w.role, w.scale) == (Role.PARAMETER, scale)
+    assert [op.kind for op in model.graph.ops] == ["cast", "matmul"]      # the dequantising casts are gone
+    assert model.graph.tensors[mm.output].dtype is DType.FP16
+    # the graph computes what torch does: q * 2**scale is the weight the product reads
+    got = evaluate(model.graph, model.params, {"x": x.numpy()})[mm.output]
+    with torch.no_grad():
+        want = module(x).double().numpy()
+    np.testing.assert_allclose(got * 2.0 ** scale, want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("case", ["dequantised weight read elsewhere", "fp32 product", "fp16 input"])
+def test_a_dequantised_gemm_that_is_not_an_fp8_gemm_stays_as_written(case):
+    module = {"dequantised weight read elsewhere": Qdq(also=True), "fp32 product": Qdq(dequant=torch.float32),
+              "fp16 input": Qdq(x8=False)}[case].eval()
+    model = import_module(module, (torch.randn(2, 4, 16).half(),))
+    assert not _fp8_matmuls(model.graph)
+    (mm,) = [op for op in model.graph.ops if isinstance(op, MatMul)]
+    producer = {op.output: op for op in model.graph.ops}
+    weight = producer[mm.inputs[1]]          # the FP8 weight still dequantised by its Cast
+    assert isinstance(weight, Cast) and model.graph.tensors[weight.inputs[0]].dtype is DType.FP8
+    assert model.graph.tensors[mm.inputs[1]].dtype is not DType.FP8

@@ -33,6 +33,18 @@ becomes):
   MatMul's operands leaves the product larger by ``1 / (a * b)`` (``sqrt(d)``, 8.5 for d = 72), which
   an FP16 product must still hold (attention scores are far from FP16's 65,504).
 
+- ``fp8-matmul``: the quantise-dequantise (QDQ) form of an FP8 GEMM, ``MatMul(dq(a8), dq(b8))``
+  with ``dq(v8) = Cast(v8 -> fp16)``, both operands FP8 values (a Cast into FP8 of an activation,
+  an FP8 parameter) and the product FP16 -> ``MatMul(a8, b8)``, the AMP's FP8 GEMM with its FP16
+  output. A dequantised FP8 *parameter* may be scaled by a power of two, ``dq(w8) * 2**s`` (how a
+  torch module writes a per-tensor scale): the exponent becomes the parameter's FP8 scale
+  (``Tensor.scale``, the importer's ``rescaled``), so ``w8`` reads as ``q * 2**s`` as before. Numerics:
+  identical. FP8 -> FP16 is exact, so the FP16 GEMM on dequantised operands and the FP8 GEMM
+  multiply the same values; each rounds its sum once to FP16. torch's CPU matmul has no FP8 form
+  with an FP16 result, so this is how a torch factory states an FP8 GEMM (``fixtures/siglip_hf.py``)
+  and is validated against torch's own outputs. A dequantised operand read elsewhere, an FP32
+  product, or only one FP8 operand stays as written (FP16 GEMM; no mixed-type AMP form).
+
 The GeLU rows become the fitted GeLU kernel: one pass instead of six to eight
 pointwise passes and their intermediates; the softmax row the row-wise softmax
 kernel (one pass over the row instead of five ops). Constants match within a relative
@@ -54,8 +66,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .core import (Add, Cast, Div, Erf, Exp, GeLU, MatMul, Mul, Op, ReduceMax, ReduceSum, Reshape, Softmax, Sub, Tanh,
-                   Transpose)
+from .core import (Add, Cast, Div, Erf, Exp, GeLU, MatMul, Mul, Op, ReduceMax, ReduceSum, Reshape, Role, Softmax, Sub,
+                   Tanh, Tensor, Transpose)
+from .dtypes import DType
 
 CONSTANT_RTOL = 2e-3        # relative tolerance when matching pattern constants
 
@@ -68,6 +81,7 @@ class Match:
     root: Op                   # the last op; the fused op writes its output
     fused: Op
     rewired: tuple[tuple[Op, Op], ...] = ()   # ops outside the members kept in place, reading anew
+    rescaled: tuple[tuple[str, int], ...] = ()  # parameters whose FP8 scale becomes this exponent
 
 
 @dataclass(frozen=True)
@@ -78,23 +92,29 @@ class Pattern:
     becomes: str                                      # what the row folds into, for the docs
 
 
-def fuse(ops: list[Op], scalar: Callable[[str], float | None], outputs: list[str]) -> list[Op]:
+def fuse(ops: list[Op], scalar: Callable[[str], float | None], outputs: list[str],
+         tensor: Callable[[str], Tensor | None] = lambda t: None,
+         rescaled: dict[str, int] | None = None) -> list[Op]:
     """``ops`` with every ``PATTERNS`` match replaced by its fused op (in the root's position).
 
     ``scalar(t)`` is the value of a constant tensor whose elements are all equal (None
-    for anything else); ``outputs`` are the graph outputs (never folded away).
+    for anything else); ``outputs`` are the graph outputs (never folded away); ``tensor(t)``
+    is the importer's declaration of ``t`` (dtype, role, scale; None where unknown, and the rows
+    that need it do not match). A row that gives a parameter a new FP8 scale records it in
+    ``rescaled`` (name -> exponent), which the importer applies to the declaration.
     A pattern may anchor on the op another pattern makes (``scaled-softmax`` on the Softmax the
     ``softmax`` row folds): the table is applied until nothing more matches.
     """
     while True:
-        fused = _fuse_once(ops, scalar, outputs)
+        fused = _fuse_once(ops, scalar, outputs, tensor, {} if rescaled is None else rescaled)
         if len(fused) == len(ops) and all(a is b for a, b in zip(fused, ops)):
             return fused
         ops = fused
 
 
-def _fuse_once(ops: list[Op], scalar: Callable[[str], float | None], outputs: list[str]) -> list[Op]:
-    view = _View(ops, scalar, set(outputs))
+def _fuse_once(ops: list[Op], scalar: Callable[[str], float | None], outputs: list[str],
+               tensor: Callable[[str], Tensor | None], rescaled: dict[str, int]) -> list[Op]:
+    view = _View(ops, scalar, set(outputs), tensor)
     anchors: dict[type, list[Pattern]] = {}
     for p in PATTERNS:
         anchors.setdefault(p.anchor, []).append(p)
@@ -111,6 +131,7 @@ def _fuse_once(ops: list[Op], scalar: Callable[[str], float | None], outputs: li
             removed |= {id(x) for x in m.members}
             replaced[id(m.root)] = m.fused
             replaced.update((id(old), new) for old, new in m.rewired)
+            rescaled.update(m.rescaled)
             break
     return [replaced.get(id(op), op) for op in ops if id(op) in replaced or id(op) not in removed]
 
@@ -122,6 +143,7 @@ class _View:
     ops: list[Op]
     scalar: Callable[[str], float | None]
     outputs: set[str]
+    tensor: Callable[[str], Tensor | None] = lambda t: None
     producer: dict[str, Op] = field(default_factory=dict)
     consumers: dict[str, list[Op]] = field(default_factory=dict)
 
@@ -323,11 +345,66 @@ def _scaled_softmax(view: _View, sm: Softmax) -> Match | None:
     return Match(tuple(members), sm, fused, tuple(rewired))
 
 
+def _dequantised(view: _View, t: str) -> tuple[str, list[Op], int] | None:
+    """MatMul operand ``t`` as a dequantised FP8 value: ``(v8, ops, exponent)`` for ``t = Cast(v8)``
+    (exponent 0) or, ``v8`` an FP8 parameter, ``Cast(v8) * 2**s`` (exponent ``v8.scale + s``); every
+    intermediate private. None for anything else."""
+    exponent, members, cur = 0, [], t
+    op = view.producer.get(cur)
+    if isinstance(op, Mul) and view.private(cur):
+        for x, c in (op.inputs, op.inputs[::-1]):
+            s = _power_of_two(view.scalar(c))
+            if s is not None and view.private(x) and isinstance(view.producer.get(x), Cast):
+                exponent, members, cur = s, [op], x
+                break
+        else:
+            return None
+    cast = view.producer.get(cur)
+    if not isinstance(cast, Cast) or not view.private(cur):
+        return None
+    v8 = cast.inputs[0]
+    src, out = view.tensor(v8), view.tensor(cur)
+    if src is None or out is None or src.dtype is not DType.FP8 or out.dtype is not DType.FP16:
+        return None
+    if members:                               # the scale folds into the parameter's own
+        if src.role is not Role.PARAMETER or view.consumers.get(v8) != [cast]:
+            return None
+        exponent += src.scale
+        if not -32 <= exponent <= 31:
+            return None
+    return v8, members + [cast], exponent
+
+
+def _power_of_two(c: float | None) -> int | None:
+    """``s`` for ``c == 2**s`` exactly (None otherwise)."""
+    if c is None or not math.isfinite(c) or c <= 0:
+        return None
+    mantissa, e = math.frexp(c)
+    return e - 1 if mantissa == 0.5 else None
+
+
+def _fp8_matmul(view: _View, mm: MatMul) -> Match | None:
+    """``MatMul(dq(a8), dq(b8))`` with an FP16 product -> ``MatMul(a8, b8)`` (see the module docstring)."""
+    out = view.tensor(mm.output)
+    if out is None or out.dtype is not DType.FP16:
+        return None
+    operands = [_dequantised(view, t) for t in mm.inputs]
+    if any(o is None for o in operands):
+        return None
+    (a8, a_ops, _), (b8, b_ops, _) = operands
+    rescaled = tuple((v8, e) for v8, ops, e in operands if isinstance(ops[0], Mul))
+    if len({v8 for v8, _ in rescaled}) < len(rescaled):      # one parameter scaled twice
+        return None
+    fused = dataclasses.replace(mm, inputs=(a8, b8))
+    return Match(tuple(a_ops + b_ops) + (mm,), mm, fused, rescaled=rescaled)
+
+
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("gelu-erf", Erf, _gelu_erf, "GeLU(approximate='erf')"),
     Pattern("gelu-tanh", Tanh, _gelu_tanh, "GeLU(approximate='tanh')"),
     Pattern("softmax", Exp, _softmax, "Softmax(axis)"),
     Pattern("scaled-softmax", Softmax, _scaled_softmax, "Softmax(softmax_scale)"),
+    Pattern("fp8-matmul", MatMul, _fp8_matmul, "MatMul on the FP8 operands (FP16 product)"),
 )
 
 

@@ -42,6 +42,10 @@ What maps to what:
   GeLU (``tileplan.graph.patterns``); quick_gelu and SiLU stay Mul/Sigmoid ops.
 - ``aten.to.dtype``, ``aten._to_copy`` (``.half()``, ``.float()``, ``.to(dtype)``):
   Cast to float32/float16/float8_e4m3fnuz, dropped when the dtype does not change.
+  An FP8 GEMM is written in its quantise-dequantise form, FP8 values cast back to float16 before
+  the product (torch's CPU matmul has no FP8 form with an FP16 result): ``x.to(f8).half() @
+  (w8.half() * 2**s).T`` folds into tileplan's FP8 MatMul, ``2**s`` becoming ``w8``'s FP8 scale
+  (the ``fp8-matmul`` row of ``tileplan.graph.patterns``).
 - ``aten.view``/``reshape``/``_unsafe_view``/``flatten``/``squeeze``/``unsqueeze``
   that keep the last dimension: dropped. tileplan ops work on rows (every
   leading dimension folded), so such a reshape changes nothing they compute;
@@ -75,6 +79,7 @@ arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from dataclasses import dataclass, field
@@ -269,7 +274,10 @@ class _Importer:
                 x = self.value[node.name]
                 self.emit(node, Reshape(node.name, (x,), node.name, shape=_static_shape(node.meta["val"], node.name)))
             outputs.append(self.read(spec.arg.name, "the graph output"))
-        ops = fuse(self.ops, self.scalar, outputs)
+        rescaled: dict[str, int] = {}
+        ops = fuse(self.ops, self.scalar, outputs, self.known.get, rescaled)
+        for name, exponent in rescaled.items():        # fp8-matmul: a dequantised weight's 2**s
+            self.declared[name] = dataclasses.replace(self.declared[name], scale=exponent)
         read, produced = {t for op in ops for t in op.inputs}, {op.output for op in ops}
         tensors = [t for t in self.declared.values()
                    if (t.role is Role.INTERMEDIATE and t.name in produced) or t.name in read]
