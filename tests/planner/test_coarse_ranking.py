@@ -86,6 +86,43 @@ def test_the_coarse_model_prices_a_block_with_the_kernel_dispatch_picks():
             assert got[i] == dispatch(call, target).cycles(call, target)
 
 
+@pytest.mark.parametrize("epilogue", [("tanh", True, 1), ("", True, -2), ("erf", False, 0)])
+def test_the_coarse_model_prices_a_fused_epilogue_with_the_reduce_kernels_dispatch_picks(epilogue):
+    # reduction_epilogue_cycles finds the accepted reduce variants once per partials type and
+    # keeps prices across calls; per row it must give what dispatching both calls gives.
+    import numpy as np
+
+    from tileplan.estimate.coarse import reduction_epilogue_cycles, widest_block_n
+    from tileplan.graph.core import Graph, MatMul, Role, Tensor
+    from tileplan.graph.dtypes import DType
+    from tileplan.kernels import dispatch
+    from tileplan.kernels.calls import ReduceCall
+    from tileplan.planner.gemm import Epilogue, GemmShape
+
+    target = load_target("ipu21")
+    g = Graph.build("g", [Tensor("x", (729, 1152), DType.FP8, Role.INPUT),
+                          Tensor("w", (1152, 4304), DType.FP8, Role.PARAMETER)], [MatMul("mm", ("x", "w"), "y")])
+    shape = GemmShape.of(g, g.ops[0], target)
+    fields = Epilogue(*epilogue).fields()
+    rng = np.random.default_rng(5)
+    grid = np.stack([np.ones(60, int), rng.integers(1, 40, 60), rng.integers(1, 92, 60), rng.integers(1, 12, 60)], 1)
+    red = rng.integers(0, 3, 60)
+    ptype = rng.integers(0, len(shape.partial_types()), 60)
+    for repeat in range(2):                           # the second call reads the kept prices
+        got = reduction_epilogue_cycles(shape, target, grid, red, ptype, True, fields)
+        for i, (gb, gm, gn, gk) in enumerate(grid.tolist()):
+            m = -(-shape.M // gm)
+            rows = -(-m // gk) if red[i] == 2 else m
+            n = int(widest_block_n(shape, np.array([gn]))[0])
+            if red[i] == 0 or gk < 2:
+                assert got[i] == 0
+                continue
+            calls = [ReduceCall(rows * n, gk, shape.partial_types()[ptype[i]], shape.out_dtype, -shape.c_scale, n,
+                                True, **f) for f in ({}, fields)]
+            base, fused = (dispatch(c, target).cycles(c, target) for c in calls)
+            assert got[i] == fused - base
+
+
 @pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "mlp_fp16_small", "odd_fp8_panels", "residual_block"])
 def test_no_plan_computes_a_gemm_faster_than_its_amp_floor(fixture):
     """The AMP floor (the fastest fitting grid's matmul step alone) is at most every detailed

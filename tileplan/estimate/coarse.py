@@ -23,6 +23,7 @@ from .exchange import pair_aligned
 from ..layout.panels import panel_count
 
 _BLOCK_CACHE: dict = {}      # (target, in_dtype, partial types, B format, grain) -> (n, k, partials) -> lines
+_REDUCE_CACHE: dict = {}     # (target, partial types, out dtype, scale, bias, epilogue) -> piece -> extra cycles
 
 
 def k_unit(g) -> int:
@@ -140,8 +141,16 @@ def reduction_bias_cycles(g, target, grid, red, ptype) -> np.ndarray:
 def reduction_epilogue_cycles(g, target, grid, red, ptype, bias: bool, fields: dict) -> np.ndarray:
     """Per row, the cycles a fused epilogue (``fields``: ``ReduceCall``'s gelu, cast_to, cast_scale)
     adds to the reducers of its piece (``piece`` rows of the widest column block, ``gk`` partials):
-    the dispatched reduction kernel with the epilogue less the one without (both with the bias row
-    when ``bias``), from the kernels' own formulas, once per distinct piece. Zero without a reduction."""
+    the reduction kernel dispatch picks with the epilogue less the one without (both with the bias
+    row when ``bias``), from the kernels' own formulas, once per distinct piece. Zero without a
+    reduction.
+
+    Which reduce variants accept a call depends on its types and epilogue flags, not on its
+    element count or partials (``kernels.variants.reduce_variant``'s predicates), so the accepted
+    variants are found once per partials type and each distinct piece is priced by them alone,
+    the fastest winning as in ``dispatch`` (a test checks the two agree). Prices are kept per
+    target and GEMM types across calls (``_REDUCE_CACHE``): the layers of a tower, the two forms
+    of fused QKV and the bench's repeats price the same pieces."""
     from ..kernels.calls import ReduceCall
     gb, gm, gn, gkk = np.asarray(grid).T
     per_group = -(-g.batch // gb)
@@ -153,12 +162,26 @@ def reduction_epilogue_cycles(g, target, grid, red, ptype, bias: bool, fields: d
     keys = np.stack(np.broadcast_arrays(piece, cols, gkk, ptype), 1)
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
     extra = np.zeros(len(uniq), dtype=np.int64)
+    flags = tuple(sorted(fields.items()))
+    cache = _REDUCE_CACHE.setdefault((target, types, g.out_dtype, g.c_scale, bias, flags), {})
+    accepted: dict[tuple[int, bool], list] = {}
     for i, (rows, n, parts, p) in enumerate(uniq.tolist()):
         if rows <= 0 or parts < 2:
             continue
-        base = ReduceCall(rows * n, parts, types[p], g.out_dtype, -g.c_scale, n if bias else 0, own=True)
-        fused = ReduceCall(rows * n, parts, types[p], g.out_dtype, -g.c_scale, n if bias else 0, True, **fields)
-        extra[i] = (reg.dispatch(fused, target).cycles(fused, target) - reg.dispatch(base, target).cycles(base, target))
+        found = cache.get((rows, n, parts, p))
+        if found is None:
+            calls = [ReduceCall(rows * n, parts, types[p], g.out_dtype, -g.c_scale, n if bias else 0, True,
+                                **(fields if fused else {})) for fused in (False, True)]
+            cycles = []
+            for fused, call in enumerate(calls):
+                variants = accepted.get((p, bool(fused)))
+                if variants is None:
+                    variants = accepted[p, bool(fused)] = [
+                        v for v in reg.variants(call.primitive, target.family) if v.accepts(call, target)
+                    ] or [reg.dispatch(call, target)]          # none accepts: dispatch's NoVariantError
+                cycles.append(min(v.cycles(call, target) for v in variants))
+            found = cache[rows, n, parts, p] = cycles[1] - cycles[0]
+        extra[i] = found
     return np.where(red > 0, extra[inverse.reshape(-1)] * per_group, 0).astype(np.int64)
 
 
