@@ -135,6 +135,11 @@ def test_the_package_holds_the_weights_concatenated_and_the_users_params_stay_as
     out = package_params(fused, params)
     assert set(out) == {"q.fused.w", "other"} and set(params) == {"q.w", "k.w", "v.w", "other"}
     assert np.array_equal(out["q.fused.w"], np.concatenate([params["q.w"], params["k.w"], params["v.w"]], axis=1))
+    params.update({f"{p}.b": np.full(3, i, np.float16) for i, p in enumerate("qkv")})
+    fused[0].update(bias="q.fused.b", bias_sources=["q.b", "k.b", "v.b"])
+    out = package_params(fused, params)
+    assert set(out) == {"q.fused.w", "q.fused.b", "other"}
+    assert out["q.fused.b"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2] and out["q.fused.b"].dtype == np.float16
 
 
 def test_selection_keeps_the_form_with_fewer_estimated_cycles_and_records_both():
@@ -173,3 +178,41 @@ def test_the_pins_a_fused_plan_emits_reproduce_it(tmp_path):
     assert "q.fused" in {p.op for p in pins}
     again = plan(g, TARGET, pins=pins)                # a pin of the fused GEMM plans the fused form
     assert again.qkv["chosen"] == "fused" and again.estimate.cycles == fused.estimate.cycles
+
+
+def test_the_members_bias_adds_fuse_into_one_add_of_the_concatenated_biases():
+    g, (group,) = fused_graph(qkv_graph())
+    add = g.op("q.fused.bias")
+    assert add.inputs == ("q.fused.out", group.bias) and g.tensors[group.bias].shape == (192,)
+    assert group.bias_sources == ("q.b", "k.b", "v.b") and not {"q.bias", "k.bias", "v.bias"} & {o.name for o in g.ops}
+    # each Slice writes its member's Add output, so the rest of the graph reads what it read
+    assert [(g.op(p).inputs, g.op(p).output) for p in "qkv"] == [(("q.fused.biased",), f"{p}.out") for p in "qkv"]
+    assert not {"q.mm", "k.mm", "v.mm", "q.b", "k.b", "v.b"} & set(g.tensors)
+
+
+def test_a_member_without_a_bias_add_keeps_every_member_s_add_apart():
+    g = qkv_graph()
+    ops = [op if op.name != "v.bias" else Tanh("v.bias", ("v.mm",), "v.out") for op in g.ops]
+    g2 = Graph.build("qkv", [t for n, t in g.tensors.items() if n != "v.b"], ops)
+    fused, (group,) = fused_graph(g2)
+    assert group.bias is None and {"q.bias", "k.bias"} <= {o.name for o in fused.ops}
+
+
+def test_a_fused_plan_with_values_validates_against_the_separate_graph_s_float64_result(tmp_path):
+    """The package's concatenated weights and biases (``package_params``) give what the user's
+    separate graph computes on the user's values."""
+    g = qkv_graph()
+    rng = np.random.default_rng(1)
+    params = {n: (rng.standard_normal(t.shape) * (0.125 if n.endswith(".w") else 0.5)).astype(np.float16)
+              for n, t in g.tensors.items() if t.role is Role.PARAMETER}
+    x = rng.standard_normal(g.tensors["x"].shape).astype(np.float16)
+    env = {"x": x.astype(np.float64), **{k: v.astype(np.float64) for k, v in params.items()}}
+    for op in g.ops:                        # the separate graph's float64 semantics, rounded as declared
+        out = op.reference(*(env[i] for i in op.inputs))
+        env[op.output] = out.astype(g.tensors[op.output].dtype.numpy).astype(np.float64)
+    np.savez(tmp_path / "in.npz", x=x)
+    np.savez(tmp_path / "want.npz", y=env["y"])
+    p, _, path = compile_model(g, TARGET, tmp_path / "pkg", jobs=1, qkv="fused", params=params)
+    assert p.qkv["fused"][0]["bias"] == "q.fused.b"
+    v = validate_package(load_package(path), inputs_path=tmp_path / "in.npz", expected_path=tmp_path / "want.npz")
+    assert v.passed and v.outputs["y"]["cosine"] > 0.9999, v.outputs

@@ -23,6 +23,13 @@ parameter values (TOML) validates on seeded values of the fused weight, as of an
 A group: MatMuls with the same activation A (not transposed), each B a parameter matrix read by
 that MatMul only, with one transpose flag, dtype and FP8 scale, and outputs of one dtype and
 scale; no pins on them and no pinned output layouts. At least two.
+
+Biases: when every member's product is read only by a bias Add of a parameter vector (``[N]``, the
+product's type, read by that Add only), the biases are concatenated too, into one Add on the fused
+product before the Slices (each Slice then writes its member's Add output). The fused GEMM's bias
+Add may then fuse into its reduction like any GEMM's (``catalogue.bias_fusion``), where three Adds
+over the projections' outputs were three pointwise passes (1,584 cycles each on the SigLIP
+layer). The package holds the concatenated bias under ``FusedGroup.bias``.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import TileplanError
-from ..graph.core import Graph, MatMul, Role, Slice, Tensor
+from ..graph.core import Add, Graph, MatMul, Role, Slice, Tensor
 
 QKV_MODES = ("auto", "fused", "separate")
 
@@ -55,10 +62,15 @@ class FusedGroup:
     members: tuple[str, ...]
     sources: tuple[str, ...]
     axis: int
+    bias: str | None = None                 # the concatenated bias (None: the members' Adds stay)
+    bias_sources: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
-        return {"op": self.op, "weight": self.weight, "members": list(self.members), "sources": list(self.sources),
-                "axis": self.axis}
+        out = {"op": self.op, "weight": self.weight, "members": list(self.members), "sources": list(self.sources),
+               "axis": self.axis}
+        if self.bias is not None:
+            out.update(bias=self.bias, bias_sources=list(self.bias_sources))
+        return out
 
 
 def groups(graph: Graph, pinned: set[str] = frozenset()) -> list[list[MatMul]]:
@@ -76,6 +88,23 @@ def groups(graph: Graph, pinned: set[str] = frozenset()) -> list[list[MatMul]]:
     return [ops for ops in by_key.values() if len(ops) >= 2]
 
 
+def bias_add(graph: Graph, op: MatMul, pinned: set[str] = frozenset()) -> tuple[Add, Tensor] | None:
+    """The bias Add a group member's product goes through, with its bias, when it can join the fused
+    GEMM's concatenated bias (see the module docstring); None otherwise."""
+    c = graph.output_of(op)
+    readers = graph.consumers.get(c.name, [])
+    if len(readers) != 1 or c.role is Role.OUTPUT or not isinstance(readers[0], Add) or readers[0].name in pinned:
+        return None
+    add = readers[0]
+    if add.inputs[0] == add.inputs[1]:
+        return None
+    b = graph.tensors[add.inputs[1] if add.inputs[0] == c.name else add.inputs[0]]
+    if (b.role is not Role.PARAMETER or b.shape != (c.shape[-1],) or len(graph.consumers[b.name]) != 1
+            or b.dtype is not c.dtype or b.scale or graph.output_of(add).layout is not None):
+        return None
+    return add, b
+
+
 def fused_graph(graph: Graph, pinned: set[str] = frozenset()) -> tuple[Graph, list[FusedGroup]] | None:
     """The graph with every group fused (None when it has none)."""
     found = groups(graph, pinned)
@@ -84,6 +113,8 @@ def fused_graph(graph: Graph, pinned: set[str] = frozenset()) -> tuple[Graph, li
     replace: dict[str, list] = {}
     made, dropped, fused = [], set(), []
     for ops in found:
+        biases = [bias_add(graph, op, pinned) for op in ops]
+        biases = biases if all(biases) else None
         first = ops[0]
         ws = [graph.tensors[op.inputs[1]] for op in ops]
         axis = -2 if first.transpose_b else -1
@@ -96,14 +127,25 @@ def fused_graph(graph: Graph, pinned: set[str] = frozenset()) -> tuple[Graph, li
         made.append(Tensor(wname, wshape, ws[0].dtype, Role.PARAMETER, ws[0].scale))
         made.append(Tensor(out, c.shape[:-1] + (sum(widths),), c.dtype, scale=c.scale))
         seq: list = [MatMul(name, (first.inputs[0], wname), out, transpose_b=first.transpose_b)]
+        bname = None
+        if biases is not None:              # one bias Add on the fused product, then the Slices
+            bname, sliced = f"{name}.b", f"{name}.biased"
+            made.append(Tensor(bname, (sum(widths),), biases[0][1].dtype, Role.PARAMETER))
+            made.append(Tensor(sliced, c.shape[:-1] + (sum(widths),), c.dtype, scale=c.scale))
+            seq.append(Add(f"{name}.bias", (out, bname), sliced))
+            for (add, b), op in zip(biases, ops):
+                replace[add.name] = []
+                dropped.update((b.name, op.output))
         bounds = np.concatenate(([0], np.cumsum(widths))).tolist()
-        seq += [Slice(op.name, (out,), op.output, axis=-1, start=lo, stop=hi)
-                for op, lo, hi in zip(ops, bounds, bounds[1:])]
+        seq += [Slice(op.name, (seq[-1].output,), op.output if biases is None else bias[0].output, axis=-1,
+                      start=lo, stop=hi) for op, bias, lo, hi in zip(ops, biases or [None] * len(ops), bounds,
+                                                                       bounds[1:])]
         replace[first.name] = seq
         for op in ops[1:]:
             replace[op.name] = []
         dropped.update(w.name for w in ws)
-        fused.append(FusedGroup(name, wname, tuple(op.name for op in ops), tuple(w.name for w in ws), axis))
+        fused.append(FusedGroup(name, wname, tuple(op.name for op in ops), tuple(w.name for w in ws), axis,
+                                bname, tuple(b.name for _, b in biases) if biases is not None else ()))
     ops = [x for op in graph.ops for x in replace.get(op.name, [op])]
     tensors = [t for n, t in graph.tensors.items() if n not in dropped] + made
     outputs = [t.name for t in graph.by_role(Role.OUTPUT)]
@@ -128,4 +170,10 @@ def package_params(fused: list[dict] | None, params: dict | None) -> dict | None
         first = np.asarray(out[src[0][0]])
         axis = -2 if g.get("axis", -1) == -2 else -1
         out[g["weight"]] = np.concatenate([np.asarray(out.pop(s)) for s in src[0]], axis=axis).astype(first.dtype)
+        if g.get("bias"):
+            missing = [s for s in g["bias_sources"] if s not in out]
+            if missing:
+                raise TileplanError(f"fused GEMM {g['op']!r}: the parameter values lack {missing} (its biases)")
+            dtype = np.asarray(out[g["bias_sources"][0]]).dtype
+            out[g["bias"]] = np.concatenate([np.asarray(out.pop(s)).reshape(-1) for s in g["bias_sources"]]).astype(dtype)
     return out
