@@ -216,7 +216,10 @@ def test_the_search_gap_of_a_layer_too_large_for_the_exact_dp_is_measured_agains
     got = search_gap(problem, paths=16, cpsat_seconds=120)
     assert got["combinations"] > MAX_EXACT_DP
     assert got["optimum_method"] == "cp-sat (proved optimal)"
-    assert got["optimum_cycles"] <= got["bounded_cycles"] == p.estimate.cycles
+    assert got["optimum_cycles"] <= got["bounded_cycles"] == p.selection.cycles
+    # The selection's objective adds the ops' costs; the scheduled program may run independent
+    # exchange steps (two Slices' windows) in one superstep, one sync fewer: never more.
+    assert p.estimate.cycles <= p.selection.cycles
     assert got["gap"] < 0.01
 
 
