@@ -386,3 +386,30 @@ def test_load_model_dispatches_onnx_files():
     from tileplan.graph.loaders import load_model
     g = load_model(FIXTURES / "onnx_mixed.onnx")
     assert g.name == "onnx_mixed" and [op.kind for op in g.ops] == ["matmul", "add", "gelu", "matmul", "add"]
+
+
+@pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_fp8_tails"])
+def test_an_fp8_twin_is_standard_onnx_and_compiles_to_what_onnx_s_reference_evaluator_computes(fixture, tmp_path):
+    """ONNX has no MatMul on FLOAT8 types: the twins write an FP8 GEMM as its operands cast to
+    FLOAT16 (a weight's scale a Mul by 2**s) and an FP16 MatMul, which passes onnx's full check and
+    runs in its reference evaluator; the importer folds it back into the FP8 MatMul (same graph as
+    the TOML), and the compiled package validates against the evaluator's outputs."""
+    from onnx.reference import ReferenceEvaluator
+    from tileplan.graph import loaders
+    from tileplan.lowering.compile import compile_model
+    from tileplan.lowering.package import load_package
+    from tileplan.sim.validate import validate_package
+    from tileplan.target import load_target
+    model = onnx.load(str(FIXTURES / f"{fixture}.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    assert "float8" not in str([n.op_type for n in model.graph.node if n.op_type == "MatMul"])
+    twin = import_onnx(FIXTURES / f"{fixture}.onnx")
+    assert signature(twin.graph) == signature(loaders.load_model(FIXTURES / f"{fixture}.toml"))
+    (inp,) = model.graph.input
+    x = np.random.default_rng(2).standard_normal(twin.graph.tensors[inp.name].shape).astype(np.float16)
+    want = ReferenceEvaluator(model).run(None, {inp.name: x})
+    np.savez(tmp_path / "in.npz", **{inp.name: x})
+    np.savez(tmp_path / "want.npz", **{o.name: w for o, w in zip(model.graph.output, want)})
+    _, _, path = compile_model(twin.graph, load_target("ipu21-64"), tmp_path / "pkg", params=twin.params, jobs=1)
+    v = validate_package(load_package(path), inputs_path=tmp_path / "in.npz", expected_path=tmp_path / "want.npz")
+    assert v.passed and all(o["cosine"] > 0.999 for o in v.outputs.values()), v.outputs

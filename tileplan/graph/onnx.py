@@ -70,11 +70,17 @@ tileplan conventions ONNX has no words for, carried in ``metadata_props``:
   of an FP8 input, parameter or Cast output (default 0).
 - ``tileplan.target`` = ``"<preset>"``: the model's default target.
 - ONNX's MatMul does not admit FP8 operands, nor an output type other than its
-  inputs'. tileplan reads a MatMul on FLOAT8E4M3FNUZ operands as the AMP's FP8
-  GEMM with an FP16 result, and honours an output type declared in
-  ``value_info`` (FP16 operands with an FLOAT output: FP32 partials). Such files
-  pass ``onnx.checker.check_model`` but not its ``full_check``. ``to_onnx``
-  writes them this way.
+  inputs'. The standard way to state an FP8 GEMM is its quantise-dequantise
+  form: both FP8 operands ``Cast`` to FLOAT16 (an FP8 initializer's scale a
+  ``Mul`` by ``2**s``) and an FP16 MatMul; the importer folds it into the AMP's
+  FP8 GEMM with its FP16 result (``patterns``, ``fp8-matmul``; the dequantising
+  Cast of an FP8 initializer is not constant-folded, so the weight stays FP8).
+  ``to_onnx`` writes FP8 GEMMs this way (files pass ``onnx.checker``'s
+  ``full_check`` and run in ``onnx.reference``), but for an FP8 activation with
+  a nonzero scale. tileplan also reads a MatMul on FLOAT8E4M3FNUZ operands
+  directly (what ``to_onnx`` wrote before; not valid under ``full_check``), and
+  honours an output type declared in ``value_info`` (FP16 operands with a FLOAT
+  output: FP32 partials).
 
 The graph is named ``name`` if given, else after the file stem, else after the
 ONNX graph's name.
@@ -97,7 +103,7 @@ from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul
                    Transpose, Slice)
 from .dtypes import DType, dequantise, quantise
 from .importing import BF16_HELP, check_cast_bf16, reduce_ops, transpose_ops, unsupported_error
-from .patterns import fuse
+from .patterns import Declared, fuse
 
 SCALE_KEY = "tileplan.scale."
 TARGET_KEY = "tileplan.target"
@@ -218,7 +224,10 @@ class _Importer:
         self._fold_constants()
         self._fold_transposes()
         ops, declared = self._lower()
-        ops = fuse(ops, self.scalar, self.outputs)
+        rescaled: dict[str, int] = {}
+        ops = fuse(ops, self.scalar, self.outputs, lambda t: declared.get(t) or self._declaration(t), rescaled)
+        for name, exponent in rescaled.items():     # fp8-matmul: a dequantised weight's 2**s is its scale
+            self.metadata[SCALE_KEY + name] = str(exponent)
         produced = {op.output for op in ops}
         return self._build(ops, {k: t for k, t in declared.items() if k in produced})
 
@@ -288,7 +297,14 @@ class _Importer:
         is evaluated with numpy: tileplan plans static shapes, so these are constants.
         """
         kept = []
+        readers: dict[str, list[_Node]] = {}
         for n in self.nodes:
+            for t in n.inputs:
+                readers.setdefault(t, []).append(n)
+        for n in self.nodes:
+            if self._dequantises_weight(n, readers):
+                kept.append(n)
+                continue
             if n.domain in ("", "ai.onnx") and n.op_type in _SHAPE_FOLD:
                 values = _SHAPE_FOLD[n.op_type](self, n)
                 if values is not None:
@@ -311,6 +327,38 @@ class _Importer:
                 env[op.output], dts[op.output] = dequantise(stored, dt, self._scale(op.output)), dt
                 self.constants[op.output] = stored
         self.nodes = kept
+
+    def _dequantises_weight(self, n: _Node, readers: dict) -> bool:
+        """Whether ``n`` is a Cast of an FP8 initializer (not a scalar) whose value reaches a MatMul
+        operand, through a Mul by a constant and Transposes: the quantise-dequantise form of an FP8
+        GEMM's weight. It stays a node (folded, the weight would be stored in FP16) for the
+        ``fp8-matmul`` pattern row, which reads the FP8 initializer itself."""
+        if n.op_type != "Cast" or not n.inputs or n.inputs[0] not in self.constants:
+            return False
+        v = self.constants[n.inputs[0]]
+        if v.size <= 1 or _DTYPES.get(_np_elem_type(v)) is not DType.FP8:
+            return False
+        t = n.outputs[0]
+        for _ in range(4):
+            nxt = readers.get(t, [])
+            if len(nxt) != 1:
+                return False
+            r = nxt[0]
+            if r.op_type in ("MatMul", "Gemm"):
+                return True
+            if r.op_type not in ("Mul", "Transpose") or (r.op_type == "Mul" and not any(
+                    self.scalar(x) is not None for x in r.inputs if x != t)):
+                return False
+            t = r.outputs[0]
+        return False
+
+    def _declaration(self, t: str):
+        """``t``'s dtype, role and FP8 scale as far as the model says (for the pattern table)."""
+        dt = self._tensor_dtype(t)
+        if dt is None:
+            return None
+        role = Role.PARAMETER if t in self.constants else Role.INPUT if t in self.inputs else Role.INTERMEDIATE
+        return Declared(dt, role, self._scale(t))
 
     def _drop_identities(self) -> None:
         alias: dict[str, str] = {}
@@ -1044,11 +1092,39 @@ def _constant(h, name: str, value: np.ndarray):
     return h.make_node("Constant", [], [name], name=name, value=t)
 
 
+def qdq_weights(op, graph) -> list[str] | None:
+    """An FP8 MatMul's operands in the exporter's quantise-dequantise form (None: written as an FP8
+    MatMul, the form only tileplan reads): both operands FP8, every activation one of scale 0, a
+    scaled weight read by this MatMul only (its scale is written as a Mul by ``2**scale``); the
+    weights among them."""
+    ins = [graph.tensors[t] for t in op.inputs]
+    if any(t.dtype is not DType.FP8 for t in ins) or any(t.scale for t in ins if t.role is not Role.PARAMETER):
+        return None
+    if any(t.scale and len(graph.consumers[t.name]) != 1 for t in ins):     # its scale is this Mul's alone
+        return None
+    return [t.name for t in ins if t.role is Role.PARAMETER]
+
+
 def _export_matmul(op, graph, h, elem):
+    """MatMul, its transpose flags as Transposes. An FP8 GEMM is written in standard ONNX, which has
+    no MatMul on FLOAT8 types: each operand Cast to FLOAT16 (a weight's FP8 scale a Mul by ``2**s``)
+    and an FP16 MatMul, which ``import_onnx`` folds back (``patterns``, ``fp8-matmul``)."""
     nodes, ins = [], list(op.inputs)
+    qdq = qdq_weights(op, graph)
+    for k, t in enumerate(ins if qdq is not None else []):
+        side = "ab"[k]
+        nodes.append(h.make_node("Cast", [t], [f"{op.name}.{side}16"], name=f"{op.name}.dequantise_{side}",
+                                 to=elem[DType.FP16]))
+        ins[k] = f"{op.name}.{side}16"
+        scale = graph.tensors[t].scale
+        if scale:
+            nodes += [_constant(h, f"{op.name}.{side}scale", np.array(2.0 ** scale, np.float16)),
+                      h.make_node("Mul", [ins[k], f"{op.name}.{side}scale"], [f"{op.name}.{side}16s"],
+                                  name=f"{op.name}.scale_{side}")]
+            ins[k] = f"{op.name}.{side}16s"
     for k, flag in enumerate((op.transpose_a, op.transpose_b)):
         if flag:
-            r = len(graph.tensors[ins[k]].shape)
+            r = len(graph.tensors[op.inputs[k]].shape)
             out = f"{op.name}.{'ab'[k]}T"
             nodes.append(h.make_node("Transpose", [ins[k]], [out], name=f"{op.name}.transpose_{'ab'[k]}",
                                      perm=list(range(r - 2)) + [r - 1, r - 2]))
@@ -1154,7 +1230,8 @@ def to_onnx(graph: Graph, params: dict[str, np.ndarray], *, opset: int = OPSET):
                      value_info=[info(t) for t in graph.by_role(Role.INTERMEDIATE)])
     model = h.make_model(g, opset_imports=[h.make_opsetid("", opset)], producer_name="tileplan")
     model.ir_version = 10       # onnx 1.16 reads it; FLOAT8E4M3FNUZ needs IR >= 9
-    props = {SCALE_KEY + t.name: str(t.scale) for t in graph.tensors.values() if t.scale}
+    explicit = {w for op in graph.ops if isinstance(op, MatMul) for w in (qdq_weights(op, graph) or [])}
+    props = {SCALE_KEY + t.name: str(t.scale) for t in graph.tensors.values() if t.scale and t.name not in explicit}
     if graph.target:
         props[TARGET_KEY] = graph.target
     h.set_model_props(model, props)

@@ -64,13 +64,21 @@ import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .core import (Add, Cast, Div, Erf, Exp, GeLU, MatMul, Mul, Op, ReduceMax, ReduceSum, Reshape, Role, Softmax, Sub,
                    Tanh, Tensor, Transpose)
 from .dtypes import DType
 
 CONSTANT_RTOL = 2e-3        # relative tolerance when matching pattern constants
+
+
+class Declared(NamedTuple):
+    """What a row may ask of a tensor (``fuse``'s ``tensor``; a ``core.Tensor`` answers the same)."""
+
+    dtype: DType
+    role: Role
+    scale: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,7 @@ class Pattern:
 
 
 def fuse(ops: list[Op], scalar: Callable[[str], float | None], outputs: list[str],
-         tensor: Callable[[str], Tensor | None] = lambda t: None,
+         tensor: Callable[[str], Tensor | Declared | None] = lambda t: None,
          rescaled: dict[str, int] | None = None) -> list[Op]:
     """``ops`` with every ``PATTERNS`` match replaced by its fused op (in the root's position).
 
@@ -113,7 +121,7 @@ def fuse(ops: list[Op], scalar: Callable[[str], float | None], outputs: list[str
 
 
 def _fuse_once(ops: list[Op], scalar: Callable[[str], float | None], outputs: list[str],
-               tensor: Callable[[str], Tensor | None], rescaled: dict[str, int]) -> list[Op]:
+               tensor: Callable[[str], Tensor | Declared | None], rescaled: dict[str, int]) -> list[Op]:
     view = _View(ops, scalar, set(outputs), tensor)
     anchors: dict[type, list[Pattern]] = {}
     for p in PATTERNS:
@@ -143,7 +151,7 @@ class _View:
     ops: list[Op]
     scalar: Callable[[str], float | None]
     outputs: set[str]
-    tensor: Callable[[str], Tensor | None] = lambda t: None
+    tensor: Callable[[str], Tensor | Declared | None] = lambda t: None
     producer: dict[str, Op] = field(default_factory=dict)
     consumers: dict[str, list[Op]] = field(default_factory=dict)
 
@@ -385,11 +393,11 @@ def _power_of_two(c: float | None) -> int | None:
 
 def _fp8_matmul(view: _View, mm: MatMul) -> Match | None:
     """``MatMul(dq(a8), dq(b8))`` with an FP16 product -> ``MatMul(a8, b8)`` (see the module docstring)."""
-    out = view.tensor(mm.output)
-    if out is None or out.dtype is not DType.FP16:
-        return None
     operands = [_dequantised(view, t) for t in mm.inputs]
     if any(o is None for o in operands):
+        return None
+    out = view.tensor(mm.output)               # untyped (an ONNX model without value_info): FP16 operands'
+    if (out.dtype if out is not None else DType.FP16) is not DType.FP16:    # product is FP16 (MatMul.infer)
         return None
     (a8, a_ops, _), (b8, b_ops, _) = operands
     rescaled = tuple((v8, e) for v8, ops, e in operands if isinstance(ops[0], Mul))
