@@ -163,17 +163,17 @@ def package_params(fused: list[dict] | None, params: dict | None) -> dict | None
         return params
     out = dict(params)
     for g in fused:
-        src = [g["sources"], g["weight"]]
-        missing = [s for s in src[0] if s not in out]
-        if missing:
-            raise TileplanError(f"fused GEMM {g['op']!r}: the parameter values lack {missing} (its weights)")
-        first = np.asarray(out[src[0][0]])
         axis = -2 if g.get("axis", -1) == -2 else -1
-        out[g["weight"]] = np.concatenate([np.asarray(out.pop(s)) for s in src[0]], axis=axis).astype(first.dtype)
+        out[g["weight"]] = _concatenated(out, g, g["sources"], "weights", axis)
         if g.get("bias"):
-            missing = [s for s in g["bias_sources"] if s not in out]
-            if missing:
-                raise TileplanError(f"fused GEMM {g['op']!r}: the parameter values lack {missing} (its biases)")
-            dtype = np.asarray(out[g["bias_sources"][0]]).dtype
-            out[g["bias"]] = np.concatenate([np.asarray(out.pop(s)).reshape(-1) for s in g["bias_sources"]]).astype(dtype)
+            out[g["bias"]] = _concatenated(out, g, g["bias_sources"], "biases", -1)
     return out
+
+
+def _concatenated(values: dict, group: dict, names: list[str], what: str, axis: int) -> np.ndarray:
+    """The group's ``names`` taken out of ``values`` and concatenated along ``axis``, in the first's type."""
+    missing = [s for s in names if s not in values]
+    if missing:
+        raise TileplanError(f"fused GEMM {group['op']!r}: the parameter values lack {missing} (its {what})")
+    dtype = np.asarray(values[names[0]]).dtype
+    return np.concatenate([np.asarray(values.pop(s)) for s in names], axis=axis).astype(dtype)
