@@ -309,7 +309,8 @@ def test_a_scale_split_over_q_and_k_folds_through_the_matmul_into_the_softmax():
 
 
 def test_an_expanded_softmax_of_scaled_fp16_scores_cast_to_fp32_folds_into_one_scaled_softmax():
-    """HF eager attention in FP16: the scores scaled in FP16, cast to FP32, softmax, cast back."""
+    """HF eager attention in FP16: the scores scaled in FP16, cast to FP32, softmax, cast back: one
+    FP16 softmax of the unscaled scores (the FP32 island folded too, ``softmax-fp32``)."""
     nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
              helper.make_node("Mul", ["s", "c"], ["ss"], name="scale"),
              helper.make_node("Cast", ["ss"], ["x"], name="to32", to=F32)] + softmax_nodes() + []
@@ -319,8 +320,10 @@ def test_an_expanded_softmax_of_scaled_fp16_scores_cast_to_fp32_folds_into_one_s
     m = scores_model(nodes, {"c": np.array(0.125, np.float16), "axes": np.array([-1], np.int64)}, dtype=F16,
                      opset=18)
     model = import_onnx(m)
-    assert kinds(model.graph) == ["matmul", "cast", "softmax", "cast"]
-    assert model.graph.op("to32").inputs == ("s",) and model.graph.op("div").softmax_scale == 0.125
+    assert kinds(model.graph) == ["matmul", "softmax"]
+    sm = model.graph.op("div")
+    assert sm.inputs == ("s",) and sm.output == "y" and sm.softmax_scale == 0.125
+    assert model.graph.tensors["y"].dtype is DType.FP16
 
 
 def test_a_scale_whose_scaled_scores_are_read_elsewhere_or_a_negative_one_stays_a_mul():

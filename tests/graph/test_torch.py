@@ -445,3 +445,31 @@ def test_a_dequantised_gemm_that_is_not_an_fp8_gemm_stays_as_written(case):
     weight = producer[mm.inputs[1]]          # the FP8 weight still dequantised by its Cast
     assert isinstance(weight, Cast) and model.graph.tensors[weight.inputs[0]].dtype is DType.FP8
     assert model.graph.tensors[mm.inputs[1]].dtype is not DType.FP8
+
+
+class Fp32Softmax(nn.Module):
+    """HF eager attention's softmax: the FP16 scores up to FP32, softmax, back to FP16."""
+
+    def __init__(self, back=True):
+        super().__init__()
+        self.back = back
+
+    def forward(self, s):
+        p = torch.softmax(s, dim=-1, dtype=torch.float32)
+        return p.to(s.dtype) if self.back else p
+
+
+def test_an_fp32_softmax_island_between_fp16_casts_imports_as_one_fp16_softmax():
+    s = (torch.randn(2, 3, 5, 7) * 3).half()
+    model = import_module(Fp32Softmax().eval(), (s,))
+    (op,) = model.graph.ops
+    assert op.kind == "softmax" and model.graph.tensors[op.inputs[0]].dtype is DType.FP16
+    out = model.graph.tensors[op.output]
+    assert out.dtype is DType.FP16 and out.role is Role.OUTPUT
+    got = op.reference(s.double().numpy()).astype(np.float16)
+    with torch.no_grad():
+        want = Fp32Softmax()(s).numpy()
+    assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() <= 2 ** -11   # one ulp at most
+    # an FP32 result is what the module computes: the island stays
+    kinds = [op.kind for op in import_module(Fp32Softmax(back=False).eval(), (s,)).graph.ops]
+    assert kinds == ["cast", "softmax"]
