@@ -28,8 +28,8 @@ from .allocate import allocate
 from .block_moves import BlockMove, CopyPlans
 from .passes import PASSES
 from .passes.state import LoweringState
-from .tile_program import (ArrayPool, BufferInfo, ComputeSet, Exchange, TileProgram, VertexGroup, absolute,
-                           on_buffers, unmerged)
+from .tile_program import (ArrayPool, BufferInfo, ComputeSet, Exchange, RowNumbers, TileProgram, VertexGroup,
+                           absolute, on_buffers, unmerged)
 
 
 def return_freed_memory(setup: bool = False) -> None:
@@ -80,9 +80,11 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
         if isinstance(st, Exchange):
             if st.transfers is None:            # no pass merged it: its rows as expanded
                 st.transfers = state.pool.transfers(unmerged(st.parts, state.tile_program.addr))
+                st.origin = state.numbers.origin(st.parts)
             st.parts = None                     # lowering's own: not kept with the program
     state.tile_program.passes = [p.name for p in chosen]
     state.pool = ArrayPool()                    # a fresh one: the old index keeps replaced tables alive
+    state.numbers = RowNumbers()                # (the origins' numbers stay valid: they are plain ints)
     return_freed_memory()
     return state
 

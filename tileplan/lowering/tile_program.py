@@ -83,6 +83,11 @@ class Exchange:
     parts: tuple | None = None    # during lowering only: per copy, (its rows with buffer-relative offsets
                                   # and buffer ids 0, shared by every copy with its plan; source buffer
                                   # index; destination buffer index), what merge_transfers merges copy by copy
+    origin: tuple | None = None   # in memory only (not in the package): per copy, in table order, (rows,
+                                  # source buffer index, destination buffer index), ``rows`` numbering the
+                                  # copy's buffer-relative rows: equal numbers, equal rows (a tower's layers
+                                  # share them). What lets host emission replay a repeated exchange once
+                                  # (``emit.host``). None: a table without its copies (built by hand, loaded)
 
 
 def absolute(tr: Transfers, addr: np.ndarray) -> Transfers:
@@ -98,6 +103,24 @@ def absolute(tr: Transfers, addr: np.ndarray) -> Transfers:
 def unmerged(parts, addr: np.ndarray) -> Transfers:
     """An exchange's table from its ``Exchange.parts``, as expanded (unmerged), at absolute addresses."""
     return absolute(Transfers.concat([on_buffers(rows, sid, did) for rows, sid, did in parts]), addr)
+
+
+class RowNumbers:
+    """Numbers for buffer-relative row tables (``Exchange.origin``): one number per distinct table
+    object, in order of first use, kept with the table so that a number never names two tables."""
+
+    def __init__(self):
+        self._number: dict[int, tuple[int, object]] = {}     # id -> (number, the table, kept alive)
+
+    def __call__(self, rows) -> int:
+        got = self._number.get(id(rows))
+        if got is None:
+            got = self._number[id(rows)] = (len(self._number), rows)
+        return got[0]
+
+    def origin(self, parts) -> tuple:
+        """``Exchange.origin`` of an exchange made of ``parts`` ((rows, source, destination) per copy)."""
+        return tuple((self(rows), int(sid), int(did)) for rows, sid, did in parts if len(rows))
 
 
 def on_buffers(tr: Transfers, sid: int, did: int) -> Transfers:

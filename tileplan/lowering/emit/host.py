@@ -106,10 +106,10 @@ each one's element count and the bytes of its one element, and the host writes
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import struct
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -148,18 +148,6 @@ def _first_use(ids: np.ndarray) -> np.ndarray:
     rank = np.empty(first.size, np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.size)
     return rank[inverse.reshape(-1)]
-
-
-def _reads_digest(reads) -> bytes:
-    """A content hash of what an exchange's byte copies read (``Replay._copy_reads``), with the
-    variables holding it up to a renaming: two exchanges with equal digests read the same pieces."""
-    q, ps, pe, var, ct, start, elem, dtile, dst = reads
-    h = hashlib.sha256()
-    for a in (q, ps, pe, ct, start, elem, dtile, _first_use(var), var < 0):
-        a = np.ascontiguousarray(a, dtype=np.int64)
-        h.update(struct.pack("<q", a.size))
-        h.update(a.tobytes())
-    return h.digest()
 
 
 def _where(a: int, b: int) -> str:
@@ -446,12 +434,7 @@ class Tables:
         self.var_size[var] += int(counts.sum())
         # Consecutive pieces on one tile are one (what ``sections`` makes of them anyway): a tower's
         # exchanges add millions of destination pieces, most of them continuing the one before.
-        keep = counts > 0
-        tiles, counts = tiles[keep], counts[keep]
-        if tiles.size:
-            first = np.flatnonzero(np.concatenate(([True], tiles[1:] != tiles[:-1])))
-            tiles, counts = tiles[first].astype(np.int32), np.add.reduceat(counts, first)
-        self._pieces.append((var, tiles, counts))
+        self._pieces.append((var, *_merged_pieces(tiles, counts)))
         return begins
 
     def operands(self, n: int, q, var, begin, end) -> int:
@@ -631,6 +614,52 @@ def pack_tables(sections: dict[str, np.ndarray]) -> bytes:
 
 # ---- replaying the program -------------------------------------------------------------------
 
+@dataclass
+class _Replayed:
+    """An exchange as replayed, kept for the later ones of its rows (``Replay._repeat``): what its
+    source buffers held (``Replay._source_view``), the variables it made (element type code, variable,
+    pieces as ``Tables.pieces`` stores them), its writes merged as the byte map merges them, its rows
+    (``Tables.close_scope``) and its binding."""
+
+    view: tuple
+    made: list
+    writes: tuple
+    body: tuple
+    binding: np.ndarray
+
+
+def _merged_pieces(tiles, counts) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces of ``counts`` elements on ``tiles`` with consecutive pieces on one tile joined (what
+    ``Tables.pieces`` stores: the same variable either way)."""
+    tiles, counts = _i64(tiles), _i64(counts)
+    keep = counts > 0
+    tiles, counts = tiles[keep], counts[keep]
+    if tiles.size:
+        first = np.flatnonzero(np.concatenate(([True], tiles[1:] != tiles[:-1])))
+        tiles, counts = tiles[first].astype(np.int32), np.add.reduceat(counts, first)
+    return tiles, counts
+
+
+def _merged_writes(wa, wb, var, elem, ct) -> tuple[np.ndarray, ...]:
+    """Writes (disjoint) sorted and joined where one continues the other (adjacent bytes, the same
+    variable and the next elements, or both undefined): the byte map they leave is the same
+    (``ByteMap.write`` joins such intervals itself, and a write's effect on older values depends
+    only on the bytes it covers)."""
+    wa, wb, var, elem, ct = (_i64(x) for x in (wa, wb, var, elem, ct))
+    keep = wb > wa
+    order = np.argsort(wa[keep], kind="stable")
+    wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
+    if wa.size < 2:
+        return wa, wb, var, elem, ct
+    z = _ESZ[ct[:-1]]
+    cont = (wa[1:] == wb[:-1]) & (var[1:] == var[:-1]) & (ct[1:] == ct[:-1]) & (
+        (var[1:] < 0) | ((wb[:-1] - wa[:-1]) % z == 0) & (elem[1:] == elem[:-1] + (wb[:-1] - wa[:-1]) // z))
+    first = np.flatnonzero(np.concatenate(([True], ~cont)))
+    last = np.concatenate((first[1:], [wa.size])) - 1
+    return wa[first], wb[last], var[first], elem[first], ct[first]
+
+
+
 class Replay:
     """Replays a tile program over the byte map, filling ``Tables``."""
 
@@ -639,7 +668,7 @@ class Replay:
         self.tables = Tables()
         self.map = ByteMap(tp.tiles)
         self._vars: dict[tuple[str, str], int] = {}
-        self._exchanges: dict[tuple, tuple] = {}     # transfer tables (ids) -> the last exchange built with them
+        self._exchanges: dict[tuple, _Replayed] = {}   # an exchange's shape -> the last one of it replayed
         self._step = ""
         self.summary = {"vertices": 0, "transfers": 0}
 
@@ -868,56 +897,88 @@ class Replay:
         tr = step.transfers
         t = self.tables
         what = f"exchange {step.name!r}"
-        reads = self._copy_reads(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes, what)
         self.summary["transfers"] += len(tr)
-        # A tower's layers run the same transfer tables (the very arrays: lowering pools them) over
-        # their own values: where this exchange reads what an earlier one with these tables read, up to
-        # which variables hold it, its rows are that exchange's, bound to this step's variables.
-        key = tuple(id(getattr(tr, f)) for f in EXCHANGE_FIELDS)
-        earlier = self._exchanges.get(key)
-        if earlier is not None and self._repeat(step.name, earlier, reads, what):
+        # A tower's layers run exchanges of the same rows (``Exchange.origin``) over their own values:
+        # where what this one's source buffers hold equals what they held for an earlier one of the same
+        # rows, up to which variables hold it, it is that exchange renamed (``_repeat``).
+        shape = self._exchange_shape(step)
+        view = self._source_view(step.origin) if shape is not None else None
+        earlier = self._exchanges.get(shape) if shape is not None else None
+        if earlier is not None and self._repeat(step.name, earlier, view, what):
             return
+        reads = self._copy_reads(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes, what)
         t.open_scope()
         copies, writes, made = self._copy_rows(reads)
         self.map.write(*writes, what)
         t.copies += copies
         body = self._step_row(1, step.name)
-        if all(fresh for *_, fresh in made):
-            # Kept small (a tower has hundreds of exchanges of up to millions of pieces): a digest of
-            # the pieces read, the variables read (first occurrence of each), the variables made.
-            var = reads[3]
-            ids, at = np.unique(var, return_index=True)
-            self._exchanges[key] = (_reads_digest(reads), ids, at, [(code, v) for code, v, *_ in made], body,
-                                    t.last_binding)
+        if shape is not None and all(fresh for *_, fresh in made):
+            self._exchanges[shape] = _Replayed(view, [(code, v, *_merged_pieces(tiles, counts))
+                                                      for code, v, tiles, counts, _ in made],
+                                               _merged_writes(*writes), body, t.last_binding)
 
-    def _repeat(self, name: str, earlier, reads, what: str) -> bool:
-        """Replay an exchange as the ``earlier`` one with its tables (see ``_exchange``) if it reads the
-        same pieces up to a renaming of the variables holding them; False (nothing done) if not. The
-        variables it makes get the pieces the earlier one's got (the same tiles and counts, in the same
-        order), so what it writes is the earlier writes renamed."""
-        digest, old_ids, at, made, body, binding = earlier
-        q, ps, pe, var, ct, start, elem, dtile, dst = reads
-        if _reads_digest(reads) != digest:
+    @staticmethod
+    def _exchange_shape(step: Exchange) -> tuple | None:
+        """What makes two exchanges the same rows over other buffers: the numbers of their copies'
+        buffer-relative rows (``Exchange.origin``) and their destination columns (the pooled arrays:
+        the same destination bytes, in the same order). None: an exchange without its copies."""
+        if step.origin is None:
+            return None
+        tr = step.transfers
+        return (tuple(rows for rows, _, _ in step.origin),
+                tuple(id(getattr(tr, f)) for f in ("group", "src_tile", "dst_tile", "dst_off", "nbytes")))
+
+    def _source_view(self, origin) -> tuple:
+        """What the exchange's source buffers hold now, relative to each buffer's bytes on each tile
+        (the pieces of ``ByteMap.look`` over them, copy by copy): ``(where, var)`` with ``where`` the
+        int64 columns (copy, tile, first byte, end byte, element type, byte phase in the element, the
+        element) and ``var`` the variables. Rows read only their source buffer's bytes, so two
+        exchanges of the same rows whose views are equal up to a renaming of the variables read the
+        same pieces of the renamed variables."""
+        qa, qb, copy, tile = [], [], [], []
+        for c, (_, sid, _) in enumerate(origin):
+            t = np.flatnonzero((self.tp.addr[sid] >= 0) & (self.tp.size[sid] > 0))
+            at = t * STRIDE + self.tp.addr[sid, t]
+            qa.append(at)
+            qb.append(at + self.tp.size[sid, t])
+            copy.append(np.full(t.size, c, np.int64))
+            tile.append(t)
+        qa, qb, copy, tile = (np.concatenate(x) for x in (qa, qb, copy, tile))
+        q, ps, pe, var, ct, start, elem = self.map.look(qa, qb)
+        z = _ESZ[ct]
+        defined = var >= 0              # (undefined bytes: no element, whichever interval holds them)
+        where = np.stack([copy[q], tile[q], ps - qa[q], pe - qa[q], ct, np.where(defined, (ps - start) % z, 0),
+                          np.where(defined, elem + (ps - start) // z, 0)])
+        return where, var
+
+    def _repeat(self, name: str, earlier: "_Replayed", view, what: str) -> bool:
+        """Replay an exchange as the ``earlier`` one of its rows (see ``_exchange``) if its source
+        buffers hold what the earlier one's held, up to a renaming of the variables; False (nothing
+        done) if not. The variables it makes get the pieces the earlier one's got (the same tiles and
+        counts, in the same order), so what it writes is the earlier writes renamed, and its rows are
+        the earlier rows bound to the renamed variables."""
+        where, var = view
+        old_where, old_var = earlier.view
+        if where.shape != old_where.shape or not np.array_equal(where, old_where) \
+                or not np.array_equal(var < 0, old_var < 0) or not np.array_equal(var[var < 0], old_var[old_var < 0]) \
+                or not np.array_equal(_first_use(var), _first_use(old_var)):
             return False
-        if any((f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code]) in self._vars for code, _ in made):
+        if any((f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code]) in self._vars for code, *_ in earlier.made):
             return False
         t = self.tables
+        old_ids, at = np.unique(old_var, return_index=True)
         new_ids = var[at]
-        defined = var >= 0
-        wvar = np.full(q.size, -1, np.int64)
-        welem = np.zeros(q.size, np.int64)
-        wct = np.full(q.size, -1, np.int64)
-        for code, v in made:
-            m = np.flatnonzero(defined & (ct == code))
+        for code, v, tiles, counts in earlier.made:
             nv = self._named_var(f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code])
-            begins = t.pieces(nv, dtile[m], (pe[m] - ps[m]) // ELEMENT_BYTES[CTYPES[code]])
-            wvar[m], welem[m], wct[m] = nv, begins, code
+            t.pieces(nv, tiles, counts)
             old_ids, new_ids = np.append(old_ids, v), np.append(new_ids, nv)
         order = np.argsort(old_ids)
         old_ids, new_ids = old_ids[order], new_ids[order]
-        self.map.write(dst, dst + (pe - ps), wvar, welem, wct, what)
-        first_binding = t.bind(new_ids[np.searchsorted(old_ids, binding)])
-        t.steps.append([1, t.string(name), *body[1:5], first_binding, binding.size])
+        wa, wb, wvar, welem, wct = earlier.writes
+        renamed = np.where(wvar >= 0, new_ids[np.searchsorted(old_ids, wvar)], wvar)
+        self.map.write(wa, wb, renamed, welem, wct, what)
+        first_binding = t.bind(new_ids[np.searchsorted(old_ids, earlier.binding)])
+        t.steps.append([1, t.string(name), *earlier.body[1:5], first_binding, earlier.binding.size])
         return True
 
     def _step_row(self, kind: int, name: str) -> tuple[int, ...]:

@@ -39,13 +39,15 @@ def run(state):
                     per_copy[id(rows)] = (rows, _merged(rows))
                 parts.append(on_buffers(per_copy[id(rows)][1], sid, did))
             merged = state.pool.transfers(absolute(Transfers.concat(parts), tp.addr))
+            origin = state.numbers.origin([(per_copy[id(rows)][1], sid, did) for rows, sid, did in step.parts])
         else:
             key = tuple(id(getattr(t, f)) for f in EXCHANGE_FIELDS)
             if key not in done:
                 done[key] = (t, state.pool.transfers(_merged(t)))
             merged = done[key][1]
+            origin = None
         fragments = (expanded if step.parts else len(t)) if step.fragments is None else step.fragments
         if len(merged) < fragments:
             state.log.append(f"merge_transfers: {step.name}: {fragments} fragments -> {len(merged)} transfers")
-        tp.steps[i] = Exchange(step.name, merged)
+        tp.steps[i] = Exchange(step.name, merged, origin=origin)
     return state
