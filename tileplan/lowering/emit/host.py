@@ -616,16 +616,22 @@ def pack_tables(sections: dict[str, np.ndarray]) -> bytes:
 
 @dataclass
 class _Replayed:
-    """An exchange as replayed, kept for the later ones of its rows (``Replay._repeat``): what its
-    source buffers held (``Replay._source_view``), the variables it made (element type code, variable,
-    pieces as ``Tables.pieces`` stores them), its writes merged as the byte map merges them, its rows
-    (``Tables.close_scope``) and its binding."""
+    """A step as replayed in full, kept for the later ones of its shape (``Replay._repeat``): what it
+    read (``Replay._view``), the variables it made (name after the step's name, element type, made by
+    name: ``Replay._named_var``) and their pieces (index into ``made``, tiles, counts, as
+    ``Tables.pieces`` stores them), the id of the first of them, its writes merged as the byte map
+    merges them, its ``steps`` row (kind; first group, groups, first copy, copies), its binding and
+    the vertices it counts."""
 
     view: tuple
     made: list
+    pieces: list
+    first_made: int
     writes: tuple
+    kind: int
     body: tuple
     binding: np.ndarray
+    vertices: int
 
 
 def _merged_pieces(tiles, counts) -> tuple[np.ndarray, np.ndarray]:
@@ -668,7 +674,8 @@ class Replay:
         self.tables = Tables()
         self.map = ByteMap(tp.tiles)
         self._vars: dict[tuple[str, str], int] = {}
-        self._exchanges: dict[tuple, _Replayed] = {}   # an exchange's shape -> the last one of it replayed
+        self._replayed: dict[tuple, _Replayed] = {}    # a step's shape -> the last one of it replayed in full
+        self._codelets: dict = {}                      # group_codelet's memo
         self._step = ""
         self.summary = {"vertices": 0, "transfers": 0}
 
@@ -893,93 +900,122 @@ class Replay:
         operand = t.operands(1, *_row_major((at, at + length, var, begin), info))
         self._host_tensor(ROLE["output"], tensor, TYPE_CODE[ctype], size, operand)
 
-    def _exchange(self, step: Exchange) -> None:
-        tr = step.transfers
-        t = self.tables
-        what = f"exchange {step.name!r}"
-        self.summary["transfers"] += len(tr)
-        # A tower's layers run exchanges of the same rows (``Exchange.origin``) over their own values:
-        # where what this one's source buffers hold equals what they held for an earlier one of the same
-        # rows, up to which variables hold it, it is that exchange renamed (``_repeat``).
-        shape = self._exchange_shape(step)
-        view = self._source_view(step.origin) if shape is not None else None
-        earlier = self._exchanges.get(shape) if shape is not None else None
-        if earlier is not None and self._repeat(step.name, earlier, view, what):
+    # repeated steps ------------------------------------------------------------------------
+
+    def _replay_step(self, step, shape, view, replay) -> None:
+        """Replay ``step``: as the last step of its ``shape`` replayed in full, renamed, where ``view``
+        (what the bytes it reads hold: ``_view``) equals that step's view up to a renaming of the
+        variables (``_repeat``); else in full (``replay()``, which returns the writes it made), keeping
+        what a later step of the shape needs. A tower's layers: each layer-invariant step is replayed
+        row by row once, and its repetitions cost what their views and their writes hold, not their
+        rows. ``shape`` None: always in full."""
+        earlier = self._replayed.get(shape) if shape is not None else None
+        if earlier is not None and self._repeat(step.name, earlier, view, f"step {step.name!r}"):
             return
-        reads = self._copy_reads(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes, what)
-        t.open_scope()
-        copies, writes, made = self._copy_rows(reads)
-        self.map.write(*writes, what)
-        t.copies += copies
-        body = self._step_row(1, step.name)
-        if shape is not None and all(fresh for *_, fresh in made):
-            self._exchanges[shape] = _Replayed(view, [(code, v, *_merged_pieces(tiles, counts))
-                                                      for code, v, tiles, counts, _ in made],
-                                               _merged_writes(*writes), body, t.last_binding)
+        t = self.tables
+        v0, p0, n0 = len(t.var_name), len(t._pieces), self.summary["vertices"]
+        writes = _merged_writes(*replay())
+        if shape is None:
+            return
+        made = range(v0, len(t.var_name))
+        names = [t.var_name[v] for v in made]
+        entries = t._pieces[p0:]
+        read = np.unique(view[1])
+        binding = t.last_binding
+        if not all(n.startswith(step.name) for n in names) or any(v < v0 for v, _, _ in entries) \
+                or np.any((writes[2] >= 0) & (writes[2] < v0)) \
+                or not np.isin(binding[binding < v0], read).all():
+            return               # it wrote or bound what its view does not say (kept out of the shortcut)
+        self._replayed[shape] = _Replayed(
+            view, [(n[len(step.name):], CTYPES[t.var_type[v]], (n, CTYPES[t.var_type[v]]) in self._vars)
+                   for n, v in zip(names, made)],
+            [(v - v0, tiles, counts) for v, tiles, counts in entries], v0, writes, t.steps[-1][0],
+            tuple(t.steps[-1][2:6]), binding, self.summary["vertices"] - n0)
 
-    @staticmethod
-    def _exchange_shape(step: Exchange) -> tuple | None:
-        """What makes two exchanges the same rows over other buffers: the numbers of their copies'
-        buffer-relative rows (``Exchange.origin``) and their destination columns (the pooled arrays:
-        the same destination bytes, in the same order). None: an exchange without its copies."""
-        if step.origin is None:
-            return None
-        tr = step.transfers
-        return (tuple(rows for rows, _, _ in step.origin),
-                tuple(id(getattr(tr, f)) for f in ("group", "src_tile", "dst_tile", "dst_off", "nbytes")))
-
-    def _source_view(self, origin) -> tuple:
-        """What the exchange's source buffers hold now, relative to each buffer's bytes on each tile
-        (the pieces of ``ByteMap.look`` over them, copy by copy): ``(where, var)`` with ``where`` the
-        int64 columns (copy, tile, first byte, end byte, element type, byte phase in the element, the
-        element) and ``var`` the variables. Rows read only their source buffer's bytes, so two
-        exchanges of the same rows whose views are equal up to a renaming of the variables read the
-        same pieces of the renamed variables."""
-        qa, qb, copy, tile = [], [], [], []
-        for c, (_, sid, _) in enumerate(origin):
-            t = np.flatnonzero((self.tp.addr[sid] >= 0) & (self.tp.size[sid] > 0))
-            at = t * STRIDE + self.tp.addr[sid, t]
-            qa.append(at)
-            qb.append(at + self.tp.size[sid, t])
-            copy.append(np.full(t.size, c, np.int64))
-            tile.append(t)
-        qa, qb, copy, tile = (np.concatenate(x) for x in (qa, qb, copy, tile))
+    def _view(self, qa: np.ndarray, qb: np.ndarray, key: np.ndarray) -> tuple:
+        """What the byte ranges ``[qa, qb)`` hold now, relative to each range (the pieces of
+        ``ByteMap.look``): ``(where, var)`` with ``where`` the int64 columns (``key`` of the range,
+        first byte and end byte in it, element type, byte phase in the element, the element) and
+        ``var`` the variables. Two steps whose reads lie in ranges with equal keys and whose views
+        are equal up to a renaming of the variables read the same pieces of the renamed variables."""
         q, ps, pe, var, ct, start, elem = self.map.look(qa, qb)
         z = _ESZ[ct]
         defined = var >= 0              # (undefined bytes: no element, whichever interval holds them)
-        where = np.stack([copy[q], tile[q], ps - qa[q], pe - qa[q], ct, np.where(defined, (ps - start) % z, 0),
+        where = np.stack([key[q], ps - qa[q], pe - qa[q], ct, np.where(defined, (ps - start) % z, 0),
                           np.where(defined, elem + (ps - start) // z, 0)])
         return where, var
 
     def _repeat(self, name: str, earlier: "_Replayed", view, what: str) -> bool:
-        """Replay an exchange as the ``earlier`` one of its rows (see ``_exchange``) if its source
-        buffers hold what the earlier one's held, up to a renaming of the variables; False (nothing
-        done) if not. The variables it makes get the pieces the earlier one's got (the same tiles and
-        counts, in the same order), so what it writes is the earlier writes renamed, and its rows are
-        the earlier rows bound to the renamed variables."""
+        """Replay a step as the ``earlier`` one of its shape (see ``_replay_step``) if what it reads holds
+        what the earlier one read, up to a renaming of the variables; False (nothing done) if not.
+        The variables it makes are the earlier one's under its name, with their pieces (the same
+        tiles and counts, in the same order), so what it writes is the earlier writes renamed, and its
+        rows are the earlier rows bound to the renamed variables."""
         where, var = view
         old_where, old_var = earlier.view
         if where.shape != old_where.shape or not np.array_equal(where, old_where) \
                 or not np.array_equal(var < 0, old_var < 0) or not np.array_equal(var[var < 0], old_var[old_var < 0]) \
                 or not np.array_equal(_first_use(var), _first_use(old_var)):
             return False
-        if any((f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code]) in self._vars for code, *_ in earlier.made):
+        if any((name + suffix, ctype) in self._vars for suffix, ctype, named in earlier.made if named):
             return False
         t = self.tables
         old_ids, at = np.unique(old_var, return_index=True)
         new_ids = var[at]
-        for code, v, tiles, counts in earlier.made:
-            nv = self._named_var(f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code])
-            t.pieces(nv, tiles, counts)
-            old_ids, new_ids = np.append(old_ids, v), np.append(new_ids, nv)
+        made = [self._named_var(name + suffix, ctype) if named else t.variable(name + suffix, ctype)
+                for suffix, ctype, named in earlier.made]
+        for i, tiles, counts in earlier.pieces:
+            t.pieces(made[i], tiles, counts)
+        old_ids = np.concatenate((old_ids, earlier.first_made + np.arange(len(made))))
+        new_ids = np.concatenate((new_ids, _i64(made)))
         order = np.argsort(old_ids)
         old_ids, new_ids = old_ids[order], new_ids[order]
         wa, wb, wvar, welem, wct = earlier.writes
         renamed = np.where(wvar >= 0, new_ids[np.searchsorted(old_ids, wvar)], wvar)
         self.map.write(wa, wb, renamed, welem, wct, what)
         first_binding = t.bind(new_ids[np.searchsorted(old_ids, earlier.binding)])
-        t.steps.append([1, t.string(name), *earlier.body[1:5], first_binding, earlier.binding.size])
+        t.steps.append([earlier.kind, t.string(name), *earlier.body, first_binding, earlier.binding.size])
+        self.summary["vertices"] += earlier.vertices
         return True
+
+    # exchanges -----------------------------------------------------------------------------
+
+    def _exchange(self, step: Exchange) -> None:
+        tr = step.transfers
+        self.summary["transfers"] += len(tr)
+        # A tower's layers run exchanges of the same rows (``Exchange.origin``) over their own values:
+        # the view is what their source buffers hold (rows read only their source buffer's bytes).
+        shape = view = None
+        if step.origin is not None:
+            shape = ("exchange", tuple(rows for rows, _, _ in step.origin),
+                     tuple(id(getattr(tr, f)) for f in ("group", "src_tile", "dst_tile", "dst_off", "nbytes")))
+            view = self._view(*self._buffer_ranges([sid for _, sid, _ in step.origin]))
+        self._replay_step(step, shape, view, lambda: self._exchange_rows(step))
+
+    def _buffer_ranges(self, buffers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The byte ranges of ``buffers`` (one per tile holding bytes of it), keyed by (position in
+        ``buffers``, tile)."""
+        qa, qb, key = [], [], []
+        for c, b in enumerate(buffers):
+            t = np.flatnonzero((self.tp.addr[b] >= 0) & (self.tp.size[b] > 0))
+            at = t * STRIDE + self.tp.addr[b, t]
+            qa.append(at)
+            qb.append(at + self.tp.size[b, t])
+            key.append(c * self.tp.tiles + t)
+        return tuple(np.concatenate(x) for x in (qa, qb, key))
+
+    def _exchange_rows(self, step: Exchange) -> tuple:
+        """An exchange replayed row by row; returns its writes."""
+        tr = step.transfers
+        t = self.tables
+        what = f"exchange {step.name!r}"
+        reads = self._copy_reads(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes, what)
+        t.open_scope()
+        copies, writes, _ = self._copy_rows(reads)
+        self.map.write(*writes, what)
+        t.copies += copies
+        self._step_row(1, step.name)
+        return writes
 
     def _step_row(self, kind: int, name: str) -> tuple[int, ...]:
         """The ``steps`` row of the open scope; returns the scope's rows (``Tables.close_scope``)."""
@@ -989,6 +1025,24 @@ class Replay:
         return tuple(body)
 
     def _compute(self, step: ComputeSet) -> None:
+        # The layers' compute sets: the same vertices (tiles, outputs, calls) reading their own values
+        # (a layer's weights sit elsewhere); the view is what every operand they read holds.
+        shape, qa, qb = [], [], []
+        for group in step.groups:
+            copy = group.call.primitive == "copy"
+            shape.append((group.call, group.variant, group.in_bytes, group.out_bytes, id(group.tile),
+                          id(group.outs), id(group.ins) if copy else None))
+            at = _i64(group.tile) * STRIDE
+            for j in range(1 if copy else len(group.in_bytes)):
+                qa.append(at + group.ins[:, j])
+                qb.append(at + group.ins[:, j] + int(group.in_bytes[j]))
+        qa = np.concatenate(qa) if qa else np.zeros(0, np.int64)
+        qb = np.concatenate(qb) if qb else np.zeros(0, np.int64)
+        view = self._view(qa, qb, np.arange(qa.size))
+        self._replay_step(step, ("compute", tuple(shape)), view, lambda: self._compute_rows(step))
+
+    def _compute_rows(self, step: ComputeSet) -> tuple:
+        """A compute set replayed vertex by vertex; returns its writes."""
         t = self.tables
         t.open_scope()
         writes = []
@@ -999,7 +1053,7 @@ class Replay:
                 copy_rows.append((tiles, group.ins[:, 0], tiles, group.outs[:, 0],
                                   np.full(tiles.size, group.in_bytes[0])))
                 continue
-            source = group_codelet(group, self.target, self.registry)
+            source = group_codelet(group, self.target, self.registry, self._codelets)
             what = f"compute set {step.name!r} group {gi} ({group.call})"
             ins, outs = source.inputs, source.outputs
             n, nf = tiles.size, len(ins) + len(outs)
@@ -1037,10 +1091,11 @@ class Replay:
             st, sa, dt, da, nb = (np.concatenate(x) for x in zip(*copy_rows))
             copies, w = self.byte_copies(st, sa, dt, da, nb, f"on-tile copies of {step.name!r}")
             writes.append(w)
-        if writes:
-            self.map.write(*(np.concatenate(x) for x in zip(*writes)), f"compute set {step.name!r}")
+        writes = tuple(np.concatenate(x) for x in zip(*writes)) if writes else (np.zeros(0, np.int64),) * 5
+        self.map.write(*writes, f"compute set {step.name!r}")
         t.copies += copies
         self._step_row(0, step.name)
+        return writes
 
 
 # ---- host.cpp --------------------------------------------------------------------------------
