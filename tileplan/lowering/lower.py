@@ -28,8 +28,8 @@ from .allocate import allocate
 from .block_moves import BlockMove, CopyPlans
 from .passes import PASSES
 from .passes.state import LoweringState
-from .tile_program import (ArrayPool, BufferInfo, ComputeSet, Exchange, RowNumbers, TileProgram, VertexGroup,
-                           absolute, on_buffers, unmerged)
+from .tile_program import (ArrayPool, BufferInfo, ComputeSet, Exchange, Placement, RowNumbers, TileProgram,
+                           VertexGroup, absolute, on_buffers)
 
 
 def return_freed_memory(setup: bool = False) -> None:
@@ -68,6 +68,7 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
     state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=block_moves,
                                 plans=state.plans, pool=state.pool)
     state.plans = CopyPlans(target.tiles)       # expanded: do not keep the copy plans alive
+    state.placement = Placement(state.pool, state.numbers, state.tile_program.addr)
     spans = _tile_spans(state.program, state.tile_program)
     for info in state.tile_program.buffers:
         root = alias_root(info.name, state.aliases)
@@ -79,12 +80,12 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
     for st in state.tile_program.steps:
         if isinstance(st, Exchange):
             if st.transfers is None:            # no pass merged it: its rows as expanded
-                st.transfers = state.pool.transfers(unmerged(st.parts, state.tile_program.addr))
-                st.origin = state.numbers.origin(st.parts)
+                st.transfers, st.origin = state.placement(st.parts)
             st.parts = None                     # lowering's own: not kept with the program
     state.tile_program.passes = [p.name for p in chosen]
     state.pool = ArrayPool()                    # a fresh one: the old index keeps replaced tables alive
     state.numbers = RowNumbers()                # (the origins' numbers stay valid: they are plain ints)
+    state.placement = None
     return_freed_memory()
     return state
 

@@ -100,9 +100,25 @@ def absolute(tr: Transfers, addr: np.ndarray) -> Transfers:
     return Transfers(tr.group, tr.src_tile, zero, src, tr.dst_tile, zero, dst, tr.nbytes)
 
 
-def unmerged(parts, addr: np.ndarray) -> Transfers:
-    """An exchange's table from its ``Exchange.parts``, as expanded (unmerged), at absolute addresses."""
-    return absolute(Transfers.concat([on_buffers(rows, sid, did) for rows, sid, did in parts]), addr)
+def on_buffers(tr: Transfers, sid: int, did: int) -> Transfers:
+    """Transfers made with buffer ids 0, between buffers ``sid`` and ``did``."""
+    if len(tr) == 0:
+        return tr
+    return Transfers(tr.group, tr.src_tile, np.full(len(tr), sid, np.int32), tr.src_off, tr.dst_tile,
+                     np.full(len(tr), did, np.int32), tr.dst_off, tr.nbytes)
+
+
+def exchange_shape(step: "Exchange") -> tuple | None:
+    """What makes two exchanges the same rows between other buffers: the numbers of their copies'
+    buffer-relative rows (``Exchange.origin``) and their pooled columns other than the source
+    addresses (the very arrays: the same destination bytes, tiles and sizes, in the same order).
+    Two exchanges of one shape differ at most in where their sources sit (a tower's layers read
+    their own weights). None: an exchange without its copies (built by hand, loaded)."""
+    if step.origin is None:
+        return None
+    tr = step.transfers
+    return (tuple(rows for rows, _, _ in step.origin),
+            tuple(id(getattr(tr, f)) for f in ("group", "src_tile", "dst_tile", "dst_off", "nbytes")))
 
 
 class RowNumbers:
@@ -121,14 +137,6 @@ class RowNumbers:
     def origin(self, parts) -> tuple:
         """``Exchange.origin`` of an exchange made of ``parts`` ((rows, source, destination) per copy)."""
         return tuple((self(rows), int(sid), int(did)) for rows, sid, did in parts if len(rows))
-
-
-def on_buffers(tr: Transfers, sid: int, did: int) -> Transfers:
-    """Transfers made with buffer ids 0, between buffers ``sid`` and ``did``."""
-    if len(tr) == 0:
-        return tr
-    return Transfers(tr.group, tr.src_tile, np.full(len(tr), sid, np.int32), tr.src_off, tr.dst_tile,
-                     np.full(len(tr), did, np.int32), tr.dst_off, tr.nbytes)
 
 
 @dataclass
@@ -261,6 +269,61 @@ class ArrayPool:
     def transfers(self, tr: Transfers) -> Transfers:
         """A transfer table with int32 columns, each column pooled."""
         return exchange_table(*(self(getattr(tr, f), np.int32) for f in EXCHANGE_FIELDS))
+
+
+class Placement:
+    """Exchange tables from their copies' buffer-relative rows (``Exchange.parts``), at absolute
+    addresses (the table ``absolute`` makes of their concatenation, each column pooled as ``ArrayPool.transfers`` pools it), with
+    the table's ``Exchange.origin``. Each column is made and pooled once per what it depends on:
+    the transfer ids, tiles and byte counts on the copies' rows only, the source (destination)
+    addresses also on where each copy's source (destination) buffer sits on every tile. A tower's
+    layers place the same rows between buffers at the same addresses (activations) or elsewhere
+    (their weights): the columns they share are neither rebuilt nor hashed again, and are the very
+    arrays the pool would return (the first it saw with their content)."""
+
+    def __init__(self, pool: ArrayPool, numbers: RowNumbers, addr: np.ndarray):
+        self.pool, self.numbers, self.addr = pool, numbers, addr
+        self._columns: dict[tuple, np.ndarray] = {}
+        self._sits: dict[int, int] = {}           # buffer -> number of its addresses (``addr[buffer]``)
+        self._sit_numbers: dict[bytes, int] = {}
+
+    def _sit(self, b: int) -> int:
+        """A number for where buffer ``b`` sits on every tile: equal numbers, equal address rows."""
+        got = self._sits.get(b)
+        if got is None:
+            digest = hashlib.blake2b(np.ascontiguousarray(self.addr[b]).data, digest_size=16).digest()
+            got = self._sits[b] = self._sit_numbers.setdefault(digest, len(self._sit_numbers))
+        return got
+
+    def __call__(self, parts) -> tuple[Transfers, tuple]:
+        parts = [(rows, int(sid), int(did)) for rows, sid, did in parts if len(rows)]
+        origin = self.numbers.origin(parts)
+        rows_key = tuple(n for n, _, _ in origin)
+        cols = []
+        for f in EXCHANGE_FIELDS:
+            key = (f, rows_key)
+            if f in ("src_off", "dst_off"):
+                key += (tuple(self._sit(p[1 if f == "src_off" else 2]) for p in parts),)
+            got = self._columns.get(key)
+            if got is None:
+                got = self._columns[key] = self.pool(self._column(f, parts), np.int32)
+            cols.append(got)
+        return exchange_table(*cols), origin
+
+    def _column(self, f: str, parts) -> np.ndarray:
+        if not parts:
+            return np.zeros(0, np.int64)
+        if f == "group":                # ``Transfers.concat``: each copy's ids after the ones before
+            out, base = [], 0
+            for rows, _, _ in parts:
+                out.append(rows.group + base)
+                base += int(rows.group.max()) + 1
+            return np.concatenate(out)
+        if f in ("src_off", "dst_off"):  # ``absolute``
+            tile = "src_tile" if f == "src_off" else "dst_tile"
+            return np.concatenate([self.addr[sid if f == "src_off" else did, getattr(rows, tile)] + getattr(rows, f)
+                                   for rows, sid, did in parts])
+        return np.concatenate([getattr(rows, f) for rows, _, _ in parts])
 
 
 def _narrow(a: np.ndarray, dtype) -> np.ndarray:

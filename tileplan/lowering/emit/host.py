@@ -116,7 +116,7 @@ import numpy as np
 from ...errors import TileplanError
 from ...graph.dtypes import DType
 from ...layout.panels import row_segments
-from ..tile_program import EXCHANGE_FIELDS, ComputeSet, Exchange, TileProgram
+from ..tile_program import EXCHANGE_FIELDS, ComputeSet, Exchange, TileProgram, exchange_shape
 from .codelets import emit_codelets, group_codelet
 
 CTYPES = ("unsigned char", "half", "float")              # element type codes 0 (U8), 1 (F16), 2 (F32)
@@ -985,10 +985,8 @@ class Replay:
         self.summary["transfers"] += len(tr)
         # A tower's layers run exchanges of the same rows (``Exchange.origin``) over their own values:
         # the view is what their source buffers hold (rows read only their source buffer's bytes).
-        shape = view = None
-        if step.origin is not None:
-            shape = ("exchange", tuple(rows for rows, _, _ in step.origin),
-                     tuple(id(getattr(tr, f)) for f in ("group", "src_tile", "dst_tile", "dst_off", "nbytes")))
+        shape = view = exchange_shape(step)
+        if shape is not None:
             view = self._view(*self._buffer_ranges([sid for _, sid, _ in step.origin]))
         self._replay_step(step, shape, view, lambda: self._exchange_rows(step))
 

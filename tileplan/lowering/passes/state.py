@@ -20,6 +20,7 @@ class LoweringState:
     plans: object = None                                       # lowering.block_moves.CopyPlans of the lowering
     pool: object = None                                        # tile_program.ArrayPool: equal tables shared
     numbers: object = None                                     # tile_program.RowNumbers: Exchange.origin
+    placement: object = None                                   # tile_program.Placement, once allocated
 
     def __post_init__(self):
         if self.plans is None:
