@@ -142,6 +142,13 @@ def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, rank
 
 
+def _unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` by one sort (the arrays here come nearly sorted, which the sort is fast on;
+    numpy's hashing ``unique`` is not)."""
+    a = np.sort(a, kind="stable")
+    return a[np.concatenate(([True], a[1:] != a[:-1]))] if a.size else a
+
+
 def _first_use(ids: np.ndarray) -> np.ndarray:
     """``ids`` renumbered by first appearance (equal results: equal up to a renaming)."""
     _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
@@ -306,6 +313,22 @@ class ByteMap:
             self._fault_in(wa, wb)
         self._write(wa, wb, var, elem, ct, what)
 
+    def write_each(self, writes: list[tuple]) -> None:
+        """``write`` each of ``writes`` (its arguments) in turn: as one write where no two overlap (the
+        same map: each write then covers bytes none of the others does), which costs one pass over the
+        map instead of one per write (a tower's hundreds of parameters)."""
+        if not writes:
+            return
+        wa, wb, var, elem, ct = (np.concatenate([_i64(w[i]) for w in writes]) for i in range(5))
+        keep = wb > wa
+        order = np.argsort(wa[keep], kind="stable")
+        sa, sb = wa[keep][order], wb[keep][order]
+        if (sa[1:] < sb[:-1]).any():
+            for w in writes:
+                self.write(*w)
+        else:
+            self.write(wa, wb, var, elem, ct, writes[0][5])
+
     def _fault_in(self, wa: np.ndarray, wb: np.ndarray) -> None:
         """Copy the static intervals that ``[wa, wb)`` overlap where the map refers to the static map into
         the map, whole. (Where the map refers to it, its bounds are static bounds: every fault-in copies
@@ -315,7 +338,7 @@ class ByteMap:
         if not m.any():
             return
         s = self.static
-        sidx = np.unique(s.read(ps[m], pe[m])[1])
+        sidx = _unique(s.read(ps[m], pe[m])[1])
         self._write(s.bounds[sidx], s.bounds[sidx + 1], s.var[sidx], s.elem[sidx], s.ct[sidx], "static map")
 
     def _write(self, wa, wb, var, elem, ct, what: str) -> None:
@@ -329,11 +352,11 @@ class ByteMap:
             k = int(over[0])
             raise TileplanError(f"{what}: two writes to tile {wa[k + 1] // STRIDE} bytes "
                                 f"[{wa[k + 1] % STRIDE}, {min(wb[k], wb[k + 1]) % STRIDE}) in one step")
-        b, n = self.bounds, self.var.size
+        b = self.bounds
         i0 = np.searchsorted(b, wa, "right") - 1
         i1 = np.searchsorted(b, wb, "left")
-        touched = np.cumsum(np.bincount(i0, minlength=n + 1) - np.bincount(i1, minlength=n + 1))[:n] > 0
-        t = np.flatnonzero(touched)
+        k, rank = _expand(i1 - i0)
+        t = _unique(i0[k] + rank)                    # the intervals the writes touch
         # what the writes leave of the touched intervals: their intersections with the gaps between writes
         gs, ge = np.concatenate(([0], wb)), np.concatenate((wa, [self.limit]))
         gap = gs < ge
@@ -364,25 +387,27 @@ class ByteMap:
         nc = np.concatenate((ct, oc[whole], np.full(nv.size - var.size - int(whole.sum()), -1)))
         order = np.argsort(starts, kind="stable")
         starts, nv, ne, nc = starts[order], nv[order], ne[order], nc[order]
-        # merge the new intervals into the untouched ones (both sorted, disjoint)
-        kept = np.flatnonzero(~touched)
-        pos = np.searchsorted(b[kept], starts) + np.arange(starts.size)
-        total = kept.size + starts.size
-        slot = np.ones(total, bool)
-        slot[pos] = False
-        out = []
-        for old_a, new_a in ((b[:-1], starts), (self.var, nv), (self.elem, ne), (self.ct, nc)):
-            a = np.empty(total, np.int64)
-            a[slot] = old_a[kept]
-            a[pos] = new_a
-            out.append(a)
-        s, v, e, c = out
-        gapb = s[1:] - s[:-1]
-        zz = _ESZ[c[1:]]
-        join = (v[1:] == v[:-1]) & ((v[1:] < 0) | ((gapb % zz == 0) & (e[1:] == e[:-1] + gapb // zz)))
-        first = np.concatenate(([True], ~join))
-        self.bounds = np.concatenate((s[first], [self.limit]))
-        self.var, self.elem, self.ct = v[first], e[first], c[first]
+        # the new intervals in place of the touched ones (both sorted, disjoint); the map's other
+        # intervals are left as they are, moved in blocks, not indexed one by one
+        ks = np.delete(b[:-1], t)
+        at = np.searchsorted(ks, starts)
+        s_ = np.insert(ks, at, starts)
+        v = np.insert(np.delete(self.var, t), at, nv)
+        e = np.insert(np.delete(self.elem, t), at, ne)
+        c = np.insert(np.delete(self.ct, t), at, nc)
+        # join intervals that continue each other: only next to a new one (the map's intervals were
+        # joined already, and two old intervals side by side now were side by side before)
+        new_at = at + np.arange(at.size)
+        j = _unique(np.concatenate((new_at, new_at + 1)))
+        j = j[(j >= 1) & (j < s_.size)]
+        gapb = s_[j] - s_[j - 1]
+        zz = _ESZ[c[j]]
+        join = (v[j] == v[j - 1]) & ((v[j] < 0) | ((gapb % zz == 0) & (e[j] == e[j - 1] + gapb // zz)))
+        drop = j[join]
+        if drop.size:
+            s_, v, e, c = (np.delete(x, drop) for x in (s_, v, e, c))
+        self.bounds = np.concatenate((s_, [self.limit]))
+        self.var, self.elem, self.ct = v, e, c
 
 
 # ---- the tables host.cpp reads ---------------------------------------------------------------
@@ -776,9 +801,11 @@ class Replay:
                 by_tensor[(b.kind == "output", b.tensor or b.name)].append(i)
         host = sorted(by_tensor.items(), key=lambda kv: (kv[0][0], kv[1][0]))
         self._step = "host"
+        self._host_writes: list[tuple] = []
         for (is_out, tensor), ids in host:
             if not is_out:
                 self._host_write(tensor, ids)
+        self.map.write_each(self._host_writes)      # (nothing reads the map while the host writes)
         self.map.freeze()          # the host's values aside: steps' writes then cost what they write
         for step in tp.steps:
             self._step = step.name
@@ -854,8 +881,8 @@ class Replay:
             v = t.variable(self.tp.buffers[b].name, ctype)
             begin = t.pieces(v, tl, e - s)
             wa = tl * STRIDE + a
-            self.map.write(wa, wa + (e - s) * size_b, np.full(tl.size, v), begin, np.full(tl.size, code),
-                           f"host tensor {tensor!r}")
+            self._host_writes.append((wa, wa + (e - s) * size_b, np.full(tl.size, v), begin, np.full(tl.size, code),
+                                      f"host tensor {tensor!r}"))
             if main is None:
                 m = np.flatnonzero(r == 0)           # sorted by first element
                 main = (s[m], e[m], np.full(m.size, v), begin[m])
@@ -920,7 +947,7 @@ class Replay:
         made = range(v0, len(t.var_name))
         names = [t.var_name[v] for v in made]
         entries = t._pieces[p0:]
-        read = np.unique(view[1])
+        read = _unique(view[1])
         binding = t.last_binding
         if not all(n.startswith(step.name) for n in names) or any(v < v0 for v, _, _ in entries) \
                 or np.any((writes[2] >= 0) & (writes[2] < v0)) \
