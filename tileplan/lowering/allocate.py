@@ -57,38 +57,75 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
     inverse = inverse.reshape(-1)
     regions = {"standard": (target.reserve_bytes, target.standard_bytes),
                "interleaved": (target.standard_bytes, target.sram_bytes)}
-    for p, prof in enumerate(profiles):
-        tile = int(np.flatnonzero(inverse == p)[0])
-        placed = _Placed(len(roots))
-        addrs = np.full(len(roots), -1, dtype=np.int64)
-        for i in order:
-            n = int(prof[i])
-            if n == 0:
-                continue
-            a, b = rspan[roots[i]]
-            tries = ("interleaved", "standard") if prefer_il[i] else ("standard", "interleaved")
-            for reg in tries:
-                lo, hi = regions[reg]
-                at = _first_fit(placed, lo, hi, n, a, b, target.alignment)
-                if at is not None:
-                    break
-            else:
-                live = _live_peak(placed, a, b)
-                over = n + live - target.usable_bytes
-                why = (f"{over:,} bytes over" if over > 0 else
-                       "no free gap that large in either region (fragmented)")
-                raise TileplanError(
-                    f"tile {tile}: buffer {roots[i]!r} ({n:,} bytes, {'interleaved' if prefer_il[i] else 'standard'} "
-                    f"preferred) does not fit: up to {live:,} bytes are live beside it and the tile has "
-                    f"{target.usable_bytes:,} usable bytes; {why}")
-            placed.add(at, at + n, a, b)
-            addrs[i] = at
-        raddr[:, inverse == p] = addrs[:, None]
+    failed = {}
+    for p, got in _place_profiles(profiles, order, roots, prefer_il, [rspan[r] for r in roots], regions, target):
+        if isinstance(got, str):
+            failed[p] = got
+        else:
+            raddr[:, inverse == p] = got[:, None]
+    if failed:                                  # the first profile that does not fit, as placed one by one
+        p = min(failed)
+        raise TileplanError(f"tile {int(np.flatnonzero(inverse == p)[0])}: {failed[p]}")
     addr = np.full((len(names), tiles), -1, dtype=np.int64)
     for i, n in enumerate(names):
         addr[i] = np.where(size[i] > 0, raddr[ridx[alias_root(n, aliases)]], -1)
     top = np.where(raddr >= 0, raddr + rsize, 0).max(axis=0) if len(roots) else np.zeros(tiles, np.int64)
     return Allocation(names, addr, size, top)
+
+
+def _place_profiles(profiles, order, roots, prefer_il, spans, regions, target):
+    """Yield ``(profile, addresses by root)`` for every size profile (``profiles[p][i]``: root ``i``'s
+    bytes on the tiles of profile ``p``), placing the roots in ``order``, first fit, or ``(profile,
+    error)`` (a message without the tile) for a profile that does not fit.
+
+    Profiles are taken in lexicographic order of their sizes in placement order, and each starts
+    from the placements of the one before where both agree: first fit is a function of the buffers
+    placed so far, so two profiles whose first ``k`` sizes agree place those ``k`` buffers at the same
+    addresses (a tower's tiles share many of their larger buffers). The placements past the shared
+    ones are undone, last first, and made again for the new profile. Buffers are kept per region
+    (each lies in one), which halves what every first fit scans."""
+    placed = {reg: _Placed(len(order)) for reg in regions}
+    sizes = profiles[:, order]
+    stack: list[tuple[int, str, int, int]] = []       # placements: (position in order, region, start, end)
+    addrs = np.full(len(roots), -1, dtype=np.int64)
+    prev, stuck = None, None                           # stuck: (position, error) where the last profile failed
+    for p in (np.lexsort(sizes.T[::-1]).tolist() if sizes.shape[1] else range(len(profiles))):
+        row = sizes[p]
+        d = np.flatnonzero(row != prev) if prev is not None else np.zeros(1, np.int64)
+        k = int(d[0]) if d.size else row.size         # the placements profile ``p`` shares
+        prev = row
+        if stuck is not None and k > stuck[0]:
+            yield p, stuck[1]                         # the same buffers before it: the same failure
+            continue
+        stuck = None
+        while stack and stack[-1][0] >= k:
+            pos, reg, at, end = stack.pop()
+            placed[reg].remove(at, end, *spans[order[pos]])
+            addrs[order[pos]] = -1
+        for pos in range(k, row.size):
+            n = int(row[pos])
+            if n == 0:
+                continue
+            i = order[pos]
+            a, b = spans[i]
+            for reg in ("interleaved", "standard") if prefer_il[i] else ("standard", "interleaved"):
+                lo, hi = regions[reg]
+                at = _first_fit(placed[reg], lo, hi, n, a, b, target.alignment)
+                if at is not None:
+                    break
+            else:
+                live = _live_peak([e for pl in placed.values() for e in pl], a, b)
+                over = n + live - target.usable_bytes
+                why = (f"{over:,} bytes over" if over > 0 else
+                       "no free gap that large in either region (fragmented)")
+                stuck = (pos, f"buffer {roots[i]!r} ({n:,} bytes, {'interleaved' if prefer_il[i] else 'standard'} "
+                              f"preferred) does not fit: up to {live:,} bytes are live beside it and the tile has "
+                              f"{target.usable_bytes:,} usable bytes; {why}")
+                break
+            placed[reg].add(at, at + n, a, b)
+            stack.append((pos, reg, at, at + n))
+            addrs[i] = at
+        yield p, (stuck[1] if stuck is not None else addrs.copy())
 
 
 class _Placed:
@@ -108,6 +145,16 @@ class _Placed:
         self.cols[:, at] = (start, end, first, last)
         self.key[at] = k
         self.n += 1
+
+    def remove(self, start: int, end: int, first: int, last: int) -> None:
+        """Take out a buffer ``add`` placed (the last one of its key and lifetime)."""
+        k = (start << 32) + end
+        lo, hi = (int(x) for x in np.searchsorted(self.key[:self.n], [k, k + 1]))
+        at = next(j for j in range(hi - 1, lo - 1, -1)
+                  if self.cols[2, j] == first and self.cols[3, j] == last)
+        self.cols[:, at:self.n - 1] = self.cols[:, at + 1:self.n].copy()
+        self.key[at:self.n - 1] = self.key[at + 1:self.n].copy()
+        self.n -= 1
 
     def __iter__(self):
         return iter(map(tuple, self.cols[:, :self.n].T.tolist()))
