@@ -305,13 +305,16 @@ class ByteMap:
         keep = ps < pe
         return q[keep], idx[keep], ps[keep], pe[keep]
 
-    def write(self, wa, wb, var, elem, ct, what: str) -> None:
+    def write(self, wa, wb, var, elem, ct, what: str) -> tuple[np.ndarray, ...]:
         """Bytes ``[wa, wb)`` now hold ``var`` from element ``elem`` (``var == -1``: undefined); the writes
-        must not overlap. An element of an older value that a write covers only partly is lost (undefined)."""
-        wa, wb, var, elem, ct = (_i64(x) for x in (wa, wb, var, elem, ct))
+        must not overlap. An element of an older value that a write covers only partly is lost (undefined).
+        Returns the writes as applied: sorted, and joined where one continues another (``_merged_writes``:
+        the same map, from fewer rows)."""
+        wa, wb, var, elem, ct = _merged_writes(wa, wb, var, elem, ct, what)
         if self.static is not None and wa.size:
             self._fault_in(wa, wb)
         self._write(wa, wb, var, elem, ct, what)
+        return wa, wb, var, elem, ct
 
     def write_each(self, writes: list[tuple]) -> None:
         """``write`` each of ``writes`` (its arguments) in turn: as one write where no two overlap (the
@@ -347,12 +350,7 @@ class ByteMap:
         wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
         if not wa.size:
             return
-        over = np.flatnonzero(wa[1:] < wb[:-1])
-        if over.size:
-            k = int(over[0])
-            raise TileplanError(f"{what}: two writes to tile {wa[k + 1] // STRIDE} bytes "
-                                f"[{wa[k + 1] % STRIDE}, {min(wb[k], wb[k + 1]) % STRIDE}) in one step")
-        b = self.bounds
+        b = self.bounds            # (disjoint: ``write`` checked them; the static map's intervals are)
         i0 = np.searchsorted(b, wa, "right") - 1
         i1 = np.searchsorted(b, wb, "left")
         k, rank = _expand(i1 - i0)
@@ -671,15 +669,20 @@ def _merged_pieces(tiles, counts) -> tuple[np.ndarray, np.ndarray]:
     return tiles, counts
 
 
-def _merged_writes(wa, wb, var, elem, ct) -> tuple[np.ndarray, ...]:
-    """Writes (disjoint) sorted and joined where one continues the other (adjacent bytes, the same
-    variable and the next elements, or both undefined): the byte map they leave is the same
-    (``ByteMap.write`` joins such intervals itself, and a write's effect on older values depends
-    only on the bytes it covers)."""
+def _merged_writes(wa, wb, var, elem, ct, what: str) -> tuple[np.ndarray, ...]:
+    """Writes sorted, checked to be disjoint (``what`` names them in the error), and joined where one
+    continues the other (adjacent bytes, the same variable and the next elements, or both undefined):
+    the byte map they leave is the same (``ByteMap._write`` joins such intervals itself, and a
+    write's effect on older values depends only on the bytes it covers)."""
     wa, wb, var, elem, ct = (_i64(x) for x in (wa, wb, var, elem, ct))
     keep = wb > wa
     order = np.argsort(wa[keep], kind="stable")
     wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
+    over = np.flatnonzero(wa[1:] < wb[:-1])
+    if over.size:
+        k = int(over[0])
+        raise TileplanError(f"{what}: two writes to tile {wa[k + 1] // STRIDE} bytes "
+                            f"[{wa[k + 1] % STRIDE}, {min(wb[k], wb[k + 1]) % STRIDE}) in one step")
     if wa.size < 2:
         return wa, wb, var, elem, ct
     z = _ESZ[ct[:-1]]
@@ -941,7 +944,7 @@ class Replay:
             return
         t = self.tables
         v0, p0, n0 = len(t.var_name), len(t._pieces), self.summary["vertices"]
-        writes = _merged_writes(*replay())
+        writes = replay()
         if shape is None:
             return
         made = range(v0, len(t.var_name))
@@ -1037,7 +1040,7 @@ class Replay:
         reads = self._copy_reads(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes, what)
         t.open_scope()
         copies, writes, _ = self._copy_rows(reads)
-        self.map.write(*writes, what)
+        writes = self.map.write(*writes, what)
         t.copies += copies
         self._step_row(1, step.name)
         return writes
@@ -1117,7 +1120,7 @@ class Replay:
             copies, w = self.byte_copies(st, sa, dt, da, nb, f"on-tile copies of {step.name!r}")
             writes.append(w)
         writes = tuple(np.concatenate(x) for x in zip(*writes)) if writes else (np.zeros(0, np.int64),) * 5
-        self.map.write(*writes, f"compute set {step.name!r}")
+        writes = self.map.write(*writes, f"compute set {step.name!r}")
         t.copies += copies
         self._step_row(0, step.name)
         return writes
