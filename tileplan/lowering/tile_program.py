@@ -23,7 +23,11 @@ same activation addresses). Lowering passes every table through an
 ``program.npz`` stores each distinct table once: a step whose table equals an
 earlier step's names that member in ``program.json`` (``"arrays"``) instead of
 storing its own copy. Transfer tables are int32 (tiles, addresses and byte
-counts of one tile's memory all fit).
+counts of one tile's memory all fit). An exchange's table is placed from its
+copies' buffer-relative rows column by column (``Placement``: a column shared
+by the layers is made and pooled once), and keeps in memory where it came from
+(``Exchange.origin``), which host emission and the report use to treat a
+repeated exchange once (``exchange_shape``).
 """
 
 from __future__ import annotations

@@ -52,6 +52,20 @@ as one overlay. Operand slices are stored as strided runs (a multicast source
 read by consecutive destinations is one run), which keeps the tables of the
 full-size SigLIP MLP on 1472 tiles (millions of transfer rows) small.
 
+Repeated steps are replayed once (``Replay._replay_step``). A tower's 27 layers
+run the same steps over their own values: the same exchange rows between their
+own buffers (``Exchange.origin``: numbered buffer-relative rows, and the same
+destination columns), the same vertices reading their own weights. A step's
+*view* is what the bytes it reads hold, relative to where it reads them (an
+exchange: its source buffers, which its rows read only; a compute set: every
+operand). A step of a shape replayed in full before (the same rows or vertex
+groups) whose view equals that step's up to a renaming of the variables reads
+the same pieces of the renamed variables, so its rows, variables and writes
+are that step's renamed: its cost is its view and its writes, not its rows (the
+tower's 150 million transfer rows are read for its first layer only). The
+tables are the ones a full replay writes, byte for byte; a view that differs
+(another layer's weights pre-arranged in another layout) replays in full.
+
 ``host/tables.bin``
 -------------------
 Little-endian. ``char magic[8] = "TPHOST2\\0"``, ``uint32 sections``, then per
