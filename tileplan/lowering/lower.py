@@ -64,7 +64,7 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
     state.tile_program = expand(state.program, alloc, target, registry, state.aliases, block_moves=block_moves,
                                 plans=state.plans, pool=state.pool)
     state.plans = CopyPlans(target.tiles)       # expanded: do not keep the copy plans alive
-    state.placement = Placement(state.pool, state.numbers, state.tile_program.addr)
+    state.placement = Placement(state.pool, state.numbers, state.tile_program.addr, state.tile_program.size)
     spans = _tile_spans(state.program, state.tile_program)
     for info in state.tile_program.buffers:
         root = alias_root(info.name, state.aliases)

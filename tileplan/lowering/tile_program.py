@@ -277,29 +277,37 @@ class ArrayPool:
 
 class Placement:
     """Exchange tables from their copies' buffer-relative rows (``Exchange.parts``), at absolute
-    addresses (the table ``absolute`` makes of their concatenation, each column pooled as ``ArrayPool.transfers`` pools it), with
-    the table's ``Exchange.origin``. Each column is made and pooled once per what it depends on:
-    the transfer ids, tiles and byte counts on the copies' rows only, the source (destination)
-    addresses also on where each copy's source (destination) buffer sits on every tile. A tower's
-    layers place the same rows between buffers at the same addresses (activations) or elsewhere
-    (their weights): the columns they share are neither rebuilt nor hashed again, and are the very
-    arrays the pool would return (the first it saw with their content)."""
+    addresses (the table ``absolute`` makes of their concatenation, each column pooled as
+    ``ArrayPool.transfers`` pools it), with the table's ``Exchange.origin``. Each column is made and
+    pooled once per what it depends on: the transfer ids, tiles and byte counts on the copies' rows
+    only, the source (destination) addresses also on where each copy's source (destination) buffer
+    sits on every tile. A tower's layers place the same rows between buffers at the same addresses
+    (activations) or elsewhere (their weights): the columns they share are neither rebuilt nor
+    hashed again, and are the very arrays the pool would return (the first it saw with their content).
 
-    def __init__(self, pool: ArrayPool, numbers: RowNumbers, addr: np.ndarray):
-        self.pool, self.numbers, self.addr = pool, numbers, addr
+    The origin says that each copy's rows read only its source buffer's bytes (what host emission
+    relies on to replay a repeated exchange once): checked once per rows and source buffer sizes;
+    an exchange with a copy that reads past its source has no origin (replayed in full)."""
+
+    def __init__(self, pool: ArrayPool, numbers: RowNumbers, addr: np.ndarray, size: np.ndarray):
+        self.pool, self.numbers, self.addr, self.size = pool, numbers, addr, size
         self._columns: dict[tuple, np.ndarray] = {}
-        self._sits: dict[int, int] = {}           # buffer -> number of its addresses (``addr[buffer]``)
-        self._sit_numbers: dict[bytes, int] = {}
+        self._inside: dict[tuple, bool] = {}
+        self._rows_of: dict[tuple, int] = {}          # (array, buffer) -> number of that row of it
+        self._row_numbers: dict[bytes, int] = {}
 
-    def _sit(self, b: int) -> int:
-        """A number for where buffer ``b`` sits on every tile: equal numbers, equal address rows."""
-        got = self._sits.get(b)
+    def _row(self, a: np.ndarray, b: int) -> int:
+        """A number for ``a[b]`` (``addr`` or ``size``: where buffer ``b`` sits, or how much of it, on
+        every tile): equal numbers, equal rows."""
+        key = (id(a), b)
+        got = self._rows_of.get(key)
         if got is None:
-            digest = hashlib.blake2b(np.ascontiguousarray(self.addr[b]).data, digest_size=16).digest()
-            got = self._sits[b] = self._sit_numbers.setdefault(digest, len(self._sit_numbers))
+            digest = (hashlib.blake2b(np.ascontiguousarray(a[b]).data, digest_size=16).digest()
+                      + (b"a" if a is self.addr else b"s"))
+            got = self._rows_of[key] = self._row_numbers.setdefault(digest, len(self._row_numbers))
         return got
 
-    def __call__(self, parts) -> tuple[Transfers, tuple]:
+    def __call__(self, parts) -> tuple[Transfers, tuple | None]:
         parts = [(rows, int(sid), int(did)) for rows, sid, did in parts if len(rows)]
         origin = self.numbers.origin(parts)
         rows_key = tuple(n for n, _, _ in origin)
@@ -307,12 +315,21 @@ class Placement:
         for f in EXCHANGE_FIELDS:
             key = (f, rows_key)
             if f in ("src_off", "dst_off"):
-                key += (tuple(self._sit(p[1 if f == "src_off" else 2]) for p in parts),)
+                key += (tuple(self._row(self.addr, p[1 if f == "src_off" else 2]) for p in parts),)
             got = self._columns.get(key)
             if got is None:
                 got = self._columns[key] = self.pool(self._column(f, parts), np.int32)
             cols.append(got)
-        return exchange_table(*cols), origin
+        inside = all(self._reads_inside(n, rows, sid) for (n, _, _), (rows, sid, _) in zip(origin, parts))
+        return exchange_table(*cols), (origin if inside else None)
+
+    def _reads_inside(self, number: int, rows: Transfers, sid: int) -> bool:
+        key = (number, self._row(self.size, sid))
+        got = self._inside.get(key)
+        if got is None:
+            end = self.size[sid, rows.src_tile]
+            got = self._inside[key] = bool(((rows.src_off >= 0) & (rows.src_off + rows.nbytes <= end)).all())
+        return got
 
     def _column(self, f: str, parts) -> np.ndarray:
         if not parts:

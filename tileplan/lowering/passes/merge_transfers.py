@@ -25,7 +25,7 @@ def _merged(t: Transfers) -> Transfers:
 
 def run(state):
     tp = state.tile_program
-    placement = state.placement or Placement(state.pool, state.numbers, tp.addr)
+    placement = state.placement or Placement(state.pool, state.numbers, tp.addr, tp.size)
     done: dict[tuple, tuple] = {}       # ids of a table's pooled columns -> (the table, kept alive; merged)
     per_copy: dict[int, tuple] = {}     # id of a copy's relative rows -> (the rows, kept alive; merged)
     for i, step in enumerate(tp.steps):
