@@ -130,7 +130,7 @@ import numpy as np
 from ...errors import TileplanError
 from ...graph.dtypes import DType
 from ...layout.panels import row_segments
-from ..tile_program import EXCHANGE_FIELDS, ComputeSet, Exchange, TileProgram, exchange_shape
+from ..tile_program import ComputeSet, Exchange, TileProgram, exchange_shape
 from .codelets import emit_codelets, group_codelet
 
 CTYPES = ("unsigned char", "half", "float")              # element type codes 0 (U8), 1 (F16), 2 (F32)
