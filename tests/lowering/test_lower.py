@@ -91,3 +91,51 @@ def test_first_fit_takes_the_lowest_aligned_address_clear_of_every_live_buffer()
         want = next((x for x in range(-(-lo // align) * align, hi - n + 1, align)
                      if all(x + n <= o or q <= x for o, q in live)), None)
         assert _first_fit(placed, lo, hi, n, a, b, align) == want, trial
+
+
+def test_size_profiles_placed_from_each_other_get_the_addresses_first_fit_gives_each_alone():
+    """The allocator places each distinct size profile from the one before (a root keeps its
+    address unless its size differs or an earlier root live with it moved). Against each profile
+    placed alone, root by root: random profiles that share most sizes (as a tower's tiles do),
+    random lifetimes and region preferences, capacities small enough that some profiles fail,
+    which must fail at the same root with the same message."""
+    from dataclasses import replace
+
+    from tileplan.lowering.allocate import _Placed, _does_not_fit, _first_fit, _place_profiles
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        roots = [f"b{i}" for i in range(int(rng.integers(4, 30)))]
+        r = len(roots)
+        base = rng.integers(0, 6, r) * 8 * int(rng.integers(1, 14))
+        profiles = np.repeat(base[None], int(rng.integers(1, 12)), axis=0)
+        change = rng.random(profiles.shape) < 0.15
+        profiles[change] = rng.integers(0, 6, int(change.sum())) * 8 * 10
+        profiles = np.unique(profiles, axis=0)
+        spans = [tuple(sorted(int(x) for x in rng.integers(0, 10, 2))) for _ in range(r)]
+        prefer_il = rng.random(r) < 0.4
+        order = sorted(range(r), key=lambda i: (-int(profiles[:, i].max()), spans[i][0], roots[i]))
+        std, il = int(rng.integers(2, 8)) * 256, int(rng.integers(2, 8)) * 256
+        target = replace(TARGET, reserve_bytes=64, standard_bytes=std, interleaved_bytes=il, sram_bytes=std + il)
+        regions = {"standard": (target.reserve_bytes, target.standard_bytes),
+                   "interleaved": (target.standard_bytes, target.sram_bytes)}
+        got = dict(_place_profiles(profiles, order, roots, prefer_il, spans, regions, target))
+        for p, sizes in enumerate(profiles):
+            placed = {reg: _Placed(r) for reg in regions}
+            want = np.full(r, -1, dtype=np.int64)
+            for pos, i in enumerate(order):
+                n, (a, b) = int(sizes[i]), spans[i]
+                if not n:
+                    continue
+                for reg in ("interleaved", "standard") if prefer_il[i] else ("standard", "interleaved"):
+                    at = _first_fit(placed[reg], *regions[reg], n, a, b, target.alignment)
+                    if at is not None:
+                        break
+                else:
+                    want = _does_not_fit(placed, roots[i], n, prefer_il[i], a, b, r, target)
+                    break
+                placed[reg].add(at, at + n, a, b, pos)
+                want[i] = at
+            if isinstance(want, str):
+                assert got[p] == want, (trial, p)
+            else:
+                assert np.array_equal(got[p], want), (trial, p)

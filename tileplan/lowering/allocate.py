@@ -57,33 +57,15 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
     inverse = inverse.reshape(-1)
     regions = {"standard": (target.reserve_bytes, target.standard_bytes),
                "interleaved": (target.standard_bytes, target.sram_bytes)}
-    for p, prof in enumerate(profiles):
-        tile = int(np.flatnonzero(inverse == p)[0])
-        placed = _Placed(len(roots))
-        addrs = np.full(len(roots), -1, dtype=np.int64)
-        for i in order:
-            n = int(prof[i])
-            if n == 0:
-                continue
-            a, b = rspan[roots[i]]
-            tries = ("interleaved", "standard") if prefer_il[i] else ("standard", "interleaved")
-            for reg in tries:
-                lo, hi = regions[reg]
-                at = _first_fit(placed, lo, hi, n, a, b, target.alignment)
-                if at is not None:
-                    break
-            else:
-                live = _live_peak(placed, a, b)
-                over = n + live - target.usable_bytes
-                why = (f"{over:,} bytes over" if over > 0 else
-                       "no free gap that large in either region (fragmented)")
-                raise TileplanError(
-                    f"tile {tile}: buffer {roots[i]!r} ({n:,} bytes, {'interleaved' if prefer_il[i] else 'standard'} "
-                    f"preferred) does not fit: up to {live:,} bytes are live beside it and the tile has "
-                    f"{target.usable_bytes:,} usable bytes; {why}")
-            placed.add(at, at + n, a, b)
-            addrs[i] = at
-        raddr[:, inverse == p] = addrs[:, None]
+    failed = {}
+    for p, got in _place_profiles(profiles, order, roots, prefer_il, [rspan[r] for r in roots], regions, target):
+        if isinstance(got, str):
+            failed[p] = got
+        else:
+            raddr[:, inverse == p] = got[:, None]
+    if failed:                                  # the first profile that does not fit, as placed one by one
+        p = min(failed)
+        raise TileplanError(f"tile {int(np.flatnonzero(inverse == p)[0])}: {failed[p]}")
     addr = np.full((len(names), tiles), -1, dtype=np.int64)
     for i, n in enumerate(names):
         addr[i] = np.where(size[i] > 0, raddr[ridx[alias_root(n, aliases)]], -1)
@@ -91,36 +73,113 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
     return Allocation(names, addr, size, top)
 
 
+def _place_profiles(profiles, order, roots, prefer_il, spans, regions, target):
+    """Yield ``(profile, addresses by root)`` for every size profile (``profiles[p][i]``: root ``i``'s
+    bytes on the tiles of profile ``p``), placing the roots in ``order``, first fit, or ``(profile,
+    error)`` (a message without the tile) for a profile that does not fit.
+
+    Profiles are taken in lexicographic order of their sizes in placement order, each placed from
+    the one before: a root keeps the previous profile's address unless its size differs or a root
+    placed before it that is live at the same time moved or changed size (first fit sees only the
+    buffers placed before it and live with it, so it would find the same address). A tower's tiles
+    differ in a few buffers, so most of each profile is the one before. Buffers are kept per region
+    (each lies in one) with their position in ``order``; a first fit sees the ones before it."""
+    placed = {reg: _Placed(len(order)) for reg in regions}
+    sizes = profiles[:, order]
+    nsteps = max((b for _, b in spans), default=0) + 2
+    entry: list = [None] * len(order)                  # position -> (region, start, end) placed there
+    prev = np.full(len(order), -1, dtype=np.int64)      # the sizes ``entry`` holds (-1: none, unknown)
+    addrs = np.full(len(roots), -1, dtype=np.int64)
+    for p in (np.lexsort(sizes.T[::-1]).tolist() if sizes.shape[1] else range(len(profiles))):
+        row = sizes[p]
+        moved = np.zeros(nsteps, dtype=bool)            # steps some earlier root that moved is live at
+        any_moved, error = False, None
+        for pos in np.flatnonzero((row != prev) | (row > 0)).tolist():
+            n, i = int(row[pos]), order[pos]
+            a, b = spans[i]
+            if n == prev[pos] and not (any_moved and moved[a:b + 1].any()):
+                continue                                 # where the previous profile put it
+            new = None                                   # (its own old entry: not before it)
+            if n:
+                for reg in ("interleaved", "standard") if prefer_il[i] else ("standard", "interleaved"):
+                    lo, hi = regions[reg]
+                    at = _first_fit(placed[reg], lo, hi, n, a, b, target.alignment, before=pos)
+                    if at is not None:
+                        break
+                else:
+                    error = _does_not_fit(placed, roots[i], n, prefer_il[i], a, b, pos, target)
+                    prev[pos:] = -1                      # the rest of the profile: not placed
+                    break
+                new = (reg, at, at + n)
+            addrs[i] = new[1] if new else -1
+            prev[pos] = n
+            old = entry[pos]
+            if new != old:
+                if old is not None:
+                    placed[old[0]].remove(old[1], old[2], pos)
+                if new is not None:
+                    placed[new[0]].add(new[1], new[2], a, b, pos)
+                entry[pos] = new
+                moved[a:b + 1] = any_moved = True
+        yield p, (error if error is not None else addrs.copy())
+
+
+def _does_not_fit(placed, root: str, n: int, prefer_il: bool, a: int, b: int, pos: int, target) -> str:
+    """Why ``root`` (``n`` bytes, live during [a, b], at ``pos`` in the placement order) finds no gap."""
+    live = _live_peak([e[:4] for pl in placed.values() for e in pl.rows() if e[4] < pos], a, b)
+    over = n + live - target.usable_bytes
+    why = f"{over:,} bytes over" if over > 0 else "no free gap that large in either region (fragmented)"
+    return (f"buffer {root!r} ({n:,} bytes, {'interleaved' if prefer_il else 'standard'} preferred) does not "
+            f"fit: up to {live:,} bytes are live beside it and the tile has {target.usable_bytes:,} usable "
+            f"bytes; {why}")
+
+
 class _Placed:
-    """The buffers placed on a tile so far: int64 columns start, end (bytes), first and last step,
-    kept sorted by (start, end), the order first fit scans them in."""
+    """The buffers placed on a tile so far: int64 columns start, end (bytes), first and last step, and
+    position (in the placement order), kept sorted by (start, end), the order first fit scans them in."""
 
     def __init__(self, capacity: int):
-        self.cols = np.zeros((4, max(capacity, 1)), dtype=np.int64)
+        self.cols = np.zeros((5, max(capacity, 1)), dtype=np.int64)
         self.key = np.zeros(max(capacity, 1), dtype=np.int64)       # start * 2**32 + end, ascending
         self.n = 0
 
-    def add(self, start: int, end: int, first: int, last: int) -> None:
+    def add(self, start: int, end: int, first: int, last: int, position: int = 0) -> None:
         k = (start << 32) + end
         at = int(np.searchsorted(self.key[:self.n], k, "right"))
         self.cols[:, at + 1:self.n + 1] = self.cols[:, at:self.n].copy()
         self.key[at + 1:self.n + 1] = self.key[at:self.n].copy()
-        self.cols[:, at] = (start, end, first, last)
+        self.cols[:, at] = (start, end, first, last, position)
         self.key[at] = k
         self.n += 1
 
-    def __iter__(self):
+    def remove(self, start: int, end: int, position: int) -> None:
+        """Take out the buffer ``add`` placed at ``start``, ``end`` and ``position``."""
+        k = (start << 32) + end
+        lo, hi = (int(x) for x in np.searchsorted(self.key[:self.n], [k, k + 1]))
+        at = next(j for j in range(lo, hi) if self.cols[4, j] == position)
+        self.cols[:, at:self.n - 1] = self.cols[:, at + 1:self.n].copy()
+        self.key[at:self.n - 1] = self.key[at + 1:self.n].copy()
+        self.n -= 1
+
+    def rows(self):
         return iter(map(tuple, self.cols[:, :self.n].T.tolist()))
 
+    def __iter__(self):
+        return iter(map(tuple, self.cols[:4, :self.n].T.tolist()))
 
-def _first_fit(placed: _Placed, lo: int, hi: int, n: int, a: int, b: int, align: int) -> int | None:
-    """Lowest aligned address in [lo, hi) for n bytes clear of every placed buffer live during [a, b].
+
+def _first_fit(placed: _Placed, lo: int, hi: int, n: int, a: int, b: int, align: int,
+               before: int | None = None) -> int | None:
+    """Lowest aligned address in [lo, hi) for n bytes clear of every placed buffer live during [a, b]
+    (``before``: of those placed at an earlier position).
 
     Vectorised first fit: with the busy intervals in (start, end) order, the candidate address before
     busy interval k is the aligned end of the furthest-reaching interval before it (or ``lo``); the
     first candidate that ends before interval k starts wins, else the one after them all."""
-    o, q, s, e = placed.cols[:, :placed.n]
+    o, q, s, e, at_pos = placed.cols[:, :placed.n]
     live = (s <= b) & (a <= e) & (q > lo) & (o < hi)
+    if before is not None:
+        live &= at_pos < before
     at0 = -(-lo // align) * align
     o, q = o[live], q[live]
     if not o.size:

@@ -23,7 +23,11 @@ same activation addresses). Lowering passes every table through an
 ``program.npz`` stores each distinct table once: a step whose table equals an
 earlier step's names that member in ``program.json`` (``"arrays"``) instead of
 storing its own copy. Transfer tables are int32 (tiles, addresses and byte
-counts of one tile's memory all fit).
+counts of one tile's memory all fit). An exchange's table is placed from its
+copies' buffer-relative rows column by column (``Placement``: a column shared
+by the layers is made and pooled once), and keeps in memory where it came from
+(``Exchange.origin``), which host emission and the report use to treat a
+repeated exchange once (``exchange_shape``).
 """
 
 from __future__ import annotations
@@ -83,6 +87,11 @@ class Exchange:
     parts: tuple | None = None    # during lowering only: per copy, (its rows with buffer-relative offsets
                                   # and buffer ids 0, shared by every copy with its plan; source buffer
                                   # index; destination buffer index), what merge_transfers merges copy by copy
+    origin: tuple | None = None   # in memory only (not in the package): per copy, in table order, (rows,
+                                  # source buffer index, destination buffer index), ``rows`` numbering the
+                                  # copy's buffer-relative rows: equal numbers, equal rows (a tower's layers
+                                  # share them). What lets host emission replay a repeated exchange once
+                                  # (``emit.host``). None: a table without its copies (built by hand, loaded)
 
 
 def absolute(tr: Transfers, addr: np.ndarray) -> Transfers:
@@ -95,17 +104,43 @@ def absolute(tr: Transfers, addr: np.ndarray) -> Transfers:
     return Transfers(tr.group, tr.src_tile, zero, src, tr.dst_tile, zero, dst, tr.nbytes)
 
 
-def unmerged(parts, addr: np.ndarray) -> Transfers:
-    """An exchange's table from its ``Exchange.parts``, as expanded (unmerged), at absolute addresses."""
-    return absolute(Transfers.concat([on_buffers(rows, sid, did) for rows, sid, did in parts]), addr)
-
-
 def on_buffers(tr: Transfers, sid: int, did: int) -> Transfers:
     """Transfers made with buffer ids 0, between buffers ``sid`` and ``did``."""
     if len(tr) == 0:
         return tr
     return Transfers(tr.group, tr.src_tile, np.full(len(tr), sid, np.int32), tr.src_off, tr.dst_tile,
                      np.full(len(tr), did, np.int32), tr.dst_off, tr.nbytes)
+
+
+def exchange_shape(step: "Exchange") -> tuple | None:
+    """What makes two exchanges the same rows between other buffers: the numbers of their copies'
+    buffer-relative rows (``Exchange.origin``) and their pooled columns other than the source
+    addresses (the very arrays: the same destination bytes, tiles and sizes, in the same order).
+    Two exchanges of one shape differ at most in where their sources sit (a tower's layers read
+    their own weights). None: an exchange without its copies (built by hand, loaded)."""
+    if step.origin is None:
+        return None
+    tr = step.transfers
+    return (tuple(rows for rows, _, _ in step.origin),
+            tuple(id(getattr(tr, f)) for f in ("group", "src_tile", "dst_tile", "dst_off", "nbytes")))
+
+
+class RowNumbers:
+    """Numbers for buffer-relative row tables (``Exchange.origin``): one number per distinct table
+    object, in order of first use, kept with the table so that a number never names two tables."""
+
+    def __init__(self):
+        self._number: dict[int, tuple[int, object]] = {}     # id -> (number, the table, kept alive)
+
+    def __call__(self, rows) -> int:
+        got = self._number.get(id(rows))
+        if got is None:
+            got = self._number[id(rows)] = (len(self._number), rows)
+        return got[0]
+
+    def origin(self, parts) -> tuple:
+        """``Exchange.origin`` of an exchange made of ``parts`` ((rows, source, destination) per copy)."""
+        return tuple((self(rows), int(sid), int(did)) for rows, sid, did in parts if len(rows))
 
 
 @dataclass
@@ -238,6 +273,78 @@ class ArrayPool:
     def transfers(self, tr: Transfers) -> Transfers:
         """A transfer table with int32 columns, each column pooled."""
         return exchange_table(*(self(getattr(tr, f), np.int32) for f in EXCHANGE_FIELDS))
+
+
+class Placement:
+    """Exchange tables from their copies' buffer-relative rows (``Exchange.parts``), at absolute
+    addresses (the table ``absolute`` makes of their concatenation, each column pooled as
+    ``ArrayPool.transfers`` pools it), with the table's ``Exchange.origin``. Each column is made and
+    pooled once per what it depends on: the transfer ids, tiles and byte counts on the copies' rows
+    only, the source (destination) addresses also on where each copy's source (destination) buffer
+    sits on every tile. A tower's layers place the same rows between buffers at the same addresses
+    (activations) or elsewhere (their weights): the columns they share are neither rebuilt nor
+    hashed again, and are the very arrays the pool would return (the first it saw with their content).
+
+    The origin says that each copy's rows read only its source buffer's bytes (what host emission
+    relies on to replay a repeated exchange once): checked once per rows and source buffer sizes;
+    an exchange with a copy that reads past its source has no origin (replayed in full)."""
+
+    def __init__(self, pool: ArrayPool, numbers: RowNumbers, addr: np.ndarray, size: np.ndarray):
+        self.pool, self.numbers, self.addr, self.size = pool, numbers, addr, size
+        self._columns: dict[tuple, np.ndarray] = {}
+        self._inside: dict[tuple, bool] = {}
+        self._rows_of: dict[tuple, int] = {}          # (array, buffer) -> number of that row of it
+        self._row_numbers: dict[bytes, int] = {}
+
+    def _row(self, a: np.ndarray, b: int) -> int:
+        """A number for ``a[b]`` (``addr`` or ``size``: where buffer ``b`` sits, or how much of it, on
+        every tile): equal numbers, equal rows."""
+        key = (id(a), b)
+        got = self._rows_of.get(key)
+        if got is None:
+            digest = (hashlib.blake2b(np.ascontiguousarray(a[b]).data, digest_size=16).digest()
+                      + (b"a" if a is self.addr else b"s"))
+            got = self._rows_of[key] = self._row_numbers.setdefault(digest, len(self._row_numbers))
+        return got
+
+    def __call__(self, parts) -> tuple[Transfers, tuple | None]:
+        parts = [(rows, int(sid), int(did)) for rows, sid, did in parts if len(rows)]
+        origin = self.numbers.origin(parts)
+        rows_key = tuple(n for n, _, _ in origin)
+        cols = []
+        for f in EXCHANGE_FIELDS:
+            key = (f, rows_key)
+            if f in ("src_off", "dst_off"):
+                key += (tuple(self._row(self.addr, p[1 if f == "src_off" else 2]) for p in parts),)
+            got = self._columns.get(key)
+            if got is None:
+                got = self._columns[key] = self.pool(self._column(f, parts), np.int32)
+            cols.append(got)
+        inside = all(self._reads_inside(n, rows, sid) for (n, _, _), (rows, sid, _) in zip(origin, parts))
+        return exchange_table(*cols), (origin if inside else None)
+
+    def _reads_inside(self, number: int, rows: Transfers, sid: int) -> bool:
+        key = (number, self._row(self.size, sid))
+        got = self._inside.get(key)
+        if got is None:
+            end = self.size[sid, rows.src_tile]
+            got = self._inside[key] = bool(((rows.src_off >= 0) & (rows.src_off + rows.nbytes <= end)).all())
+        return got
+
+    def _column(self, f: str, parts) -> np.ndarray:
+        if not parts:
+            return np.zeros(0, np.int64)
+        if f == "group":                # ``Transfers.concat``: each copy's ids after the ones before
+            out, base = [], 0
+            for rows, _, _ in parts:
+                out.append(rows.group + base)
+                base += int(rows.group.max()) + 1
+            return np.concatenate(out)
+        if f in ("src_off", "dst_off"):  # ``absolute``
+            tile = "src_tile" if f == "src_off" else "dst_tile"
+            return np.concatenate([self.addr[sid if f == "src_off" else did, getattr(rows, tile)] + getattr(rows, f)
+                                   for rows, sid, did in parts])
+        return np.concatenate([getattr(rows, f) for rows, _, _ in parts])
 
 
 def _narrow(a: np.ndarray, dtype) -> np.ndarray:

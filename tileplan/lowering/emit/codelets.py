@@ -29,8 +29,21 @@ def codelet_path(source: CodeletSource) -> str:
     return f"{CODELET_DIR}/{source.filename}"
 
 
-def group_codelet(group: VertexGroup, target, registry: Registry | None = None) -> CodeletSource:
-    """The codelet a vertex group runs, checked against the group's operand byte sizes."""
+def group_codelet(group: VertexGroup, target, registry: Registry | None = None,
+                  memo: dict | None = None) -> CodeletSource:
+    """The codelet a vertex group runs, checked against the group's operand byte sizes. ``memo``: a
+    dict the caller keeps for one target and registry; the codelet depends only on the group's call,
+    variant and operand sizes, so a tower's 27 layers render each once."""
+    if memo is None:
+        return _group_codelet(group, target, registry)
+    key = (group.call, group.variant, tuple(group.in_bytes), tuple(group.out_bytes))
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = _group_codelet(group, target, registry)
+    return got
+
+
+def _group_codelet(group: VertexGroup, target, registry: Registry | None) -> CodeletSource:
     registry = default_registry() if registry is None else registry
     variant = registry[group.variant] if group.variant in registry else dispatch(group.call, target,
                                                                                  registry=registry)
@@ -60,8 +73,9 @@ def compute_groups(tile_program: TileProgram) -> Iterator[tuple[int, ComputeSet,
 def emit_codelets(tile_program: TileProgram, target, registry: Registry | None = None) -> dict[str, str]:
     """``{"codelets/<key>.cpp": C++ source}``: one file per specialisation used, sorted by name."""
     files: dict[str, str] = {}
+    memo: dict = {}
     for _, step, _, group in compute_groups(tile_program):
-        source = group_codelet(group, target, registry)
+        source = group_codelet(group, target, registry, memo)
         path = codelet_path(source)
         if files.setdefault(path, source.source) != source.source:
             raise TileplanError(f"codelet key {source.key!r} names two different sources "

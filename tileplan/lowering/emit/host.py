@@ -52,6 +52,20 @@ as one overlay. Operand slices are stored as strided runs (a multicast source
 read by consecutive destinations is one run), which keeps the tables of the
 full-size SigLIP MLP on 1472 tiles (millions of transfer rows) small.
 
+Repeated steps are replayed once (``Replay._replay_step``). A tower's 27 layers
+run the same steps over their own values: the same exchange rows between their
+own buffers (``Exchange.origin``: numbered buffer-relative rows, and the same
+destination columns), the same vertices reading their own weights. A step's
+*view* is what the bytes it reads hold, relative to where it reads them (an
+exchange: its source buffers, which its rows read only; a compute set: every
+operand). A step of a shape replayed in full before (the same rows or vertex
+groups) whose view equals that step's up to a renaming of the variables reads
+the same pieces of the renamed variables, so its rows, variables and writes
+are that step's renamed: its cost is its view and its writes, not its rows (the
+tower's 150 million transfer rows are read for its first layer only). The
+tables are the ones a full replay writes, byte for byte; a view that differs
+(another layer's weights pre-arranged in another layout) replays in full.
+
 ``host/tables.bin``
 -------------------
 Little-endian. ``char magic[8] = "TPHOST2\\0"``, ``uint32 sections``, then per
@@ -106,17 +120,17 @@ each one's element count and the bytes of its one element, and the host writes
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import struct
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
 from ...errors import TileplanError
 from ...graph.dtypes import DType
 from ...layout.panels import row_segments
-from ..tile_program import EXCHANGE_FIELDS, ComputeSet, Exchange, TileProgram
+from ..tile_program import ComputeSet, Exchange, TileProgram, exchange_shape
 from .codelets import emit_codelets, group_codelet
 
 CTYPES = ("unsigned char", "half", "float")              # element type codes 0 (U8), 1 (F16), 2 (F32)
@@ -142,24 +156,19 @@ def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, rank
 
 
+def _unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` by one sort (the arrays here come nearly sorted, which the sort is fast on;
+    numpy's hashing ``unique`` is not)."""
+    a = np.sort(a, kind="stable")
+    return a[np.concatenate(([True], a[1:] != a[:-1]))] if a.size else a
+
+
 def _first_use(ids: np.ndarray) -> np.ndarray:
     """``ids`` renumbered by first appearance (equal results: equal up to a renaming)."""
     _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
     rank = np.empty(first.size, np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.size)
     return rank[inverse.reshape(-1)]
-
-
-def _reads_digest(reads) -> bytes:
-    """A content hash of what an exchange's byte copies read (``Replay._copy_reads``), with the
-    variables holding it up to a renaming: two exchanges with equal digests read the same pieces."""
-    q, ps, pe, var, ct, start, elem, dtile, dst = reads
-    h = hashlib.sha256()
-    for a in (q, ps, pe, ct, start, elem, dtile, _first_use(var), var < 0):
-        a = np.ascontiguousarray(a, dtype=np.int64)
-        h.update(struct.pack("<q", a.size))
-        h.update(a.tobytes())
-    return h.digest()
 
 
 def _where(a: int, b: int) -> str:
@@ -310,13 +319,32 @@ class ByteMap:
         keep = ps < pe
         return q[keep], idx[keep], ps[keep], pe[keep]
 
-    def write(self, wa, wb, var, elem, ct, what: str) -> None:
+    def write(self, wa, wb, var, elem, ct, what: str) -> tuple[np.ndarray, ...]:
         """Bytes ``[wa, wb)`` now hold ``var`` from element ``elem`` (``var == -1``: undefined); the writes
-        must not overlap. An element of an older value that a write covers only partly is lost (undefined)."""
-        wa, wb, var, elem, ct = (_i64(x) for x in (wa, wb, var, elem, ct))
+        must not overlap. An element of an older value that a write covers only partly is lost (undefined).
+        Returns the writes as applied: sorted, and joined where one continues another (``_merged_writes``:
+        the same map, from fewer rows)."""
+        wa, wb, var, elem, ct = _merged_writes(wa, wb, var, elem, ct, what)
         if self.static is not None and wa.size:
             self._fault_in(wa, wb)
         self._write(wa, wb, var, elem, ct, what)
+        return wa, wb, var, elem, ct
+
+    def write_each(self, writes: list[tuple]) -> None:
+        """``write`` each of ``writes`` (its arguments) in turn: as one write where no two overlap (the
+        same map: each write then covers bytes none of the others does), which costs one pass over the
+        map instead of one per write (a tower's hundreds of parameters)."""
+        if not writes:
+            return
+        wa, wb, var, elem, ct = (np.concatenate([_i64(w[i]) for w in writes]) for i in range(5))
+        keep = wb > wa
+        order = np.argsort(wa[keep], kind="stable")
+        sa, sb = wa[keep][order], wb[keep][order]
+        if (sa[1:] < sb[:-1]).any():
+            for w in writes:
+                self.write(*w)
+        else:
+            self.write(wa, wb, var, elem, ct, writes[0][5])
 
     def _fault_in(self, wa: np.ndarray, wb: np.ndarray) -> None:
         """Copy the static intervals that ``[wa, wb)`` overlap where the map refers to the static map into
@@ -327,7 +355,7 @@ class ByteMap:
         if not m.any():
             return
         s = self.static
-        sidx = np.unique(s.read(ps[m], pe[m])[1])
+        sidx = _unique(s.read(ps[m], pe[m])[1])
         self._write(s.bounds[sidx], s.bounds[sidx + 1], s.var[sidx], s.elem[sidx], s.ct[sidx], "static map")
 
     def _write(self, wa, wb, var, elem, ct, what: str) -> None:
@@ -336,16 +364,11 @@ class ByteMap:
         wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
         if not wa.size:
             return
-        over = np.flatnonzero(wa[1:] < wb[:-1])
-        if over.size:
-            k = int(over[0])
-            raise TileplanError(f"{what}: two writes to tile {wa[k + 1] // STRIDE} bytes "
-                                f"[{wa[k + 1] % STRIDE}, {min(wb[k], wb[k + 1]) % STRIDE}) in one step")
-        b, n = self.bounds, self.var.size
+        b = self.bounds            # (disjoint: ``write`` checked them; the static map's intervals are)
         i0 = np.searchsorted(b, wa, "right") - 1
         i1 = np.searchsorted(b, wb, "left")
-        touched = np.cumsum(np.bincount(i0, minlength=n + 1) - np.bincount(i1, minlength=n + 1))[:n] > 0
-        t = np.flatnonzero(touched)
+        k, rank = _expand(i1 - i0)
+        t = _unique(i0[k] + rank)                    # the intervals the writes touch
         # what the writes leave of the touched intervals: their intersections with the gaps between writes
         gs, ge = np.concatenate(([0], wb)), np.concatenate((wa, [self.limit]))
         gap = gs < ge
@@ -376,25 +399,27 @@ class ByteMap:
         nc = np.concatenate((ct, oc[whole], np.full(nv.size - var.size - int(whole.sum()), -1)))
         order = np.argsort(starts, kind="stable")
         starts, nv, ne, nc = starts[order], nv[order], ne[order], nc[order]
-        # merge the new intervals into the untouched ones (both sorted, disjoint)
-        kept = np.flatnonzero(~touched)
-        pos = np.searchsorted(b[kept], starts) + np.arange(starts.size)
-        total = kept.size + starts.size
-        slot = np.ones(total, bool)
-        slot[pos] = False
-        out = []
-        for old_a, new_a in ((b[:-1], starts), (self.var, nv), (self.elem, ne), (self.ct, nc)):
-            a = np.empty(total, np.int64)
-            a[slot] = old_a[kept]
-            a[pos] = new_a
-            out.append(a)
-        s, v, e, c = out
-        gapb = s[1:] - s[:-1]
-        zz = _ESZ[c[1:]]
-        join = (v[1:] == v[:-1]) & ((v[1:] < 0) | ((gapb % zz == 0) & (e[1:] == e[:-1] + gapb // zz)))
-        first = np.concatenate(([True], ~join))
-        self.bounds = np.concatenate((s[first], [self.limit]))
-        self.var, self.elem, self.ct = v[first], e[first], c[first]
+        # the new intervals in place of the touched ones (both sorted, disjoint); the map's other
+        # intervals are left as they are, moved in blocks, not indexed one by one
+        ks = np.delete(b[:-1], t)
+        at = np.searchsorted(ks, starts)
+        s_ = np.insert(ks, at, starts)
+        v = np.insert(np.delete(self.var, t), at, nv)
+        e = np.insert(np.delete(self.elem, t), at, ne)
+        c = np.insert(np.delete(self.ct, t), at, nc)
+        # join intervals that continue each other: only next to a new one (the map's intervals were
+        # joined already, and two old intervals side by side now were side by side before)
+        new_at = at + np.arange(at.size)
+        j = _unique(np.concatenate((new_at, new_at + 1)))
+        j = j[(j >= 1) & (j < s_.size)]
+        gapb = s_[j] - s_[j - 1]
+        zz = _ESZ[c[j]]
+        join = (v[j] == v[j - 1]) & ((v[j] < 0) | ((gapb % zz == 0) & (e[j] == e[j - 1] + gapb // zz)))
+        drop = j[join]
+        if drop.size:
+            s_, v, e, c = (np.delete(x, drop) for x in (s_, v, e, c))
+        self.bounds = np.concatenate((s_, [self.limit]))
+        self.var, self.elem, self.ct = v, e, c
 
 
 # ---- the tables host.cpp reads ---------------------------------------------------------------
@@ -446,12 +471,7 @@ class Tables:
         self.var_size[var] += int(counts.sum())
         # Consecutive pieces on one tile are one (what ``sections`` makes of them anyway): a tower's
         # exchanges add millions of destination pieces, most of them continuing the one before.
-        keep = counts > 0
-        tiles, counts = tiles[keep], counts[keep]
-        if tiles.size:
-            first = np.flatnonzero(np.concatenate(([True], tiles[1:] != tiles[:-1])))
-            tiles, counts = tiles[first].astype(np.int32), np.add.reduceat(counts, first)
-        self._pieces.append((var, tiles, counts))
+        self._pieces.append((var, *_merged_pieces(tiles, counts)))
         return begins
 
     def operands(self, n: int, q, var, begin, end) -> int:
@@ -631,6 +651,63 @@ def pack_tables(sections: dict[str, np.ndarray]) -> bytes:
 
 # ---- replaying the program -------------------------------------------------------------------
 
+@dataclass
+class _Replayed:
+    """A step as replayed in full, kept for the later ones of its shape (``Replay._repeat``): what it
+    read (``Replay._view``), the variables it made (name after the step's name, element type, made by
+    name: ``Replay._named_var``) and their pieces (index into ``made``, tiles, counts, as
+    ``Tables.pieces`` stores them), the id of the first of them, its writes merged as the byte map
+    merges them, its ``steps`` row (kind; first group, groups, first copy, copies), its binding and
+    the vertices it counts."""
+
+    view: tuple
+    made: list
+    pieces: list
+    first_made: int
+    writes: tuple
+    kind: int
+    body: tuple
+    binding: np.ndarray
+    vertices: int
+
+
+def _merged_pieces(tiles, counts) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces of ``counts`` elements on ``tiles`` with consecutive pieces on one tile joined (what
+    ``Tables.pieces`` stores: the same variable either way)."""
+    tiles, counts = _i64(tiles), _i64(counts)
+    keep = counts > 0
+    tiles, counts = tiles[keep], counts[keep]
+    if tiles.size:
+        first = np.flatnonzero(np.concatenate(([True], tiles[1:] != tiles[:-1])))
+        tiles, counts = tiles[first].astype(np.int32), np.add.reduceat(counts, first)
+    return tiles, counts
+
+
+def _merged_writes(wa, wb, var, elem, ct, what: str) -> tuple[np.ndarray, ...]:
+    """Writes sorted, checked to be disjoint (``what`` names them in the error), and joined where one
+    continues the other (adjacent bytes, the same variable and the next elements, or both undefined):
+    the byte map they leave is the same (``ByteMap._write`` joins such intervals itself, and a
+    write's effect on older values depends only on the bytes it covers)."""
+    wa, wb, var, elem, ct = (_i64(x) for x in (wa, wb, var, elem, ct))
+    keep = wb > wa
+    order = np.argsort(wa[keep], kind="stable")
+    wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
+    over = np.flatnonzero(wa[1:] < wb[:-1])
+    if over.size:
+        k = int(over[0])
+        raise TileplanError(f"{what}: two writes to tile {wa[k + 1] // STRIDE} bytes "
+                            f"[{wa[k + 1] % STRIDE}, {min(wb[k], wb[k + 1]) % STRIDE}) in one step")
+    if wa.size < 2:
+        return wa, wb, var, elem, ct
+    z = _ESZ[ct[:-1]]
+    cont = (wa[1:] == wb[:-1]) & (var[1:] == var[:-1]) & (ct[1:] == ct[:-1]) & (
+        (var[1:] < 0) | ((wb[:-1] - wa[:-1]) % z == 0) & (elem[1:] == elem[:-1] + (wb[:-1] - wa[:-1]) // z))
+    first = np.flatnonzero(np.concatenate(([True], ~cont)))
+    last = np.concatenate((first[1:], [wa.size])) - 1
+    return wa[first], wb[last], var[first], elem[first], ct[first]
+
+
+
 class Replay:
     """Replays a tile program over the byte map, filling ``Tables``."""
 
@@ -639,7 +716,8 @@ class Replay:
         self.tables = Tables()
         self.map = ByteMap(tp.tiles)
         self._vars: dict[tuple[str, str], int] = {}
-        self._exchanges: dict[tuple, tuple] = {}     # transfer tables (ids) -> the last exchange built with them
+        self._replayed: dict[tuple, _Replayed] = {}    # a step's shape -> the last one of it replayed in full
+        self._codelets: dict = {}                      # group_codelet's memo
         self._step = ""
         self.summary = {"vertices": 0, "transfers": 0}
 
@@ -740,9 +818,11 @@ class Replay:
                 by_tensor[(b.kind == "output", b.tensor or b.name)].append(i)
         host = sorted(by_tensor.items(), key=lambda kv: (kv[0][0], kv[1][0]))
         self._step = "host"
+        self._host_writes: list[tuple] = []
         for (is_out, tensor), ids in host:
             if not is_out:
                 self._host_write(tensor, ids)
+        self.map.write_each(self._host_writes)      # (nothing reads the map while the host writes)
         self.map.freeze()          # the host's values aside: steps' writes then cost what they write
         for step in tp.steps:
             self._step = step.name
@@ -818,8 +898,8 @@ class Replay:
             v = t.variable(self.tp.buffers[b].name, ctype)
             begin = t.pieces(v, tl, e - s)
             wa = tl * STRIDE + a
-            self.map.write(wa, wa + (e - s) * size_b, np.full(tl.size, v), begin, np.full(tl.size, code),
-                           f"host tensor {tensor!r}")
+            self._host_writes.append((wa, wa + (e - s) * size_b, np.full(tl.size, v), begin, np.full(tl.size, code),
+                                      f"host tensor {tensor!r}"))
             if main is None:
                 m = np.flatnonzero(r == 0)           # sorted by first element
                 main = (s[m], e[m], np.full(m.size, v), begin[m])
@@ -864,61 +944,120 @@ class Replay:
         operand = t.operands(1, *_row_major((at, at + length, var, begin), info))
         self._host_tensor(ROLE["output"], tensor, TYPE_CODE[ctype], size, operand)
 
+    # repeated steps ------------------------------------------------------------------------
+
+    def _replay_step(self, step, shape, view, replay) -> None:
+        """Replay ``step``: as the last step of its ``shape`` replayed in full, renamed, where ``view``
+        (what the bytes it reads hold: ``_view``) equals that step's view up to a renaming of the
+        variables (``_repeat``); else in full (``replay()``, which returns the writes it made), keeping
+        what a later step of the shape needs. A tower's layers: each layer-invariant step is replayed
+        row by row once, and its repetitions cost what their views and their writes hold, not their
+        rows. ``shape`` None: always in full."""
+        earlier = self._replayed.get(shape) if shape is not None else None
+        if earlier is not None and self._repeat(step.name, earlier, view, f"step {step.name!r}"):
+            return
+        t = self.tables
+        v0, p0, n0 = len(t.var_name), len(t._pieces), self.summary["vertices"]
+        writes = replay()
+        if shape is None:
+            return
+        made = range(v0, len(t.var_name))
+        names = [t.var_name[v] for v in made]
+        entries = t._pieces[p0:]
+        read = _unique(view[1])
+        binding = t.last_binding
+        if not all(n.startswith(step.name) for n in names) or any(v < v0 for v, _, _ in entries) \
+                or np.any((writes[2] >= 0) & (writes[2] < v0)) \
+                or not np.isin(binding[binding < v0], read).all():
+            return               # it wrote or bound what its view does not say (kept out of the shortcut)
+        self._replayed[shape] = _Replayed(
+            view, [(n[len(step.name):], CTYPES[t.var_type[v]], (n, CTYPES[t.var_type[v]]) in self._vars)
+                   for n, v in zip(names, made)],
+            [(v - v0, tiles, counts) for v, tiles, counts in entries], v0, writes, t.steps[-1][0],
+            tuple(t.steps[-1][2:6]), binding, self.summary["vertices"] - n0)
+
+    def _view(self, qa: np.ndarray, qb: np.ndarray, key: np.ndarray) -> tuple:
+        """What the byte ranges ``[qa, qb)`` hold now, relative to each range (the pieces of
+        ``ByteMap.look``): ``(where, var)`` with ``where`` the int64 columns (``key`` of the range,
+        first byte and end byte in it, element type, byte phase in the element, the element) and
+        ``var`` the variables. Two steps whose reads lie in ranges with equal keys and whose views
+        are equal up to a renaming of the variables read the same pieces of the renamed variables."""
+        q, ps, pe, var, ct, start, elem = self.map.look(qa, qb)
+        z = _ESZ[ct]
+        defined = var >= 0              # (undefined bytes: no element, whichever interval holds them)
+        where = np.stack([key[q], ps - qa[q], pe - qa[q], ct, np.where(defined, (ps - start) % z, 0),
+                          np.where(defined, elem + (ps - start) // z, 0)])
+        return where, var
+
+    def _repeat(self, name: str, earlier: "_Replayed", view, what: str) -> bool:
+        """Replay a step as the ``earlier`` one of its shape (see ``_replay_step``) if what it reads holds
+        what the earlier one read, up to a renaming of the variables; False (nothing done) if not.
+        The variables it makes are the earlier one's under its name, with their pieces (the same
+        tiles and counts, in the same order), so what it writes is the earlier writes renamed, and its
+        rows are the earlier rows bound to the renamed variables."""
+        where, var = view
+        old_where, old_var = earlier.view
+        if where.shape != old_where.shape or not np.array_equal(where, old_where) \
+                or not np.array_equal(var < 0, old_var < 0) or not np.array_equal(var[var < 0], old_var[old_var < 0]) \
+                or not np.array_equal(_first_use(var), _first_use(old_var)):
+            return False
+        if any((name + suffix, ctype) in self._vars for suffix, ctype, named in earlier.made if named):
+            return False
+        t = self.tables
+        old_ids, at = np.unique(old_var, return_index=True)
+        new_ids = var[at]
+        made = [self._named_var(name + suffix, ctype) if named else t.variable(name + suffix, ctype)
+                for suffix, ctype, named in earlier.made]
+        for i, tiles, counts in earlier.pieces:
+            t.pieces(made[i], tiles, counts)
+        old_ids = np.concatenate((old_ids, earlier.first_made + np.arange(len(made))))
+        new_ids = np.concatenate((new_ids, _i64(made)))
+        order = np.argsort(old_ids)
+        old_ids, new_ids = old_ids[order], new_ids[order]
+        wa, wb, wvar, welem, wct = earlier.writes
+        renamed = np.where(wvar >= 0, new_ids[np.searchsorted(old_ids, wvar)], wvar)
+        self.map.write(wa, wb, renamed, welem, wct, what)
+        first_binding = t.bind(new_ids[np.searchsorted(old_ids, earlier.binding)])
+        t.steps.append([earlier.kind, t.string(name), *earlier.body, first_binding, earlier.binding.size])
+        self.summary["vertices"] += earlier.vertices
+        return True
+
+    # exchanges -----------------------------------------------------------------------------
+
     def _exchange(self, step: Exchange) -> None:
+        tr = step.transfers
+        self.summary["transfers"] += len(tr)
+        # A tower's layers run exchanges of the same rows (``Exchange.origin``) over their own values:
+        # the view is what their source buffers hold (rows read only their source buffer's bytes).
+        shape = view = exchange_shape(step)
+        if shape is not None:
+            view = self._view(*self._buffer_ranges([sid for _, sid, _ in step.origin]))
+        self._replay_step(step, shape, view, lambda: self._exchange_rows(step))
+
+    def _buffer_ranges(self, buffers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The byte ranges of ``buffers`` (one per tile holding bytes of it), keyed by (position in
+        ``buffers``, tile)."""
+        qa, qb, key = [], [], []
+        for c, b in enumerate(buffers):
+            t = np.flatnonzero((self.tp.addr[b] >= 0) & (self.tp.size[b] > 0))
+            at = t * STRIDE + self.tp.addr[b, t]
+            qa.append(at)
+            qb.append(at + self.tp.size[b, t])
+            key.append(c * self.tp.tiles + t)
+        return tuple(np.concatenate(x) for x in (qa, qb, key))
+
+    def _exchange_rows(self, step: Exchange) -> tuple:
+        """An exchange replayed row by row; returns its writes."""
         tr = step.transfers
         t = self.tables
         what = f"exchange {step.name!r}"
         reads = self._copy_reads(tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes, what)
-        self.summary["transfers"] += len(tr)
-        # A tower's layers run the same transfer tables (the very arrays: lowering pools them) over
-        # their own values: where this exchange reads what an earlier one with these tables read, up to
-        # which variables hold it, its rows are that exchange's, bound to this step's variables.
-        key = tuple(id(getattr(tr, f)) for f in EXCHANGE_FIELDS)
-        earlier = self._exchanges.get(key)
-        if earlier is not None and self._repeat(step.name, earlier, reads, what):
-            return
         t.open_scope()
-        copies, writes, made = self._copy_rows(reads)
-        self.map.write(*writes, what)
+        copies, writes, _ = self._copy_rows(reads)
+        writes = self.map.write(*writes, what)
         t.copies += copies
-        body = self._step_row(1, step.name)
-        if all(fresh for *_, fresh in made):
-            # Kept small (a tower has hundreds of exchanges of up to millions of pieces): a digest of
-            # the pieces read, the variables read (first occurrence of each), the variables made.
-            var = reads[3]
-            ids, at = np.unique(var, return_index=True)
-            self._exchanges[key] = (_reads_digest(reads), ids, at, [(code, v) for code, v, *_ in made], body,
-                                    t.last_binding)
-
-    def _repeat(self, name: str, earlier, reads, what: str) -> bool:
-        """Replay an exchange as the ``earlier`` one with its tables (see ``_exchange``) if it reads the
-        same pieces up to a renaming of the variables holding them; False (nothing done) if not. The
-        variables it makes get the pieces the earlier one's got (the same tiles and counts, in the same
-        order), so what it writes is the earlier writes renamed."""
-        digest, old_ids, at, made, body, binding = earlier
-        q, ps, pe, var, ct, start, elem, dtile, dst = reads
-        if _reads_digest(reads) != digest:
-            return False
-        if any((f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code]) in self._vars for code, _ in made):
-            return False
-        t = self.tables
-        new_ids = var[at]
-        defined = var >= 0
-        wvar = np.full(q.size, -1, np.int64)
-        welem = np.zeros(q.size, np.int64)
-        wct = np.full(q.size, -1, np.int64)
-        for code, v in made:
-            m = np.flatnonzero(defined & (ct == code))
-            nv = self._named_var(f"{name}.{TYPE_SUFFIX[CTYPES[code]]}", CTYPES[code])
-            begins = t.pieces(nv, dtile[m], (pe[m] - ps[m]) // ELEMENT_BYTES[CTYPES[code]])
-            wvar[m], welem[m], wct[m] = nv, begins, code
-            old_ids, new_ids = np.append(old_ids, v), np.append(new_ids, nv)
-        order = np.argsort(old_ids)
-        old_ids, new_ids = old_ids[order], new_ids[order]
-        self.map.write(dst, dst + (pe - ps), wvar, welem, wct, what)
-        first_binding = t.bind(new_ids[np.searchsorted(old_ids, binding)])
-        t.steps.append([1, t.string(name), *body[1:5], first_binding, binding.size])
-        return True
+        self._step_row(1, step.name)
+        return writes
 
     def _step_row(self, kind: int, name: str) -> tuple[int, ...]:
         """The ``steps`` row of the open scope; returns the scope's rows (``Tables.close_scope``)."""
@@ -928,6 +1067,24 @@ class Replay:
         return tuple(body)
 
     def _compute(self, step: ComputeSet) -> None:
+        # The layers' compute sets: the same vertices (tiles, outputs, calls) reading their own values
+        # (a layer's weights sit elsewhere); the view is what every operand they read holds.
+        shape, qa, qb = [], [], []
+        for group in step.groups:
+            copy = group.call.primitive == "copy"
+            shape.append((group.call, group.variant, group.in_bytes, group.out_bytes, id(group.tile),
+                          id(group.outs), id(group.ins) if copy else None))
+            at = _i64(group.tile) * STRIDE
+            for j in range(1 if copy else len(group.in_bytes)):
+                qa.append(at + group.ins[:, j])
+                qb.append(at + group.ins[:, j] + int(group.in_bytes[j]))
+        qa = np.concatenate(qa) if qa else np.zeros(0, np.int64)
+        qb = np.concatenate(qb) if qb else np.zeros(0, np.int64)
+        view = self._view(qa, qb, np.arange(qa.size))
+        self._replay_step(step, ("compute", tuple(shape)), view, lambda: self._compute_rows(step))
+
+    def _compute_rows(self, step: ComputeSet) -> tuple:
+        """A compute set replayed vertex by vertex; returns its writes."""
         t = self.tables
         t.open_scope()
         writes = []
@@ -938,7 +1095,7 @@ class Replay:
                 copy_rows.append((tiles, group.ins[:, 0], tiles, group.outs[:, 0],
                                   np.full(tiles.size, group.in_bytes[0])))
                 continue
-            source = group_codelet(group, self.target, self.registry)
+            source = group_codelet(group, self.target, self.registry, self._codelets)
             what = f"compute set {step.name!r} group {gi} ({group.call})"
             ins, outs = source.inputs, source.outputs
             n, nf = tiles.size, len(ins) + len(outs)
@@ -976,10 +1133,11 @@ class Replay:
             st, sa, dt, da, nb = (np.concatenate(x) for x in zip(*copy_rows))
             copies, w = self.byte_copies(st, sa, dt, da, nb, f"on-tile copies of {step.name!r}")
             writes.append(w)
-        if writes:
-            self.map.write(*(np.concatenate(x) for x in zip(*writes)), f"compute set {step.name!r}")
+        writes = tuple(np.concatenate(x) for x in zip(*writes)) if writes else (np.zeros(0, np.int64),) * 5
+        writes = self.map.write(*writes, f"compute set {step.name!r}")
         t.copies += copies
         self._step_row(0, step.name)
+        return writes
 
 
 # ---- host.cpp --------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ merged once.
 from __future__ import annotations
 
 from ...estimate.exchange import Transfers, fragments_to_transfers
-from ..tile_program import EXCHANGE_FIELDS, Exchange, absolute, on_buffers
+from ..tile_program import EXCHANGE_FIELDS, Exchange, Placement
 
 
 def _merged(t: Transfers) -> Transfers:
@@ -25,6 +25,7 @@ def _merged(t: Transfers) -> Transfers:
 
 def run(state):
     tp = state.tile_program
+    placement = state.placement or Placement(state.pool, state.numbers, tp.addr, tp.size)
     done: dict[tuple, tuple] = {}       # ids of a table's pooled columns -> (the table, kept alive; merged)
     per_copy: dict[int, tuple] = {}     # id of a copy's relative rows -> (the rows, kept alive; merged)
     for i, step in enumerate(tp.steps):
@@ -33,19 +34,18 @@ def run(state):
         t = step.transfers
         if step.parts:
             expanded = sum(len(p[0]) for p in step.parts)
-            parts = []
             for rows, sid, did in step.parts:
                 if id(rows) not in per_copy:
                     per_copy[id(rows)] = (rows, _merged(rows))
-                parts.append(on_buffers(per_copy[id(rows)][1], sid, did))
-            merged = state.pool.transfers(absolute(Transfers.concat(parts), tp.addr))
+            merged, origin = placement([(per_copy[id(rows)][1], sid, did) for rows, sid, did in step.parts])
         else:
             key = tuple(id(getattr(t, f)) for f in EXCHANGE_FIELDS)
             if key not in done:
                 done[key] = (t, state.pool.transfers(_merged(t)))
             merged = done[key][1]
+            origin = None
         fragments = (expanded if step.parts else len(t)) if step.fragments is None else step.fragments
         if len(merged) < fragments:
             state.log.append(f"merge_transfers: {step.name}: {fragments} fragments -> {len(merged)} transfers")
-        tp.steps[i] = Exchange(step.name, merged)
+        tp.steps[i] = Exchange(step.name, merged, origin=origin)
     return state

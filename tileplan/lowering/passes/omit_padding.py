@@ -12,13 +12,17 @@ import numpy as np
 
 
 def run(state):
+    from ...estimate.memory import buffer_tile_bytes
     prog, target = state.program, state.target
+    sizes: dict = {}          # (layout, shape, dtype) -> (exact, padded): a tower's layers share them
     for name in sorted(prog.buffers):
         buf = prog.buffers[name]
-        om = buf.owner_map(target.tiles)
-        exact = om.bytes_per_tile(target.tiles, buf.dtype.itemsize)
-        from ...estimate.memory import buffer_tile_bytes
-        padded = buffer_tile_bytes(buf, target.tiles, target.alignment)
+        key = (buf.layout, tuple(buf.shape), buf.dtype)
+        if key not in sizes:
+            om = buf.owner_map(target.tiles)
+            sizes[key] = (om.bytes_per_tile(target.tiles, buf.dtype.itemsize),
+                          buffer_tile_bytes(buf, target.tiles, target.alignment))
+        exact, padded = sizes[key]
         if np.any(exact < padded):
             state.sizes[name] = exact
             state.log.append(f"omit_padding: {name} saves {int((padded - exact).max())} bytes on its worst tile")

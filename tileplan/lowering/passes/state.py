@@ -19,6 +19,8 @@ class LoweringState:
     log: list[str] = field(default_factory=list)               # one line per change a pass made
     plans: object = None                                       # lowering.block_moves.CopyPlans of the lowering
     pool: object = None                                        # tile_program.ArrayPool: equal tables shared
+    numbers: object = None                                     # tile_program.RowNumbers: Exchange.origin
+    placement: object = None                                   # tile_program.Placement, once allocated
 
     def __post_init__(self):
         if self.plans is None:
@@ -27,3 +29,6 @@ class LoweringState:
         if self.pool is None:
             from ..tile_program import ArrayPool
             self.pool = ArrayPool()
+        if self.numbers is None:
+            from ..tile_program import RowNumbers
+            self.numbers = RowNumbers()
