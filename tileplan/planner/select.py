@@ -224,7 +224,7 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
     return _solve_dp(problem, paths)
 
 
-def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
+def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True) -> Solution | None:
     """``solve_dp``'s search.
 
     Every path of one state has the same live values in the same layouts and the same converted
@@ -233,7 +233,8 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
     per state (``moves``). The paths are offered to the next states path by path, then choice by
     choice; an offer a full bucket would thin away again is passed over on its scalars
     (``_Bucket``), and only the others get their per-tile figures (``_figures``), so the bounded DP
-    keeps the same paths in the same order as offering every one."""
+    keeps the same paths in the same order as offering every one (``pass_over=False`` offers every
+    one: the reference the tests hold it to)."""
     last = problem.last_use()
     holds = problem.holds()              # paths carry per-tile figures
     icap = problem.interleaved_capacity
@@ -342,7 +343,7 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
     states[(key_of(init), key_of(init))] = (init, init, [start])
     exact = paths is None
 
-    skips = paths is not None and paths >= 2       # (``_Bucket.marks``: a bound keeps at least two)
+    skips = pass_over and paths is not None and paths >= 2      # (``_Bucket.mark``: a bound of two or more)
     for i, op in enumerate(problem.ops):
         nxt: dict[tuple, tuple] = {}          # state key -> (its live values, its copies, its _Bucket)
         for live, copies, entries in states.values():
