@@ -196,14 +196,15 @@ def solve_exhaustive(problem: Problem) -> Solution | None:
 
 class _Path:
     """One partial assignment: its cycles, its peak, its picks so far and, when paths carry per-tile
-    figures (``Problem.holds``), ``vec``: int64 [3 * tiles], per tile side by side the largest
-    memory over its ops without held storage (top), the storage its choices hold over the whole
-    program (held) and the largest interleaved transients over its ops (itop); ``sums``: the three
-    sums (a path with a larger sum cannot be no larger on every tile)."""
+    figures (``Problem.holds``), ``vec``: three int64 [tiles] arrays, the largest memory per tile
+    over its ops without held storage (top), the storage its choices hold over the whole program
+    (held) and the largest interleaved transients over its ops (itop), each the very array of its
+    parent when its last choice left it as it was (read-only: shared); ``sums``: the three sums (a
+    path with a larger sum cannot be no larger on every tile)."""
 
     __slots__ = ("cycles", "peak", "picks", "vec", "sums")
 
-    def __init__(self, cycles, peak: int, picks: tuple[int, ...], vec: np.ndarray | None = None,
+    def __init__(self, cycles, peak: int, picks: tuple[int, ...], vec: tuple | None = None,
                  sums: tuple | None = None):
         self.cycles, self.peak, self.picks, self.vec, self.sums = cycles, peak, picks, vec, sums
 
@@ -338,7 +339,8 @@ def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True) -> So
     # state key -> (its live values, its copies, its paths)
     states: dict[tuple, tuple[tuple, tuple, list[_Path]]] = {}
     init: tuple = ()
-    start = _Path(0, 0, (), np.zeros(3 * tiles, dtype=np.int64), (0, 0, 0)) if holds else _Path(0, 0, ())
+    zero = np.zeros(tiles, dtype=np.int64)
+    start = _Path(0, 0, (), (zero, zero, zero), (0, 0, 0)) if holds else _Path(0, 0, ())
     start_ok = icap is None or int(ibase.max()) <= icap     # the start path's interleaved region fits
     states[(key_of(init), key_of(init))] = (init, init, [start])
     exact = paths is None
@@ -433,21 +435,13 @@ def _figures(path: _Path, ch: Choice, mem: np.ndarray, held_sum: int, tiles: int
     """A path's per-tile figures after a move (choice ``ch``, its memory ``mem`` at the op without held
     storage, ``held_sum`` the sum of what it holds): (peak, vec, sums, fits). ``fits``: the peak within
     ``cap`` and the interleaved region within ``icap``; vec and sums are None when it does not fit."""
-    v = path.vec
-    vec = np.empty(3 * tiles, dtype=np.int64)
-    top, held, itop = vec[:tiles], vec[tiles:2 * tiles], vec[2 * tiles:]
-    np.maximum(v[:tiles], mem, out=top)
-    if ch.resident is None:
-        held[...] = v[tiles:2 * tiles]
-    else:
-        np.add(v[tiles:2 * tiles], ch.resident, out=held)
+    ptop, pheld, pitop = path.vec
+    top = np.maximum(ptop, mem)
+    held = pheld if ch.resident is None else pheld + ch.resident
     peak = int((top + held).max())
     if peak > cap:
         return peak, None, None, False
-    if ch.interleaved is None:
-        itop[...] = v[2 * tiles:]
-    else:
-        np.maximum(v[2 * tiles:], ch.interleaved, out=itop)
+    itop = pitop if ch.interleaved is None else np.maximum(pitop, ch.interleaved)
     # A move that holds nothing more and adds no interleaved transients leaves a path's region
     # figures as they were, and every path in a bucket passed this check (the start path too, when
     # ``start_ok``): it would pass again.
@@ -457,7 +451,7 @@ def _figures(path: _Path, ch: Choice, mem: np.ndarray, held_sum: int, tiles: int
     s0, s1, s2 = path.sums
     sums = (int(top.sum()), s1 + held_sum if ch.resident is not None else s1,     # (a sum of sums: exact)
             int(itop.sum()) if ch.interleaved is not None else s2)
-    return peak, vec, sums, True
+    return peak, (top, held, itop), sums, True
 
 
 def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> int:
@@ -477,10 +471,10 @@ def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> int:
         for q in bucket:
             if q.cycles <= pc and q.peak <= pp:
                 s = q.sums
-                if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and (q.vec <= pv).all():
+                if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and _no_more(q.vec, pv):
                     return 0
         keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak and a0 <= q.sums[0] and a1 <= q.sums[1]
-                                          and a2 <= q.sums[2] and (pv <= q.vec).all())]
+                                          and a2 <= q.sums[2] and _no_more(pv, q.vec))]
     if len(keep) != len(bucket):
         bucket[:] = keep
     bucket.append(p)
@@ -488,6 +482,12 @@ def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> int:
         bucket[:] = _thin(bucket, bound, ps is not None)
         return 2
     return 1
+
+
+def _no_more(a: tuple, b: tuple) -> bool:
+    """Per-tile figures ``a`` no larger than ``b`` on every tile (a shared array is equal to itself)."""
+    return ((a[0] is b[0] or bool((a[0] <= b[0]).all())) and (a[1] is b[1] or bool((a[1] <= b[1]).all()))
+            and (a[2] is b[2] or bool((a[2] <= b[2]).all())))
 
 
 def _thin(bucket: list[_Path], bound: int, lean: bool) -> list[_Path]:
