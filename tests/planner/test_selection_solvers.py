@@ -163,10 +163,14 @@ def crowded_problem(seed: int) -> Problem:
 @settings(max_examples=150, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(2, 4))
 def test_passing_over_offers_a_full_bucket_would_thin_away_keeps_the_bounded_dp_path_for_path(seed, bound):
-    """The bounded DP's skip (``select._Bucket``) against offering every path: the same picks, cycles
-    and peaks, at bounds small enough that buckets fill and thin."""
+    """The bounded DP's skip (``select._Bucket``) against offering every path: at every step the same
+    states with the same paths in the same order, and the same solution, at bounds small enough that
+    buckets fill and thin."""
     problem = crowded_problem(seed)
-    quick, every = _solve_dp(problem, bound), _solve_dp(problem, bound, pass_over=False)
+    steps_quick, steps_every = [], []
+    quick = _solve_dp(problem, bound, trace=steps_quick)
+    every = _solve_dp(problem, bound, pass_over=False, trace=steps_every)
+    assert steps_quick == steps_every
     assert (quick is None) == (every is None)
     if quick is not None:
         assert (quick.picks, quick.cycles, quick.peak, quick.peak_op, quick.peak_tile, quick.interleaved_peak) == \

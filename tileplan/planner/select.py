@@ -225,7 +225,7 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
     return _solve_dp(problem, paths)
 
 
-def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True) -> Solution | None:
+def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True, trace: list | None = None) -> Solution | None:
     """``solve_dp``'s search.
 
     Every path of one state has the same live values in the same layouts and the same converted
@@ -235,7 +235,8 @@ def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True) -> So
     choice; an offer a full bucket would thin away again is passed over on its scalars
     (``_Bucket``), and only the others get their per-tile figures (``_figures``), so the bounded DP
     keeps the same paths in the same order as offering every one (``pass_over=False`` offers every
-    one: the reference the tests hold it to)."""
+    one: the reference the tests hold it to; ``trace`` gets every step's states, each its paths'
+    picks in order)."""
     last = problem.last_use()
     holds = problem.holds()              # paths carry per-tile figures
     icap = problem.interleaved_capacity
@@ -363,7 +364,8 @@ def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True) -> So
                         if b is not None and skips and len(b.paths) >= paths:
                             m = b.marks or b.mark(paths)
                             if _passes(m, c, pk):
-                                b.settle(paths)
+                                if not b.thinned and not _covered(b.paths, _Path(c, pk, ())):
+                                    b.settle(paths)
                                 continue
                         if b is None:
                             b = _open(nxt, slots[k], key, nl, nc)
@@ -396,10 +398,10 @@ def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True) -> So
                                                           ibase, start_ok)
                                 pk = f[0]                    # the bound falls short: the peak itself
                             if _passes(m, c, pk, s1):
-                                if not b.thinned:            # (an offer that does not fit is not made)
+                                if not b.thinned:        # (an offer that does not fit, or is covered, changes nothing)
                                     f = figures.get(k) or _figures(path, found[k][1], found[k][3], rsum, tiles,
                                                                    cap, icap, ibase, start_ok)
-                                    if f[3]:
+                                    if f[3] and not _covered(b.paths, _Path(c, f[0], (), f[1], f[2])):
                                         b.settle(paths)
                                 continue
                     f = figures.get(k) or _figures(path, found[k][1], found[k][3], rsum, tiles, cap, icap, ibase,
@@ -415,6 +417,8 @@ def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True) -> So
         if not nxt:
             return None
         states = {key: (live, copies, b.paths) for key, (live, copies, b) in nxt.items()}
+        if trace is not None:
+            trace.append([[p.picks for p in entries] for _, _, entries in states.values()])
     best = min((p for _, _, entries in states.values() for p in entries), key=_FASTEST)
     picks = dict(zip(problem.ops, best.picks))
     sol = evaluate(problem, picks)
@@ -460,19 +464,13 @@ def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> int:
     another when it is no slower, its peak is no larger and, with per-tile figures, whatever comes
     next it never has more memory on any tile in either class (every figure of ``vec`` no larger;
     the sums are checked first: a larger sum rules it out)."""
+    if _covered(bucket, p):
+        return 0
     pc, pp, ps, pv = p.cycles, p.peak, p.sums, p.vec
     if ps is None:
-        for q in bucket:
-            if q.cycles <= pc and q.peak <= pp:
-                return 0
         keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak)]
     else:
         a0, a1, a2 = ps
-        for q in bucket:
-            if q.cycles <= pc and q.peak <= pp:
-                s = q.sums
-                if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and _no_more(q.vec, pv):
-                    return 0
         keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak and a0 <= q.sums[0] and a1 <= q.sums[1]
                                           and a2 <= q.sums[2] and _no_more(pv, q.vec))]
     if len(keep) != len(bucket):
@@ -482,6 +480,23 @@ def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> int:
         bucket[:] = _thin(bucket, bound, ps is not None)
         return 2
     return 1
+
+
+def _covered(bucket: list[_Path], p: _Path) -> bool:
+    """Some path of the bucket covers ``p`` (``_insert``)."""
+    pc, pp, ps, pv = p.cycles, p.peak, p.sums, p.vec
+    if ps is None:
+        for q in bucket:
+            if q.cycles <= pc and q.peak <= pp:
+                return True
+        return False
+    a0, a1, a2 = ps
+    for q in bucket:
+        if q.cycles <= pc and q.peak <= pp:
+            s = q.sums
+            if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and _no_more(q.vec, pv):
+                return True
+    return False
 
 
 def _no_more(a: tuple, b: tuple) -> bool:
@@ -514,7 +529,8 @@ class _Bucket:
     Design decision: a skip that keeps the bounded DP's result path for path. An offer ``p`` to a
     bucket holding at least ``bound`` paths changes nothing but the bucket's order when ``_thin``
     would drop it and it covers no path there; then the bucket is what ``_thin`` makes of it
-    (``settle``: the order a path-by-path run leaves, which the next step offers in). ``_thin`` drops
+    (``settle``: the order a path-by-path run leaves, which the next step offers in; unless a path
+    there covers it, which leaves the bucket as it was). ``_thin`` drops
     it when, strictly on scalars (ties on picks never decide), it is slower than the path that is
     the last kept for speed (``mark``: the (bound - 1)-th fastest, or the bound-th when the
     least-memory path is among those), its peak is above the least peak, and it holds more than the
@@ -538,7 +554,8 @@ class _Bucket:
         return got > 0
 
     def settle(self, bound: int) -> None:
-        """An offer ``_thin`` drops went in and out: the bucket in the order that leaves."""
+        """An offer ``_thin`` drops, covered by no path here, went in and out: the bucket in the order
+        that leaves (one thinned already is in it)."""
         if not self.thinned:
             self.paths[:] = _thin(self.paths, bound, self.paths[0].sums is not None)
             self.thinned = True
