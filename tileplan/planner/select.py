@@ -440,21 +440,24 @@ def _figures(path: _Path, ch: Choice, mem: np.ndarray, held_sum: int, tiles: int
     storage, ``held_sum`` the sum of what it holds): (peak, vec, sums, fits). ``fits``: the peak within
     ``cap`` and the interleaved region within ``icap``; vec and sums are None when it does not fit."""
     ptop, pheld, pitop = path.vec
-    top = np.maximum(ptop, mem)
+    s0, s1, s2 = path.sums
+    # A figure the move does not raise on any tile stays the parent's very array: once a tower's
+    # largest op is behind it, most paths share one top (and one itop), and comparing them is free.
+    top = ptop if (mem <= ptop).all() else np.maximum(ptop, mem)
     held = pheld if ch.resident is None else pheld + ch.resident
     peak = int((top + held).max())
     if peak > cap:
         return peak, None, None, False
-    itop = pitop if ch.interleaved is None else np.maximum(pitop, ch.interleaved)
+    inter = ch.interleaved
+    itop = pitop if inter is None or (inter <= pitop).all() else np.maximum(pitop, inter)
     # A move that holds nothing more and adds no interleaved transients leaves a path's region
     # figures as they were, and every path in a bucket passed this check (the start path too, when
     # ``start_ok``): it would pass again.
     if icap is not None and not (start_ok and ch.resident is None and ch.interleaved is None):
         if int((ibase + held + itop).max()) > icap:
             return peak, None, None, False
-    s0, s1, s2 = path.sums
-    sums = (int(top.sum()), s1 + held_sum if ch.resident is not None else s1,     # (a sum of sums: exact)
-            int(itop.sum()) if ch.interleaved is not None else s2)
+    sums = (s0 if top is ptop else int(top.sum()), s1 + held_sum if ch.resident is not None else s1,  # (exact)
+            s2 if itop is pitop else int(itop.sum()))
     return peak, (top, held, itop), sums, True
 
 
