@@ -445,15 +445,15 @@ def _figures(path: _Path, ch: Choice, mem: np.ndarray, held_sum: int, tiles: int
     # largest op is behind it, most paths share one top (and one itop), and comparing them is free.
     top = ptop if (mem <= ptop).all() else np.maximum(ptop, mem)
     held = pheld if ch.resident is None else pheld + ch.resident
-    peak = int((top + held).max())
+    peak = path.peak if top is ptop and held is pheld else int((top + held).max())    # (a path's peak: of both)
     if peak > cap:
         return peak, None, None, False
     inter = ch.interleaved
     itop = pitop if inter is None or (inter <= pitop).all() else np.maximum(pitop, inter)
-    # A move that holds nothing more and adds no interleaved transients leaves a path's region
-    # figures as they were, and every path in a bucket passed this check (the start path too, when
+    # A move that leaves a path's held storage and interleaved figures as they were leaves its
+    # region as it was, and every path in a bucket passed this check (the start path too, when
     # ``start_ok``): it would pass again.
-    if icap is not None and not (start_ok and ch.resident is None and ch.interleaved is None):
+    if icap is not None and not (start_ok and held is pheld and itop is pitop):
         if int((ibase + held + itop).max()) > icap:
             return peak, None, None, False
     sums = (s0 if top is ptop else int(top.sum()), s1 + held_sum if ch.resident is not None else s1,  # (exact)
