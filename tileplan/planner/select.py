@@ -461,14 +461,15 @@ def _figures(path: _Path, ch: Choice, mem: np.ndarray, held_sum: int, tiles: int
     return peak, (top, held, itop), sums, True
 
 
-def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> int:
+def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> tuple[int, tuple | None]:
     """Keep the bucket a Pareto set, at most ``bound`` paths (fastest kept, ``_thin``): 0 when ``p``
-    stayed out, 1 when it went in, 2 when it went in and the bucket was then thinned. A path covers
+    stayed out, 1 when it went in, 2 when it went in and the bucket was then thinned (with the
+    marks of what it kept, ``_thin``). A path covers
     another when it is no slower, its peak is no larger and, with per-tile figures, whatever comes
     next it never has more memory on any tile in either class (every figure of ``vec`` no larger;
     the sums are checked first: a larger sum rules it out)."""
     if _covered(bucket, p):
-        return 0
+        return 0, None
     pc, pp, ps, pv = p.cycles, p.peak, p.sums, p.vec
     if ps is None:
         keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak)]
@@ -480,9 +481,9 @@ def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> int:
         bucket[:] = keep
     bucket.append(p)
     if bound is not None and len(bucket) > bound:
-        bucket[:] = _thin(bucket, bound, ps is not None)
-        return 2
-    return 1
+        bucket[:], marks = _thin(bucket, bound, ps is not None)
+        return 2, marks
+    return 1, None
 
 
 def _covered(bucket: list[_Path], p: _Path) -> bool:
@@ -508,21 +509,32 @@ def _no_more(a: tuple, b: tuple) -> bool:
             and (a[2] is b[2] or bool((a[2] <= b[2]).all())))
 
 
-def _thin(bucket: list[_Path], bound: int, lean: bool) -> list[_Path]:
+def _thin(bucket: list[_Path], bound: int, lean: bool) -> tuple[list[_Path], tuple | None]:
     """The paths a crowded bucket keeps (sorting it fastest first): the bound - 1 fastest, and the
     least-memory path (or the next fastest if it is among them). With storage held over the whole
     program (``lean``), also the path holding the least of it (the fastest such): the fastest paths
     may all hold pre-arranged weights that leave later ops no room but for slow grids (a 27-layer
-    tower), and this path is the one that leaves them the most."""
+    tower), and this path is the one that leaves them the most. Also the marks of the paths kept
+    (``_marks``; None when ``bound`` < 2): the kept paths' fastest, least and leanest are these."""
     bucket.sort(key=_FASTEST)
     low = min(bucket, key=_LEAST)
     fastest = bucket[:bound - 1]
     kept = fastest + [bucket[bound - 1] if low in fastest else low]
+    least = None
     if lean:
         least = min(bucket, key=_LEANEST)
         if least not in kept:
             kept.append(least)
-    return kept
+    return kept, _marks(bucket, low, least, bound) if bound >= 2 else None
+
+
+def _marks(by_speed: list[_Path], low: _Path, lean: _Path | None, bound: int) -> tuple:
+    """(cycles, peak) of the last path kept for speed (the (bound - 1)-th fastest, or the bound-th
+    when the least-memory path ``low`` is among those), the least peak and, with per-tile figures,
+    the leanest path's (held sum, cycles, peak) (``_Bucket``). ``by_speed``: fastest first."""
+    last = by_speed[bound - 1] if low in by_speed[:bound - 1] else by_speed[bound - 2]
+    m = (last.cycles, last.peak, low.peak)
+    return m if lean is None else m + (lean.sums[1], lean.cycles, lean.peak)
 
 
 class _Bucket:
@@ -551,31 +563,25 @@ class _Bucket:
         self.marks: tuple | None = None
 
     def offer(self, p: _Path, bound: int | None) -> bool:
-        got = _insert(self.paths, p, bound)
+        got, marks = _insert(self.paths, p, bound)
         if got:
-            self.thinned, self.marks = got == 2, None
+            self.thinned, self.marks = got == 2, marks
         return got > 0
 
     def settle(self, bound: int) -> None:
         """An offer ``_thin`` drops, covered by no path here, went in and out: the bucket in the order
         that leaves (one thinned already is in it)."""
         if not self.thinned:
-            self.paths[:] = _thin(self.paths, bound, self.paths[0].sums is not None)
-            self.thinned = True
+            self.paths[:], _ = _thin(self.paths, bound, self.paths[0].sums is not None)
+            self.thinned = True         # (the same paths: the marks stay)
 
     def mark(self, bound: int) -> tuple:
         """(cycles, peak) of the last path kept for speed, the least peak and, with per-tile
         figures, the leanest path's (held sum, cycles, peak); the bucket holds at least ``bound``
         paths, ``bound`` >= 2."""
         ps = self.paths
-        by_speed = sorted(ps, key=_FASTEST)
-        low = min(ps, key=_LEAST)
-        last = by_speed[bound - 1] if low in by_speed[:bound - 1] else by_speed[bound - 2]
-        m = (last.cycles, last.peak, low.peak)
-        if ps[0].sums is not None:
-            lean = min(ps, key=_LEANEST)
-            m += (lean.sums[1], lean.cycles, lean.peak)
-        self.marks = m
+        m = self.marks = _marks(sorted(ps, key=_FASTEST), min(ps, key=_LEAST),
+                                min(ps, key=_LEANEST) if ps[0].sums is not None else None, bound)
         return m
 
 
