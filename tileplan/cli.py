@@ -362,15 +362,17 @@ def plan_command(
     with _catalogue_progress(quiet) as on_progress, _naming(model):
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
                       pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
-    print_report(result, out.console, verbose=verbose)
+    doc = plan_to_json(result)           # once: the report, plan.json and --json print the same document
+    if not quiet:                        # (a quiet console would still lay the whole report out)
+        print_report(doc, out.console, plan_seconds=result.plan_seconds, verbose=verbose)
     if output is not None:
-        write_plan_json(result, output)
+        write_plan_json(doc, output)
         out.print(f"wrote {output}")
     if emit_pins is not None:
         from .planner.pins import emit_pins as pins_text
         write_text_file(emit_pins, pins_text(result))
         out.print(f"wrote {emit_pins}")
-    out.document(plan_to_json(result))
+    out.document(doc)
 
 
 @app.command("compile")

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tileplan.planner.cpsat import SelectionModel, solve_cpsat
-from tileplan.planner.select import Choice, Fused, Problem, evaluate, fits, solve_dp, solve_exhaustive
+from tileplan.planner.select import Choice, Fused, Problem, _solve_dp, evaluate, fits, solve_dp, solve_exhaustive
 
 LAYOUTS = ("R", "I", "W")
 
@@ -131,6 +131,50 @@ def _uniform_problem(tiles: int, hot: tuple[int, ...]) -> Problem:
                    output={"op0": "t0", "op1": "t1", "op2": "t2"}, choices=choices, fixed={"x": "R"},
                    outputs={"t2"}, tile_bytes=tb, conversion=lambda t, a, b: (30, tr(4)),
                    resident=tr(1000), capacity=1400)
+
+
+def crowded_problem(seed: int) -> Problem:
+    """A chain of 6-10 ops with 3-8 choices each over 3 layouts and 4 tiles, some choices holding
+    storage all along and an interleaved region: enough paths per state that small bounds thin."""
+    rng = np.random.default_rng(seed)
+    tiles, layouts = 4, list(LAYOUTS)
+    arr = lambda hi: rng.integers(0, hi + 1, tiles).astype(np.int64)  # noqa: E731
+    holds, regions = bool(rng.integers(2)), bool(rng.integers(2))
+    ops, inputs, output, choices, prev = [], {}, {}, {}, "x"
+    for i in range(int(rng.integers(6, 11))):
+        op = f"op{i}"
+        chs = [Choice((layouts[rng.integers(3)],), layouts[rng.integers(3)], int(rng.integers(0, 1000)), arr(30),
+                      f"c{c}", arr(15) if holds and rng.integers(2) else None, arr(20) if regions else None)
+               for c in range(int(rng.integers(3, 9)))]
+        ops.append(op)
+        inputs[op], output[op], choices[op], prev = [prev], f"t{i}", chs, f"t{i}"
+    tensors = ["x"] + [output[op] for op in ops]
+    bytes_of = {(t, lay): arr(40) for t in tensors for lay in layouts}
+    prices = {(t, a, b): (int(rng.integers(0, 300)), arr(20) if rng.integers(2) else None)
+              for t in tensors for a in layouts for b in layouts if a != b}
+    resident = arr(30)
+    inter = dict(interleaved_capacity=int(rng.integers(60, 400)), resident_interleaved=resident // 2) if regions else {}
+    return Problem(ops=ops, inputs=inputs, output=output, choices=choices, fixed={"x": layouts[0]},
+                   outputs={output[ops[-1]]}, tile_bytes=lambda t, lay: bytes_of[t, lay],
+                   conversion=lambda t, a, b: prices[t, a, b], resident=resident,
+                   capacity=int(rng.integers(150, 800)), **inter)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 4))
+def test_passing_over_offers_a_full_bucket_would_thin_away_keeps_the_bounded_dp_path_for_path(seed, bound):
+    """The bounded DP's skip (``select._Bucket``) against offering every path: at every step the same
+    states with the same paths in the same order, and the same solution, at bounds small enough that
+    buckets fill and thin."""
+    problem = crowded_problem(seed)
+    steps_quick, steps_every = [], []
+    quick = _solve_dp(problem, bound, trace=steps_quick)
+    every = _solve_dp(problem, bound, pass_over=False, trace=steps_every)
+    assert steps_quick == steps_every
+    assert (quick is None) == (every is None)
+    if quick is not None:
+        assert (quick.picks, quick.cycles, quick.peak, quick.peak_op, quick.peak_tile, quick.interleaved_peak) == \
+            (every.picks, every.cycles, every.peak, every.peak_op, every.peak_tile, every.interleaved_peak)
 
 
 def test_memory_constraints_collapse_identical_and_dominated_tiles():

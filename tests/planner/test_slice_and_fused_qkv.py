@@ -156,6 +156,14 @@ def test_selection_keeps_the_form_with_fewer_estimated_cycles_and_records_both()
     assert any(op.name == "q.fused" for op in auto.graph.ops) == (cheaper == "fused")
 
 
+def test_with_two_jobs_the_separate_form_is_selected_in_the_background_and_the_plan_is_the_same():
+    from tileplan.planner.planjson import plan_to_json
+    g = qkv_graph()
+    one, two = plan(g, TARGET, jobs=1), plan(g, TARGET, jobs=2)
+    assert two.qkv["separate_cycles"] is not None and two.qkv["fused_cycles"] is not None
+    assert plan_to_json(one) == plan_to_json(two)
+
+
 @pytest.mark.slow
 def test_the_small_encoder_layer_with_qkv_fused_validates_and_plan_json_says_so(tmp_path):
     from tileplan.graph.loaders import load_model

@@ -266,14 +266,24 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         from .cache import MemoryCache
         kw["cache"] = MemoryCache()          # the two forms' common GEMMs costed once
     fused_graph, found = alt
-    separate = plan_graph(canon_graph, target, **kw) if qkv != "fused" else None
+    # Both forms: with more than one job, the separate form's selection runs in a forked process
+    # while this one plans the fused form (``plan_graph``'s ``background``); the same search either way.
+    both = qkv == "auto"
+    separate = plan_graph(canon_graph, target, background=both and jobs > 1, **kw) if qkv != "fused" else None
     fused = None
-    if qkv != "separate":
-        try:
-            fused = plan_graph(fused_graph, target, **kw)
-        except TileplanError:
-            if separate is None:
-                raise              # (the fused form does not fit: with "auto" the separate one stands)
+    try:
+        if qkv != "separate":
+            try:
+                fused = plan_graph(fused_graph, target, **kw)
+            except TileplanError:
+                if separate is None:
+                    raise              # (the fused form does not fit: with "auto" the separate one stands)
+    except BaseException:
+        if callable(separate):
+            separate.cancel()
+        raise
+    if callable(separate):
+        separate = separate()
     best = fused if separate is None or (fused is not None and fused.estimate.cycles < separate.estimate.cycles) \
         else separate              # a tie keeps the graph as written
     best.qkv = {"mode": qkv, "chosen": "fused" if best is fused else "separate",
@@ -287,7 +297,7 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
 
 def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
                dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
-               cache=None, caches: Caches | None = None) -> Plan:
+               cache=None, caches: Caches | None = None, background: bool = False):
     """Plan ``graph`` on ``target``: the catalogue of every op, whole-graph selection, the MidGraph
     and its detailed estimate. ``pins`` (``planner.pins.Pin``) restrict GEMMs to a grid; a pinned
     plan that differs from the planner's own choice records it (``Plan.pinned``). ``share``: ops
@@ -297,7 +307,9 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
     plan does not depend on what it holds. ``caches``: the in-memory memo tables of the run
     (``estimate.caches.Caches``; None: this process's shared ones of the target); nor on those.
     ``weights``: the parameter storage, ``"planner"`` (selection may pre-arrange a GEMM's weights)
-    or ``"compact"`` (never); None: the model file's (``graph.weights``), else ``"planner"``."""
+    or ``"compact"`` (never); None: the model file's (``graph.weights``), else ``"planner"``.
+    ``background`` (no pins): the selection runs in a forked process (``Background``) and what returns
+    is a ``Pending`` plan: calling it waits for the selection and gives the ``Plan``."""
     from . import canon
     from .pins import check_pins, pinned_candidates
     t0 = time.perf_counter()
@@ -343,6 +355,14 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
         pending.cancel()
         raise
     gemms = pending.result()
+    if background and not pinned:
+        cands, problem = _problem(ctx, gemms, ew_cands)
+        search = selection(ctx, problem, solver, dp_paths, {}, cache, background=True)
+
+        def finish() -> Plan:
+            res = _finish(ctx, cands, problem, search(), {})
+            return _plan_of(graph, target, res, t0, solver, None, weights)
+        return Pending(finish, search)
     own = _solve(ctx, gemms, ew_cands, solver, dp_paths, {}, cache)
     result, record = own, None
     if pinned:
@@ -355,9 +375,27 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
                       "own_cycles": int(own[4].estimate.cycles),
                       "own_choice": {n: chosen(own)[n] for n in sorted(pinned)}}
             result = run
+    return _plan_of(graph, target, result, t0, solver, record, weights)
+
+
+def _plan_of(graph: Graph, target, result: tuple, t0: float, solver: str, record, weights: str) -> Plan:
     ctx, cands, picks, mid, detailed, sol = result
     return Plan(graph, target, mid, cands, picks, detailed.estimate, detailed, graph.roofline_cycles(target),
                 time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage, pinned=record, weights=weights)
+
+
+class Pending:
+    """A plan whose selection runs in the background (``plan_graph``'s ``background``): call it for the
+    ``Plan``; ``cancel`` ends the search."""
+
+    def __init__(self, finish, search):
+        self._finish, self._search = finish, search
+
+    def __call__(self) -> Plan:
+        return self._finish()
+
+    def cancel(self) -> None:
+        self._search.cancel()
 
 
 def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, pinned: dict, cache=None):
@@ -365,6 +403,13 @@ def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, pin
     MidGraph on the storage selection picked and its detailed cost: ``(context, candidates, picks,
     MidGraph, detailed cost, solution)``. With a plan ``cache``, the selection comes from it when this
     very problem was solved before (``selection``)."""
+    cands, problem = _problem(ctx, gemms, ew_cands)
+    return _finish(ctx, cands, problem, selection(ctx, problem, solver, dp_paths, pinned, cache), pinned)
+
+
+def _problem(ctx: Context, gemms: dict, ew_cands: dict) -> tuple[dict, Problem]:
+    """Every op's candidates (a bias Add some GEMM reduction does gets its absorbed ones) and the
+    selection problem over them."""
     graph, target = ctx.graph, ctx.target
     ew_cands = dict(ew_cands)
     # A bias Add some GEMM candidates do in their reduction: absorbed candidates, one per layout
@@ -379,8 +424,13 @@ def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, pin
         cands[op.name] = gemms[op.name] if family_of(op).catalogued else ew_cands[op.name]
         if not cands[op.name]:
             raise TileplanError(f"op {op.name!r} ({op.kind}): no candidate fits the target {target.name!r}")
-    problem = build_problem(ctx, cands)
-    sol = selection(ctx, problem, solver, dp_paths, pinned, cache)
+    return cands, build_problem(ctx, cands)
+
+
+def _finish(ctx: Context, cands: dict, problem: Problem, sol, pinned: dict):
+    """``_solve``'s result from the selection's solution: the MidGraph on the storage it picked and
+    its detailed cost."""
+    graph, target = ctx.graph, ctx.target
     if sol is None:
         raise no_fit_error(problem)
     picks = sol.picks
@@ -398,9 +448,11 @@ def _solve(ctx: Context, gemms: dict, ew_cands: dict, solver: str, dp_paths, pin
     return ctx, cands, picks, mid, detailed, sol
 
 
-def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dict, cache=None):
+def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dict, cache=None,
+              background: bool = False):
     """Whole-graph selection (``select.solve_dp``, or CP-SAT): a ``select.Solution``, or None when
-    nothing fits.
+    nothing fits. With ``background``: a ``Background`` search, called for that result (the cache
+    read here, written when it is called).
 
     With a plan ``cache`` the solution is also kept on disk, keyed by the whole graph's canonical
     hash (``canon.subgraph_key``: a tower's 27 layers, names and parameter values left out), the
@@ -438,20 +490,86 @@ def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dic
             if isinstance(picks, list) and len(picks) == len(problem.ops) and \
                     all(isinstance(k, int) and 0 <= k < len(problem.choices[op]) for k, op in zip(picks, problem.ops)):
                 at = got["peak_op"]
-                return Solution(dict(zip(problem.ops, picks)), got["cycles"], got["peak"],
-                                problem.ops[at] if at >= 0 else "", got["peak_tile"], got["exact"])
+                sol = Solution(dict(zip(problem.ops, picks)), got["cycles"], got["peak"],
+                               problem.ops[at] if at >= 0 else "", got["peak_tile"], got["exact"])
+                return Background.done(sol) if background else sol
             cache.warn(f"warning: plan cache entry {cache.file_of(key)} does not fit this graph's selection; "
                        "ignored")
+
+    def keep(sol):
+        if key is not None and sol is not None:
+            cache.store(key, {"picks": [int(sol.picks[op]) for op in problem.ops], "cycles": int(sol.cycles),
+                              "peak": int(sol.peak), "peak_tile": int(sol.peak_tile), "exact": bool(sol.exact),
+                              "peak_op": problem.ops.index(sol.peak_op) if sol.peak_op in problem.ops else -1})
+        return sol
+    if background:
+        return Background(_search, (problem, solver, dp_paths), keep)
+    return keep(_search(problem, solver, dp_paths))
+
+
+def _search(problem: Problem, solver: str, dp_paths):
     if solver == "cpsat":
         from .cpsat import solve_cpsat
-        sol = solve_cpsat(problem)
-    else:
-        sol = solve_dp(problem, paths=dp_paths)
-    if key is not None and sol is not None:
-        cache.store(key, {"picks": [int(sol.picks[op]) for op in problem.ops], "cycles": int(sol.cycles),
-                          "peak": int(sol.peak), "peak_tile": int(sol.peak_tile), "exact": bool(sol.exact),
-                          "peak_op": problem.ops.index(sol.peak_op) if sol.peak_op in problem.ops else -1})
-    return sol
+        return solve_cpsat(problem)
+    return solve_dp(problem, paths=dp_paths)
+
+
+class Background:
+    """A search run in a forked process: call it for its result (then ``then`` of it).
+
+    Design decision: fork, so the child starts with the problem as it is in memory (its context,
+    candidates and memo tables are not pickled) and sends back only the solution, which is small. It
+    runs as a catalogue worker does (``catalogue._worker_init``: no cycle collector, no SIGINT, dies
+    with its parent). The search is deterministic, so the result is the one the parent would find."""
+
+    def __init__(self, fn, args: tuple, then=lambda x: x):
+        import multiprocessing
+        self.then, self.value, self.proc = then, None, None
+        mp = multiprocessing.get_context("fork")
+        self.conn, send = mp.Pipe(duplex=False)
+        self.proc = mp.Process(target=_background_main, args=(send, fn, args), daemon=True)
+        self.proc.start()
+        send.close()
+
+    @classmethod
+    def done(cls, value) -> "Background":
+        b = cls.__new__(cls)
+        b.then, b.value, b.proc, b.conn = (lambda x: x), value, None, None
+        return b
+
+    def __call__(self):
+        if self.proc is None:
+            return self.value
+        try:
+            ok, value = self.conn.recv()
+        except EOFError:
+            raise TileplanError("the background selection ended without an answer (its process died)") from None
+        finally:
+            self.conn.close()
+            self.proc.join()
+            self.proc = None
+        if not ok:
+            raise value
+        self.value = self.then(value)
+        return self.value
+
+    def cancel(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.join()
+            self.conn.close()
+            self.proc = None
+
+
+def _background_main(send, fn, args) -> None:
+    from .catalogue import _worker_init
+    _worker_init()
+    try:
+        out = (True, fn(*args))
+    except BaseException as e:          # (the parent raises it)
+        out = (False, e)
+    send.send(out)
+    send.close()
 
 
 def _array_digest(a) -> str | None:

@@ -244,6 +244,7 @@ def dumps(data: dict) -> str:
 
 
 def write_plan_json(plan, path: str | Path) -> Path:
-    """Write plan.json atomically (``tileplan.atomic.write_file``: a regular file or nothing)."""
+    """Write plan.json atomically (``tileplan.atomic.write_file``: a regular file or nothing). ``plan``:
+    a ``Plan``, or the document ``plan_to_json`` made of it."""
     from ..atomic import write_file
-    return write_file(path, dumps(plan_to_json(plan)))
+    return write_file(path, dumps(plan if isinstance(plan, dict) else plan_to_json(plan)))

@@ -196,14 +196,15 @@ def solve_exhaustive(problem: Problem) -> Solution | None:
 
 class _Path:
     """One partial assignment: its cycles, its peak, its picks so far and, when paths carry per-tile
-    figures (``Problem.holds``), ``vec``: int64 [3 * tiles], per tile side by side the largest
-    memory over its ops without held storage (top), the storage its choices hold over the whole
-    program (held) and the largest interleaved transients over its ops (itop); ``sums``: the three
-    sums (a path with a larger sum cannot be no larger on every tile)."""
+    figures (``Problem.holds``), ``vec``: three int64 [tiles] arrays, the largest memory per tile
+    over its ops without held storage (top), the storage its choices hold over the whole program
+    (held) and the largest interleaved transients over its ops (itop), each the very array of its
+    parent when its last choice left it as it was (read-only: shared); ``sums``: the three sums (a
+    path with a larger sum cannot be no larger on every tile)."""
 
     __slots__ = ("cycles", "peak", "picks", "vec", "sums")
 
-    def __init__(self, cycles, peak: int, picks: tuple[int, ...], vec: np.ndarray | None = None,
+    def __init__(self, cycles, peak: int, picks: tuple[int, ...], vec: tuple | None = None,
                  sums: tuple | None = None):
         self.cycles, self.peak, self.picks, self.vec, self.sums = cycles, peak, picks, vec, sums
 
@@ -224,15 +225,18 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
     return _solve_dp(problem, paths)
 
 
-def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
+def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True, trace: list | None = None) -> Solution | None:
     """``solve_dp``'s search.
 
     Every path of one state has the same live values in the same layouts and the same converted
     copies (that is what the state is), so what an op's choice does from that state (its
     conversions, its memory at the op without held storage, the next state) is worked out once
-    per state (``moves``), and the per-tile figures of all the state's paths are advanced together,
-    one numpy row per path. The paths are then offered to the next states in the order of the
-    path-by-path loop this replaces (path, then choice), so the bounded DP keeps the same paths."""
+    per state (``moves``). The paths are offered to the next states path by path, then choice by
+    choice; an offer a full bucket would thin away again is passed over on its scalars
+    (``_Bucket``), and only the others get their per-tile figures (``_figures``), so the bounded DP
+    keeps the same paths in the same order as offering every one (``pass_over=False`` offers every
+    one: the reference the tests hold it to; ``trace`` gets every step's states, each its paths'
+    picks in order)."""
     last = problem.last_use()
     holds = problem.holds()              # paths carry per-tile figures
     icap = problem.interleaved_capacity
@@ -336,78 +340,85 @@ def _solve_dp(problem: Problem, paths: int | None) -> Solution | None:
     # state key -> (its live values, its copies, its paths)
     states: dict[tuple, tuple[tuple, tuple, list[_Path]]] = {}
     init: tuple = ()
-    start = _Path(0, 0, (), np.zeros(3 * tiles, dtype=np.int64), (0, 0, 0)) if holds else _Path(0, 0, ())
+    zero = np.zeros(tiles, dtype=np.int64)
+    start = _Path(0, 0, (), (zero, zero, zero), (0, 0, 0)) if holds else _Path(0, 0, ())
     start_ok = icap is None or int(ibase.max()) <= icap     # the start path's interleaved region fits
     states[(key_of(init), key_of(init))] = (init, init, [start])
     exact = paths is None
 
-    def bucket(key, live, copies) -> list[_Path]:
-        got = nxt.get(key)
-        if got is None:
-            got = nxt[key] = (live, copies, [])
-        return got[2]
+    skips = pass_over and paths is not None and paths >= 2      # (``_Bucket.mark``: a bound of two or more)
     for i, op in enumerate(problem.ops):
-        nxt: dict[tuple, tuple] = {}
+        nxt: dict[tuple, tuple] = {}          # state key -> (its live values, its copies, its _Bucket)
         for live, copies, entries in states.values():
             found = moves(i, op, live, copies)
             if not holds:
                 steps = [(ci, cyc, int(mem.max()), nl, nc, key) for ci, ch, cyc, mem, nl, nc, key in found
                          if int(mem.max()) <= cap and inter_ok(ch)]
+                slots = _slots(nxt, [s[5] for s in steps])
                 for path in entries:
-                    for ci, cyc, top, nl, nc, key in steps:
+                    pc, pp = path.cycles, path.peak
+                    for k, (ci, cyc, top, nl, nc, key) in enumerate(steps):
                         # (a path's peak is within the capacity, so is the larger of the two)
-                        _insert(bucket(key, nl, nc), _Path(path.cycles + cyc, max(path.peak, top), path.picks + (ci,)),
-                                paths)
+                        c, pk = pc + cyc, max(pp, top)
+                        b = slots[k][0]
+                        if b is not None and skips and len(b.paths) >= paths:
+                            m = b.marks or b.mark(paths)
+                            if _passes(m, c, pk):
+                                if not b.thinned and not _covered(b.paths, _Path(c, pk, ())):
+                                    b.settle(paths)
+                                continue
+                        if b is None:
+                            b = _open(nxt, slots[k], key, nl, nc)
+                        b.offer(_Path(c, pk, path.picks + (ci,)), paths)
                 continue
-            vecs = np.stack([p.vec for p in entries])
-            tops, helds, itops = vecs[:, :tiles], vecs[:, tiles:2 * tiles], vecs[:, 2 * tiles:]
-            steps, oks = [], []
-            n = len(entries)
-            parent_sums = np.array([p.sums for p in entries], dtype=np.int64)      # [paths, 3]
+            if not found:
+                continue
+            # Per move, what decides a skip without per-tile figures: a path's peak after it is at
+            # least its peak before plus the least the move holds, and at least the move's own memory
+            # plus what it holds, on its fullest tile (``_Bucket``); and the sum it adds to held storage.
+            cheap = []
             for ci, ch, cyc, mem, nl, nc, key in found:
-                vec = np.empty((n, 3 * tiles), dtype=np.int64)        # the paths' figures after this move
-                top, held, itop = vec[:, :tiles], vec[:, tiles:2 * tiles], vec[:, 2 * tiles:]
-                np.maximum(tops, mem, out=top)
-                if ch.resident is None:
-                    held[...] = helds
-                else:
-                    np.add(helds, ch.resident, out=held)
-                peak = (top + held).max(axis=1)
-                ok = peak <= cap
-                if not ok.any():
-                    continue
-                if ch.interleaved is None:
-                    itop[...] = itops
-                else:
-                    np.maximum(itops, ch.interleaved, out=itop)
-                # A move that holds nothing more and adds no interleaved transients leaves a path's
-                # region figures as they were, and every path in a bucket passed this check (the
-                # start path too, when ``start_ok``): it would pass again.
-                if icap is not None and not (start_ok and ch.resident is None and ch.interleaved is None):
-                    ok &= (ibase + held + itop).max(axis=1) <= icap
-                sums = parent_sums.copy()
-                sums[:, 0] = top.sum(axis=1)
-                if ch.resident is not None:
-                    sums[:, 1] = held.sum(axis=1)
-                if ch.interleaved is not None:
-                    sums[:, 2] = itop.sum(axis=1)
-                sums = sums.tolist()
-                steps.append((ci, cyc, peak.tolist(), vec, sums, nl, nc, key))
-                oks.append(ok)
-            if not steps:
-                continue
-            runs = np.stack(oks, axis=1)             # [paths, steps]: the moves each path can make
+                r = ch.resident
+                cheap.append((cyc, 0 if r is None else int(r.min()), int(mem.max() if r is None else (mem + r).max()),
+                              0 if r is None else int(r.sum())))
+            slots = _slots(nxt, [f[6] for f in found])
             for row, path in enumerate(entries):
-                for k in np.flatnonzero(runs[row]).tolist():
-                    ci, cyc, peak, vec, sums, nl, nc, key = steps[k]
-                    new = _Path(path.cycles + cyc, peak[row], path.picks + (ci,), vec[row], tuple(sums[row]))
-                    if _insert(bucket(key, nl, nc), new, paths):
-                        new.vec = new.vec.copy()     # its own row, not a view keeping the whole step alive
+                pc, pp, ps1 = path.cycles, path.peak, path.sums[1]
+                figures: dict = {}
+                for k, (cyc, rmin, rtop, rsum) in enumerate(cheap):
+                    c = pc + cyc
+                    b = slots[k][0]
+                    if b is not None and skips and len(b.paths) >= paths:
+                        m = b.marks or b.mark(paths)
+                        s1 = ps1 + rsum
+                        if _could(m, c, s1):
+                            pk = max(pp + rmin, rtop)
+                            if not _passes(m, c, pk, s1):
+                                f = figures[k] = _figures(path, found[k][1], found[k][3], rsum, tiles, cap, icap,
+                                                          ibase, start_ok)
+                                pk = f[0]                    # the bound falls short: the peak itself
+                            if _passes(m, c, pk, s1):
+                                if not b.thinned:        # (an offer that does not fit, or is covered, changes nothing)
+                                    f = figures.get(k) or _figures(path, found[k][1], found[k][3], rsum, tiles,
+                                                                   cap, icap, ibase, start_ok)
+                                    if f[3] and not _covered(b.paths, _Path(c, f[0], (), f[1], f[2])):
+                                        b.settle(paths)
+                                continue
+                    f = figures.get(k) or _figures(path, found[k][1], found[k][3], rsum, tiles, cap, icap, ibase,
+                                                   start_ok)
+                    if not f[3]:
+                        continue
+                    if b is None:
+                        _, _, _, _, nl, nc, key = found[k]
+                        b = _open(nxt, slots[k], key, nl, nc)
+                    b.offer(_Path(c, f[0], path.picks + (found[k][0],), f[1], f[2]), paths)
         for t in ending.get(i, ()):             # fixed values whose last use was this op
             fixed_base = fixed_base - tile_bytes(t, fixed[t])
         if not nxt:
             return None
-        states = nxt
+        states = {key: (live, copies, b.paths) for key, (live, copies, b) in nxt.items()}
+        if trace is not None:
+            trace.append([[p.picks for p in entries] for _, _, entries in states.values()])
     best = min((p for _, _, entries in states.values() for p in entries), key=_FASTEST)
     picks = dict(zip(problem.ops, best.picks))
     sol = evaluate(problem, picks)
@@ -423,44 +434,188 @@ def _LEANEST(p):
     return p.sums[1], p.cycles, p.peak, p.picks
 
 
-def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> bool:
-    """Keep the bucket a Pareto set, at most ``bound`` paths (fastest kept); True when ``p``
-    went in. A path covers another when it is no slower, its peak is no larger and, with per-tile
-    figures, whatever comes next it never has more memory on any tile in either class (every
-    figure of ``vec`` no larger; the sums are checked first: a larger sum rules it out)."""
+def _figures(path: _Path, ch: Choice, mem: np.ndarray, held_sum: int, tiles: int, cap: int, icap, ibase,
+             start_ok: bool) -> tuple:
+    """A path's per-tile figures after a move (choice ``ch``, its memory ``mem`` at the op without held
+    storage, ``held_sum`` the sum of what it holds): (peak, vec, sums, fits). ``fits``: the peak within
+    ``cap`` and the interleaved region within ``icap``; vec and sums are None when it does not fit."""
+    ptop, pheld, pitop = path.vec
+    s0, s1, s2 = path.sums
+    # A figure the move does not raise on any tile stays the parent's very array: once a tower's
+    # largest op is behind it, most paths share one top (and one itop), and comparing them is free.
+    top = ptop if (mem <= ptop).all() else np.maximum(ptop, mem)
+    held = pheld if ch.resident is None else pheld + ch.resident
+    peak = path.peak if top is ptop and held is pheld else int((top + held).max())    # (a path's peak: of both)
+    if peak > cap:
+        return peak, None, None, False
+    inter = ch.interleaved
+    itop = pitop if inter is None or (inter <= pitop).all() else np.maximum(pitop, inter)
+    # A move that leaves a path's held storage and interleaved figures as they were leaves its
+    # region as it was, and every path in a bucket passed this check (the start path too, when
+    # ``start_ok``): it would pass again.
+    if icap is not None and not (start_ok and held is pheld and itop is pitop):
+        if int((ibase + held + itop).max()) > icap:
+            return peak, None, None, False
+    sums = (s0 if top is ptop else int(top.sum()), s1 + held_sum if ch.resident is not None else s1,  # (exact)
+            s2 if itop is pitop else int(itop.sum()))
+    return peak, (top, held, itop), sums, True
+
+
+def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> tuple[int, tuple | None]:
+    """Keep the bucket a Pareto set, at most ``bound`` paths (fastest kept, ``_thin``): 0 when ``p``
+    stayed out, 1 when it went in, 2 when it went in and the bucket was then thinned (with the
+    marks of what it kept, ``_thin``). A path covers
+    another when it is no slower, its peak is no larger and, with per-tile figures, whatever comes
+    next it never has more memory on any tile in either class (every figure of ``vec`` no larger;
+    the sums are checked first: a larger sum rules it out)."""
+    if _covered(bucket, p):
+        return 0, None
     pc, pp, ps, pv = p.cycles, p.peak, p.sums, p.vec
     if ps is None:
-        for q in bucket:
-            if q.cycles <= pc and q.peak <= pp:
-                return False
         keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak)]
     else:
         a0, a1, a2 = ps
-        for q in bucket:
-            if q.cycles <= pc and q.peak <= pp:
-                s = q.sums
-                if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and (q.vec <= pv).all():
-                    return False
         keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak and a0 <= q.sums[0] and a1 <= q.sums[1]
-                                          and a2 <= q.sums[2] and (pv <= q.vec).all())]
+                                          and a2 <= q.sums[2] and _no_more(pv, q.vec))]
     if len(keep) != len(bucket):
         bucket[:] = keep
     bucket.append(p)
     if bound is not None and len(bucket) > bound:
-        # The bound - 1 fastest, and the least-memory path (or the next fastest if it is among them).
-        # With storage held over the whole program, also the path holding the least of it (the fastest
-        # such): the fastest paths may all hold pre-arranged weights that leave later ops no room but
-        # for slow grids (a 27-layer tower), and this path is the one that leaves them the most.
-        bucket.sort(key=_FASTEST)
-        low = min(bucket, key=_LEAST)
-        fastest = bucket[:bound - 1]
-        kept = fastest + [bucket[bound - 1] if low in fastest else low]
-        if ps is not None:
-            lean = min(bucket, key=_LEANEST)
-            if lean not in kept:
-                kept.append(lean)
-        bucket[:] = kept
-    return True
+        bucket[:], marks = _thin(bucket, bound, ps is not None)
+        return 2, marks
+    return 1, None
+
+
+def _covered(bucket: list[_Path], p: _Path) -> bool:
+    """Some path of the bucket covers ``p`` (``_insert``)."""
+    pc, pp, ps, pv = p.cycles, p.peak, p.sums, p.vec
+    if ps is None:
+        for q in bucket:
+            if q.cycles <= pc and q.peak <= pp:
+                return True
+        return False
+    a0, a1, a2 = ps
+    for q in bucket:
+        if q.cycles <= pc and q.peak <= pp:
+            s = q.sums
+            if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and _no_more(q.vec, pv):
+                return True
+    return False
+
+
+def _no_more(a: tuple, b: tuple) -> bool:
+    """Per-tile figures ``a`` no larger than ``b`` on every tile (a shared array is equal to itself)."""
+    return ((a[0] is b[0] or bool((a[0] <= b[0]).all())) and (a[1] is b[1] or bool((a[1] <= b[1]).all()))
+            and (a[2] is b[2] or bool((a[2] <= b[2]).all())))
+
+
+def _thin(bucket: list[_Path], bound: int, lean: bool) -> tuple[list[_Path], tuple | None]:
+    """The paths a crowded bucket keeps (sorting it fastest first): the bound - 1 fastest, and the
+    least-memory path (or the next fastest if it is among them). With storage held over the whole
+    program (``lean``), also the path holding the least of it (the fastest such): the fastest paths
+    may all hold pre-arranged weights that leave later ops no room but for slow grids (a 27-layer
+    tower), and this path is the one that leaves them the most. Also the marks of the paths kept
+    (``_marks``; None when ``bound`` < 2): the kept paths' fastest, least and leanest are these."""
+    bucket.sort(key=_FASTEST)
+    low = min(bucket, key=_LEAST)
+    fastest = bucket[:bound - 1]
+    kept = fastest + [bucket[bound - 1] if low in fastest else low]
+    least = None
+    if lean:
+        least = min(bucket, key=_LEANEST)
+        if least not in kept:
+            kept.append(least)
+    return kept, _marks(bucket, low, least, bound) if bound >= 2 else None
+
+
+def _marks(by_speed: list[_Path], low: _Path, lean: _Path | None, bound: int) -> tuple:
+    """(cycles, peak) of the last path kept for speed (the (bound - 1)-th fastest, or the bound-th
+    when the least-memory path ``low`` is among those), the least peak and, with per-tile figures,
+    the leanest path's (held sum, cycles, peak) (``_Bucket``). ``by_speed``: fastest first."""
+    last = by_speed[bound - 1] if low in by_speed[:bound - 1] else by_speed[bound - 2]
+    m = (last.cycles, last.peak, low.peak)
+    return m if lean is None else m + (lean.sums[1], lean.cycles, lean.peak)
+
+
+class _Bucket:
+    """The paths offered to one next state during a step (``_insert``), and what lets the step pass
+    over most offers without building them.
+
+    Design decision: a skip that keeps the bounded DP's result path for path. An offer ``p`` to a
+    bucket holding at least ``bound`` paths changes nothing but the bucket's order when ``_thin``
+    would drop it and it covers no path there; then the bucket is what ``_thin`` makes of it
+    (``settle``: the order a path-by-path run leaves, which the next step offers in; unless a path
+    there covers it, which leaves the bucket as it was). ``_thin`` drops
+    it when, strictly on scalars (ties on picks never decide), it is slower than the path that is
+    the last kept for speed (``mark``: the (bound - 1)-th fastest, or the bound-th when the
+    least-memory path is among those), its peak is above the least peak, and it holds more than the
+    leanest path (held sum, then cycles, then peak). Those three also rule out that it covers any
+    path there (covering needs no more cycles, peak and held sum). The peak may be a lower bound
+    (``_passes`` only gets truer as the peak grows), so most offers are decided without their
+    per-tile figures. Found by profiling the 27-layer SigLIP tower: about three in five offers were
+    built, checked against every path and thinned away again."""
+
+    __slots__ = ("paths", "thinned", "marks")
+
+    def __init__(self):
+        self.paths: list[_Path] = []
+        self.thinned = False          # the paths are what ``_thin`` made of them (its order)
+        self.marks: tuple | None = None
+
+    def offer(self, p: _Path, bound: int | None) -> bool:
+        got, marks = _insert(self.paths, p, bound)
+        if got:
+            self.thinned, self.marks = got == 2, marks
+        return got > 0
+
+    def settle(self, bound: int) -> None:
+        """An offer ``_thin`` drops, covered by no path here, went in and out: the bucket in the order
+        that leaves (one thinned already is in it)."""
+        if not self.thinned:
+            self.paths[:], _ = _thin(self.paths, bound, self.paths[0].sums is not None)
+            self.thinned = True         # (the same paths: the marks stay)
+
+    def mark(self, bound: int) -> tuple:
+        """(cycles, peak) of the last path kept for speed, the least peak and, with per-tile
+        figures, the leanest path's (held sum, cycles, peak); the bucket holds at least ``bound``
+        paths, ``bound`` >= 2."""
+        ps = self.paths
+        m = self.marks = _marks(sorted(ps, key=_FASTEST), min(ps, key=_LEAST),
+                                min(ps, key=_LEANEST) if ps[0].sums is not None else None, bound)
+        return m
+
+
+def _could(m: tuple, c, s1) -> bool:
+    """``_passes`` for some peak (a large enough one)."""
+    return (c >= m[0]) and (s1 > m[3] or (s1 == m[3] and c >= m[4]))
+
+
+def _passes(m: tuple, c, pk, s1=None) -> bool:
+    """An offer of cycles ``c``, peak ``pk`` and, with per-tile figures, held sum ``s1`` is one
+    ``_thin`` drops from a bucket of marks ``m`` (``_Bucket.mark``), and it covers none of its paths."""
+    if not ((c > m[0] or (c == m[0] and pk > m[1])) and pk > m[2]):
+        return False
+    return s1 is None or s1 > m[3] or (s1 == m[3] and (c > m[4] or (c == m[4] and pk > m[5])))
+
+
+def _slots(nxt: dict, keys: list) -> list[list]:
+    """Per move, the one-element list holding its next state's ``_Bucket`` (None until opened),
+    shared by the moves to one state."""
+    by: dict = {}
+    out = []
+    for key in keys:
+        s = by.get(key)
+        if s is None:
+            got = nxt.get(key)
+            s = by[key] = [got[2] if got is not None else None]
+        out.append(s)
+    return out
+
+
+def _open(nxt: dict, slot: list, key, live, copies) -> _Bucket:
+    b = slot[0] = _Bucket()
+    nxt[key] = (live, copies, b)
+    return b
 
 
 def no_fit_error(problem: Problem) -> TileplanError:
