@@ -224,3 +224,19 @@ def test_a_fused_plan_with_values_validates_against_the_separate_graph_s_float64
     assert p.qkv["fused"][0]["bias"] == "q.fused.b"
     v = validate_package(load_package(path), inputs_path=tmp_path / "in.npz", expected_path=tmp_path / "want.npz")
     assert v.passed and v.outputs["y"]["cosine"] > 0.9999, v.outputs
+
+
+def test_both_forms_catalogues_costed_in_one_pool_give_the_plan_one_job_gives(monkeypatch):
+    """On a big target with two jobs, ``plan`` costs the two QKV forms' catalogues together first
+    (``catalogue.warm``: the fused GEMM's beside the separate form's GEMMs, in one pool); each form
+    then reads them from the cache. The plan is byte for byte the one-job plan."""
+    from tileplan.planner import catalogue
+    from tileplan.planner.planjson import plan_to_json
+    big = load_target("ipu21")
+    g = qkv_graph(width=128, tokens=64)
+    warmed = []
+    real = catalogue.warm
+    monkeypatch.setattr(catalogue, "warm", lambda *a: warmed.append(real(*a)) or warmed[-1])
+    one, two = plan(g, big, jobs=1), plan(g, big, jobs=2)
+    assert warmed == [2]                      # q/k/v (one problem) and the fused GEMM; jobs=1 warms nothing
+    assert plan_to_json(one) == plan_to_json(two)

@@ -74,6 +74,10 @@ class PlanCache:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
         return self.path / f"{digest}{SUFFIX}"
 
+    def has(self, key: dict) -> bool:
+        """Whether an entry is there for ``key`` (not whether it is sound: ``load`` checks that)."""
+        return self.file_of(key).is_file()
+
     def load(self, key: dict):
         f = self.file_of(key)
         try:
@@ -156,6 +160,9 @@ class MemoryCache:
 
     def file_of(self, key: dict) -> str:
         return "(in memory)"
+
+    def has(self, key: dict) -> bool:
+        return json.dumps(key, sort_keys=True) in self._entries
 
     def load(self, key: dict):
         got = self._entries.get(json.dumps(key, sort_keys=True))

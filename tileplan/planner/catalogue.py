@@ -43,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import itertools
+import json
 import queue
 import signal
 from concurrent.futures import ProcessPoolExecutor
@@ -527,11 +528,7 @@ class Catalogues:
         self.reps = [op for op in ops if self.source[op.name] == op.name]
         self.cached: dict[str, tuple] = {}
         if cache is not None:
-            tkey = canon.target_key(ctx.target)
-            self.cache_keys = {op.name: cache.full_key(self.keys[op.name], tkey,
-                                                       {"frontier_bound": ctx.frontier_bound,
-                                                        "kinds": CATALOGUE_KINDS, "weights": ctx.weights})
-                               for op in self.reps}
+            self.cache_keys = {op.name: cache_key(ctx, cache, self.keys[op.name]) for op in self.reps}
             for op in self.reps:
                 got = cache.load(self.cache_keys[op.name])
                 if got is not None:
@@ -569,10 +566,7 @@ class Catalogues:
                     self.finished.add(op.name)
                     ctx.progress(op.name, 1, 1)
                 if self.cache is not None and op.name not in self.cached:
-                    self.cache.store(self.cache_keys[op.name], {
-                        "names": canon.op_names(ctx.graph, op),
-                        "kept": [_compact(c) for c in out[op.name]],
-                        "lost": [_compact_runner_up(r) for r in ctx.runner_ups.get(op.name, [])]})
+                    _store(self.cache, self.cache_keys[op.name], ctx, op, out[op.name], ctx.runner_ups.get(op.name, []))
         except BaseException:
             self.cancel()
             raise
@@ -623,6 +617,57 @@ class Catalogues:
             self.queue.close()
             self.queue.cancel_join_thread()
             self.queue = None
+
+
+def cache_key(ctx, cache, op_key: str) -> dict:
+    """The plan cache's key of a GEMM catalogue: its planning problem (``canon.op_key``), the target,
+    the frontier bound, the candidate kinds and the parameter storage option."""
+    from . import canon
+    return cache.full_key(op_key, canon.target_key(ctx.target),
+                          {"frontier_bound": ctx.frontier_bound, "kinds": CATALOGUE_KINDS, "weights": ctx.weights})
+
+
+def _store(cache, key: dict, ctx, op, kept: list[Candidate], lost: list[RunnerUp]) -> None:
+    from . import canon
+    cache.store(key, {"names": canon.op_names(ctx.graph, op), "kept": [_compact(c) for c in kept],
+                      "lost": [_compact_runner_up(r) for r in lost]})
+
+
+def warm(graphs: list[tuple], cache) -> int:
+    """Cost, in one pool, every catalogue of ``graphs`` (``(ctx, its GEMM ops)`` pairs) that ``cache``
+    lacks (one per planning problem), and store them; returns how many. Two graphs planned one after the other
+    (the two QKV forms, ``plan.plan``) then read all their catalogues from the cache: the second
+    graph's own GEMMs (the fused QKV GEMM) are costed beside the first graph's instead of after
+    them, in one pool instead of two, largest first. What each graph reads is what costing it
+    gives (the cache's own guarantee). Needs ``jobs > 1`` and a big target, as ``Catalogues``."""
+    from . import canon
+    todo, seen = [], set()
+    for ctx, ops in graphs:
+        for op in ops:
+            key = cache_key(ctx, cache, canon.op_key(ctx.graph, ctx.storage, op))
+            text = json.dumps(key, sort_keys=True)
+            if text in seen:
+                continue
+            seen.add(text)
+            if not cache.has(key):            # (a damaged entry is left for its reader to warn about)
+                todo.append((ctx, op, key))
+    ctx0 = graphs[0][0]
+    if len(todo) < 2 or ctx0.jobs < 2 or ctx0.target.tiles < POOL_MIN_TILES:
+        return 0
+    size = {id(op): (lambda g: g.batch * g.M * g.N * g.K)(GemmShape.of(ctx.graph, op, ctx.target))
+            for ctx, op, _ in todo}
+    todo.sort(key=lambda t: -size[id(t[1])])
+    pool = worker_pool(min(ctx0.jobs, len(todo)))
+    try:
+        futures = [(ctx, op, key, pool.submit(_catalogue, ctx, op)) for ctx, op, key in todo]
+        for ctx, op, key, future in futures:
+            kept, lost = future.result()
+            _store(cache, key, ctx, op, kept, lost)
+    except BaseException:
+        stop_pool(pool)
+        raise
+    pool.shutdown()
+    return len(todo)
 
 
 def _compact(cand: Candidate) -> Candidate:

@@ -266,9 +266,15 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         from .cache import MemoryCache
         kw["cache"] = MemoryCache()          # the two forms' common GEMMs costed once
     fused_graph, found = alt
-    # Both forms: with more than one job, the separate form's selection runs in a forked process
-    # while this one plans the fused form (``plan_graph``'s ``background``); the same search either way.
+    # Both forms: with more than one job, their GEMM catalogues are costed first in one pool (the fused
+    # QKV GEMM's beside the others, ``catalogue.warm``), and the separate form's selection runs in a
+    # forked process while this one plans the fused form (``plan_graph``'s ``background``); the same
+    # catalogues and search either way.
     both = qkv == "auto"
+    if both and share and jobs > 1:
+        from .catalogue import warm
+        ctxs = [_context(g, target, jobs, frontier_bound, None, caches, weights) for g in (canon_graph, fused_graph)]
+        warm([(c, [op for op in c.graph.ops if family_of(op).catalogued]) for c in ctxs], kw["cache"])
     separate = plan_graph(canon_graph, target, background=both and jobs > 1, **kw) if qkv != "fused" else None
     fused = None
     try:
@@ -295,6 +301,14 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     return best
 
 
+def _context(graph: Graph, target, jobs, frontier_bound, progress, caches, weights) -> "Context":
+    """The planning context of ``plan_graph``: the canonical graph with its pinned layouts and its
+    parameter storage option resolved."""
+    weights = resolve_weights(graph, weights)
+    graph = dataclasses.replace(_pinned_layouts(canonical(graph)), weights=weights)
+    return Context(graph, target, jobs, frontier_bound, progress, caches, weights)
+
+
 def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
                dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
                cache=None, caches: Caches | None = None, background: bool = False):
@@ -313,9 +327,8 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
     from . import canon
     from .pins import check_pins, pinned_candidates
     t0 = time.perf_counter()
-    weights = resolve_weights(graph, weights)
-    graph = dataclasses.replace(_pinned_layouts(canonical(graph)), weights=weights)
-    ctx = Context(graph, target, jobs, frontier_bound, progress, caches, weights)
+    ctx = _context(graph, target, jobs, frontier_bound, progress, caches, weights)
+    graph, weights = ctx.graph, ctx.weights
     pinned = check_pins(graph, [*graph.pins, *pins])
     for name, pin in sorted(pinned.items()):
         if pin.storage == "grid" and weights == "compact":
