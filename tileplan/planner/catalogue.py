@@ -537,8 +537,7 @@ class Catalogues:
                                             [canon.retarget_runner_up(r, rn, op.name) for r in got["lost"]])
         todo = [op for op in self.reps if op.name not in self.cached]
         if ctx.jobs > 1 and len(todo) > 1 and ctx.target.tiles >= POOL_MIN_TILES:
-            shapes = {op.name: GemmShape.of(ctx.graph, op, ctx.target) for op in todo}
-            size = {n: g.batch * g.M * g.N * g.K for n, g in shapes.items()}
+            size = {op.name: _work(ctx, op) for op in todo}
             if ctx.progress is not None:        # the workers' chunk counts, read in result()
                 import multiprocessing
                 self.queue = multiprocessing.get_context().Queue()
@@ -619,6 +618,12 @@ class Catalogues:
             self.queue = None
 
 
+def _work(ctx, op) -> int:
+    """A GEMM's multiply-adds: the order pooled catalogues are submitted in (largest first)."""
+    g = GemmShape.of(ctx.graph, op, ctx.target)
+    return g.batch * g.M * g.N * g.K
+
+
 def cache_key(ctx, cache, op_key: str) -> dict:
     """The plan cache's key of a GEMM catalogue: its planning problem (``canon.op_key``), the target,
     the frontier bound, the candidate kinds and the parameter storage option."""
@@ -654,9 +659,7 @@ def warm(graphs: list[tuple], cache) -> int:
     ctx0 = graphs[0][0]
     if len(todo) < 2 or ctx0.jobs < 2 or ctx0.target.tiles < POOL_MIN_TILES:
         return 0
-    size = {id(op): (lambda g: g.batch * g.M * g.N * g.K)(GemmShape.of(ctx.graph, op, ctx.target))
-            for ctx, op, _ in todo}
-    todo.sort(key=lambda t: -size[id(t[1])])
+    todo.sort(key=lambda t: -_work(t[0], t[1]))         # largest first, as Catalogues
     pool = worker_pool(min(ctx0.jobs, len(todo)))
     try:
         futures = [(ctx, op, key, pool.submit(_catalogue, ctx, op)) for ctx, op, key in todo]

@@ -137,9 +137,10 @@ def fused_graph(graph: Graph, pinned: set[str] = frozenset()) -> tuple[Graph, li
                 replace[add.name] = []
                 dropped.update((b.name, op.output))
         bounds = np.concatenate(([0], np.cumsum(widths))).tolist()
-        seq += [Slice(op.name, (seq[-1].output,), op.output if biases is None else bias[0].output, axis=-1,
-                      start=lo, stop=hi) for op, bias, lo, hi in zip(ops, biases or [None] * len(ops), bounds,
-                                                                       bounds[1:])]
+        sliced_from = seq[-1].output        # the product, or its biased sum
+        outs = [op.output for op in ops] if biases is None else [add.output for add, _ in biases]
+        seq += [Slice(op.name, (sliced_from,), o, axis=-1, start=lo, stop=hi)
+                for op, o, lo, hi in zip(ops, outs, bounds, bounds[1:])]
         replace[first.name] = seq
         for op in ops[1:]:
             replace[op.name] = []
