@@ -1,3 +1,3 @@
 """The tileplan version (one place: the package, the CLI and the reports read it)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -291,3 +291,72 @@ def test_the_bounded_dp_keeps_a_path_that_leaves_room_for_later_ops_when_storage
     assert best.cycles == 100 * 12                  # every op wide: one pre-arranged op leaves no room
     assert got.cycles == best.cycles, (got.picks, best.picks)
     assert all(problem.choices[op][k].label != "serial" for op, k in got.picks.items())
+
+
+@st.composite
+def repeated_problems(draw) -> Problem:
+    """A block of 1-3 ops in a chain repeated 3-4 times (tensors renamed, the same choices), each
+    block reading its own parameter held as a value (so that earlier blocks have more fixed storage
+    live), the first block reading the host input: the shape of a tower, with ``Problem.blocks``."""
+    tiles = draw(st.integers(2, 4))
+    layouts = list(LAYOUTS[:draw(st.integers(2, 3))])
+    arr = lambda hi: np.array(draw(st.lists(st.integers(0, hi), min_size=tiles, max_size=tiles)), dtype=np.int64)
+    size, count = draw(st.integers(1, 3)), draw(st.integers(3, 4))
+    holds = draw(st.booleans())
+    block = []
+    for j in range(size):
+        chs = []
+        for c in range(draw(st.integers(1, 3))):
+            want = (draw(st.sampled_from(layouts)),) + (("I",) if j == 0 else ())
+            chs.append(Choice(want, draw(st.sampled_from(layouts)), draw(st.integers(0, 500)), arr(40), f"c{c}",
+                              arr(25) if holds and draw(st.booleans()) else None))
+        block.append(chs)
+    p_bytes = arr(30)
+    act = {lay: arr(40) for lay in layouts}
+    prices = {(a, b): (draw(st.integers(0, 300)), arr(20) if draw(st.booleans()) else None)
+              for a in layouts for b in layouts if a != b}
+    ops, inputs, output, choices, fixed, prev = [], {}, {}, {}, {"x": layouts[0]}, "x"
+    for k in range(count):
+        fixed[f"p{k}"] = "I"
+        for j in range(size):
+            op = f"b{k}.op{j}"
+            ops.append(op)
+            inputs[op] = [prev] + ([f"p{k}"] if j == 0 else [])
+            output[op] = prev = f"b{k}.t{j}"
+            choices[op] = block[j]
+    return Problem(ops=ops, inputs=inputs, output=output, choices=choices, fixed=fixed, outputs={prev},
+                   tile_bytes=lambda t, lay: p_bytes if t.startswith("p") else act[lay],
+                   conversion=lambda t, a, b: prices[a, b], resident=arr(30),
+                   capacity=draw(st.integers(100, 600)),
+                   blocks=[(k * size, (k + 1) * size) for k in range(count)])
+
+
+@SETTINGS
+@given(repeated_problems())
+def test_repeated_blocks_searched_once_and_composed_find_the_op_by_op_optimum(problem):
+    """``Problem.blocks``: the search composes the blocks that repeat one (``select._Search``); unbounded
+    it is exact, so it finds the exhaustive optimum, and bounded it stays within 1% of it."""
+    import dataclasses
+    from tileplan.planner.select import _Search
+    assert len(_Search(problem, 16, True).repeats) >= 2            # the blocks after the first repeat
+    oracle = solve_exhaustive(problem)
+    plain = solve_dp(dataclasses.replace(problem, blocks=None), paths=None)
+    for got in (solve_dp(problem, paths=None), solve_dp(problem, paths=16)):
+        if oracle is None:
+            assert got is None and plain is None
+            continue
+        assert got is not None and fits(problem, evaluate(problem, got.picks))
+        assert got.cycles <= oracle.cycles * 1.01
+    if oracle is not None:
+        assert solve_dp(problem, paths=None).cycles == oracle.cycles == plain.cycles
+
+
+def test_composed_blocks_keep_the_path_that_leaves_room_for_later_ops():
+    """The tower trap (``tower_like_problem``) with every op a block: searched once and composed, the
+    bounded search still keeps a lean path and finds the optimum."""
+    import dataclasses
+    from tileplan.planner.select import _Search
+    problem = tower_like_problem()
+    blocked = dataclasses.replace(problem, blocks=[(i, i + 1) for i in range(len(problem.ops))])
+    assert len(_Search(blocked, 4, True).repeats) == len(problem.ops) - 1     # the first reads the host input
+    assert solve_dp(blocked, paths=4).cycles == solve_dp(problem, paths=None).cycles == 100 * 12

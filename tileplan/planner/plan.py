@@ -640,4 +640,14 @@ def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
         resident_parts=parts,
         interleaved_capacity=target.interleaved_bytes,
         resident_interleaved=interleaved,
+        blocks=_block_ranges(g, ctx.storage),
     )
+
+
+def _block_ranges(graph: Graph, storage: dict) -> list[tuple[int, int]] | None:
+    """The repeated layers of the graph (``canon.repeated_blocks``) as index ranges of its op order: the
+    selection searches one and composes the others (``select._Search``), where they repeat it."""
+    from .canon import repeated_blocks
+    index = {op.name: i for i, op in enumerate(graph.ops)}
+    blocks = [(index[b[0].name], index[b[-1].name] + 1) for b in repeated_blocks(graph, storage)]
+    return blocks or None
