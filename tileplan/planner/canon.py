@@ -128,17 +128,20 @@ def repeated_blocks(graph: Graph, storage: dict) -> list[list[Op]]:
             count = (n - start) // size
             if count < 2 or count * size <= sum(len(b) for b in best):
                 continue
+            same = 1              # blocks whose op kinds repeat the first's (cheap: checked first)
+            while same < count and kinds[start + same * size:start + (same + 1) * size] == kinds[start:start + size]:
+                same += 1
+            if same < 2 or same * size <= sum(len(b) for b in best):
+                continue
             run: list[list[Op]] = []
             key = None
-            for k in range(count):
+            for k in range(same):
                 block = ops[start + k * size:start + (k + 1) * size]
-                if kinds[start + k * size:start + (k + 1) * size] != kinds[start:start + size]:
-                    break
                 # The first and last layers read the graph's input and write its output: compare
                 # inner structure (roles of boundary tensors aside) through the ops' attributes,
                 # tensor shapes and dtypes.
-                bkey = digest(_ops_doc(graph, {}, block)[0][0] +
-                               [[s[0], s[1], s[2]] for s in _ops_doc(graph, {}, block)[0][1]])
+                doc = _ops_doc(graph, {}, block)[0]
+                bkey = digest(doc[0] + [[s[0], s[1], s[2]] for s in doc[1]])
                 if key is None:
                     key = bkey
                 elif bkey != key:

@@ -288,12 +288,16 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
         if callable(separate):
             separate.cancel()
         raise
-    if callable(separate):
-        separate = separate()
-    best = fused if separate is None or (fused is not None and fused.estimate.cycles < separate.estimate.cycles) \
+    separate_cycles = None
+    if separate is not None:
+        # (a background plan's estimate comes from its process: its Plan is made here only if it is kept)
+        separate_cycles = separate.cycles() if isinstance(separate, Pending) else separate.estimate.cycles
+    best = fused if separate is None or (fused is not None and fused.estimate.cycles < separate_cycles) \
         else separate              # a tie keeps the graph as written
+    if isinstance(best, Pending):
+        best = best()
     best.qkv = {"mode": qkv, "chosen": "fused" if best is fused else "separate",
-                "separate_cycles": int(separate.estimate.cycles) if separate is not None else None,
+                "separate_cycles": int(separate_cycles) if separate is not None else None,
                 "fused_cycles": int(fused.estimate.cycles) if fused is not None else None,
                 "fused": [g.to_json() for g in found] if best is fused else [],
                 "groups": [list(g.members) for g in found]}
@@ -323,7 +327,9 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
     ``weights``: the parameter storage, ``"planner"`` (selection may pre-arrange a GEMM's weights)
     or ``"compact"`` (never); None: the model file's (``graph.weights``), else ``"planner"``.
     ``background`` (no pins): the selection runs in a forked process (``Background``) and what returns
-    is a ``Pending`` plan: calling it waits for the selection and gives the ``Plan``."""
+    is a ``Pending`` plan: calling it waits for the selection and gives the ``Plan``; ``cycles()`` gives
+    its estimate, which the forked process works out after its selection (the plan's program costed
+    in detail), so a plan that is not kept is never made here."""
     from . import canon
     from .pins import check_pins, pinned_candidates
     t0 = time.perf_counter()
@@ -370,7 +376,8 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
     gemms = pending.result()
     if background and not pinned:
         cands, problem = _problem(ctx, gemms, ew_cands)
-        search = selection(ctx, problem, solver, dp_paths, {}, cache, background=True)
+        search = selection(ctx, problem, solver, dp_paths, {}, cache, background=True,
+                           after=lambda sol: None if sol is None else _finish(ctx, cands, problem, sol, {})[4].estimate.cycles)
 
         def finish() -> Plan:
             res = _finish(ctx, cands, problem, search(), {})
@@ -399,13 +406,22 @@ def _plan_of(graph: Graph, target, result: tuple, t0: float, solver: str, record
 
 class Pending:
     """A plan whose selection runs in the background (``plan_graph``'s ``background``): call it for the
-    ``Plan``; ``cancel`` ends the search."""
+    ``Plan``, ``cycles()`` for its estimate; ``cancel`` ends the search."""
 
     def __init__(self, finish, search):
-        self._finish, self._search = finish, search
+        self._finish, self._search, self._plan = finish, search, None
 
     def __call__(self) -> Plan:
-        return self._finish()
+        if self._plan is None:
+            self._plan = self._finish()
+        return self._plan
+
+    def cycles(self):
+        """The plan's estimated cycles: the background process's (after its selection), else the Plan's
+        (the selection came from the plan cache). A selection that found nothing raises, as the Plan would."""
+        self._search()
+        got = self._search.extra
+        return got if got is not None else self().estimate.cycles
 
     def cancel(self) -> None:
         self._search.cancel()
@@ -462,10 +478,11 @@ def _finish(ctx: Context, cands: dict, problem: Problem, sol, pinned: dict):
 
 
 def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dict, cache=None,
-              background: bool = False):
+              background: bool = False, after=None):
     """Whole-graph selection (``select.solve_dp``, or CP-SAT): a ``select.Solution``, or None when
     nothing fits. With ``background``: a ``Background`` search, called for that result (the cache
-    read here, written when it is called).
+    read here, written when it is called), and ``after`` of it worked out in its process too
+    (``Background.extra``).
 
     With a plan ``cache`` the solution is also kept on disk, keyed by the whole graph's canonical
     hash (``canon.subgraph_key``: a tower's 27 layers, names and parameter values left out), the
@@ -516,7 +533,7 @@ def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dic
                               "peak_op": problem.ops.index(sol.peak_op) if sol.peak_op in problem.ops else -1})
         return sol
     if background:
-        return Background(_search, (problem, solver, dp_paths), keep)
+        return Background(_search, (problem, solver, dp_paths), keep, after)
     return keep(_search(problem, solver, dp_paths))
 
 
@@ -528,33 +545,34 @@ def _search(problem: Problem, solver: str, dp_paths):
 
 
 class Background:
-    """A search run in a forked process: call it for its result (then ``then`` of it).
+    """A search run in a forked process: call it for its result (then ``then`` of it); ``after`` of the
+    result, when given, is worked out in that process too and kept as ``extra``.
 
     Design decision: fork, so the child starts with the problem as it is in memory (its context,
     candidates and memo tables are not pickled) and sends back only the solution, which is small. It
     runs as a catalogue worker does (``catalogue._worker_init``: no cycle collector, no SIGINT, dies
     with its parent). The search is deterministic, so the result is the one the parent would find."""
 
-    def __init__(self, fn, args: tuple, then=lambda x: x):
+    def __init__(self, fn, args: tuple, then=lambda x: x, after=None):
         import multiprocessing
-        self.then, self.value, self.proc = then, None, None
+        self.then, self.value, self.proc, self.extra = then, None, None, None
         mp = multiprocessing.get_context("fork")
         self.conn, send = mp.Pipe(duplex=False)
-        self.proc = mp.Process(target=_background_main, args=(send, fn, args), daemon=True)
+        self.proc = mp.Process(target=_background_main, args=(send, fn, args, after), daemon=True)
         self.proc.start()
         send.close()
 
     @classmethod
     def done(cls, value) -> "Background":
         b = cls.__new__(cls)
-        b.then, b.value, b.proc, b.conn = (lambda x: x), value, None, None
+        b.then, b.value, b.proc, b.conn, b.extra = (lambda x: x), value, None, None, None
         return b
 
     def __call__(self):
         if self.proc is None:
             return self.value
         try:
-            ok, value = self.conn.recv()
+            ok, value, self.extra = self.conn.recv()
         except EOFError:
             raise TileplanError("the background selection ended without an answer (its process died)") from None
         finally:
@@ -574,13 +592,14 @@ class Background:
             self.proc = None
 
 
-def _background_main(send, fn, args) -> None:
+def _background_main(send, fn, args, after) -> None:
     from .catalogue import _worker_init
     _worker_init()
     try:
-        out = (True, fn(*args))
+        value = fn(*args)
+        out = (True, value, after(value) if after is not None else None)
     except BaseException as e:          # (the parent raises it)
-        out = (False, e)
+        out = (False, e, None)
     send.send(out)
     send.close()
 

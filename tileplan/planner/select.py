@@ -412,11 +412,11 @@ class _Search:
 
     def step(self, i: int, states: dict, vec: bool, stairs: bool = False) -> dict:
         """Op i from every state: the next states' buckets (state key -> (live values, copies,
-        ``_Bucket``)). ``vec``: the paths carry per-tile figures. ``stairs``: the buckets also keep the
-        (held storage, cycles) staircase (``_staircase``), and every offer is made."""
-        paths, cap, icap, tiles = self.paths, self.cap, self.icap, self.tiles
-        skips = self.skips and not stairs
+        ``_Bucket``)). ``vec``: the paths carry per-tile figures. ``stairs`` (with ``vec``): the buckets
+        also keep the (held storage, cycles) staircase, each filled at once (``_settled``)."""
+        paths, cap, icap, tiles, skips = self.paths, self.cap, self.icap, self.tiles, self.skips
         nxt: dict[tuple, tuple] = {}          # state key -> (its live values, its copies, its _Bucket)
+        offers: dict[tuple, tuple] = {}       # with ``stairs``: state key -> (live values, copies, offers)
         for live, copies, entries in states.values():
             found = self.moves(i, live, copies)
             if not vec:
@@ -440,6 +440,17 @@ class _Search:
                         b.offer(_Path(c, pk, path.picks + (ci,)), paths)
                 continue
             if not found:
+                continue
+            if stairs:
+                ibase, start_ok = self.ibase, self.start_ok
+                for ci, ch, cyc, mem, nl, nc, key in found:
+                    rsum = 0 if ch.resident is None else int(ch.resident.sum())
+                    got = offers.get(key) or offers.setdefault(key, (nl, nc, []))
+                    for path in entries:
+                        f = _figures(path, ch, mem, rsum, tiles, cap, icap, ibase, start_ok)
+                        if f[3]:
+                            got[2].append((path.cycles + cyc, f[0], f[2][1], (path.picks, (ci,)), _Path,
+                                           (path.cycles + cyc, f[0], path.picks + (ci,), f[1], f[2])))
                 continue
             # Per move, what decides a skip without per-tile figures: a path's peak after it is at
             # least its peak before plus the least the move holds, and at least the move's own memory
@@ -481,6 +492,10 @@ class _Search:
                         _, _, _, _, nl, nc, key = found[k]
                         b = _open(nxt, slots[k], key, nl, nc, stairs)
                     b.offer(_Path(c, f[0], path.picks + (found[k][0],), f[1], f[2]), paths)
+        for key, (live, copies, cands) in offers.items():
+            b = _settled(cands, paths, True)
+            if b is not None:
+                nxt[key] = (live, copies, b)
         return nxt
 
     # -- repeated blocks --------------------------------------------------------------------------
@@ -548,7 +563,11 @@ class _Search:
     def compose(self, block: _Repeat, states: dict) -> dict | None:
         """The states after ``block`` from the states at its start: every start path composed with
         the block's paths from its state (``block_paths``). None when a start state holds a value the
-        block does not read (it cannot be mapped onto the representative's)."""
+        block does not read (it cannot be mapped onto the representative's).
+
+        The peaks and fits of one start path with every block path are worked out at once, on
+        matrices; each next state's bucket is filled from them at once (``_settled``), so most
+        compositions are never made into paths."""
         mapped = []
         for live, copies, entries in states.values():
             if any(t not in block.names for t, _ in (*live, *copies)):
@@ -556,27 +575,41 @@ class _Search:
             mapped.append((_renamed(live, copies, block.names), entries))
         paths, cap, icap, ibase = self.paths, self.cap, self.icap, self.ibase
         holds, offset = self.holds, block.offset
-        nxt: dict[tuple, tuple] = {}
+        offers: dict[tuple, tuple] = {}
         for (rlive, rcopies), entries in mapped:
             for olive, ocopies, lpaths in self.block_paths(block.rep, rlive, rcopies):
                 live, copies = _renamed(olive, ocopies, block.inverse)
                 key = (self.key_of(live), self.key_of(copies))
-                got = nxt.get(key)
-                b = got[2] if got is not None else None
-                shifted = [(L, L.vec[0] if offset is None else L.vec[0] + offset) for L in lpaths]
+                got = offers.get(key) or offers.setdefault(key, (live, copies, []))
+                # The block paths' figures as matrices (one row each), composed with a start path at once.
+                tops = np.stack([L.vec[0] for L in lpaths]) if offset is None else \
+                    np.stack([L.vec[0] for L in lpaths]) + offset
+                cycles = [L.cycles for L in lpaths]
+                if holds:
+                    helds, itops = np.stack([L.vec[1] for L in lpaths]), np.stack([L.vec[2] for L in lpaths])
+                    held_sums = [L.sums[1] for L in lpaths]
+                else:
+                    top_max = tops.max(axis=1)
                 for P in entries:
-                    for L, ltop in shifted:
-                        if holds:
-                            path = _joined(P, L, ltop, cap, icap, ibase, self.start_ok)
-                        else:                    # (no choice holds storage: a block path's held is zero)
-                            peak = max(P.peak, int(ltop.max()))
-                            path = _Path(P.cycles + L.cycles, peak, P.picks + L.picks) if peak <= cap else None
-                        if path is None:
-                            continue
-                        if b is None:
-                            b = _Bucket(True)
-                            nxt[key] = (live, copies, b)
-                        b.offer(path, paths)
+                    if holds:
+                        h = P.vec[1] + helds
+                        peaks = (np.maximum(P.vec[0], tops) + h).max(axis=1)
+                        ok = peaks <= cap
+                        if icap is not None:
+                            ok &= (ibase + h + np.maximum(P.vec[2], itops)).max(axis=1) <= icap
+                    else:
+                        peaks = np.maximum(top_max, P.peak)
+                        ok = peaks <= cap
+                    for r in np.flatnonzero(ok).tolist():
+                        L = lpaths[r]
+                        got[2].append((P.cycles + cycles[r], int(peaks[r]), P.sums[1] + held_sums[r] if holds else 0,
+                                       (P.picks, L.picks), _joined if holds else _scalar_join,
+                                       (P, L, tops[r], cap, icap, ibase, self.start_ok)))
+        nxt: dict[tuple, tuple] = {}
+        for key, (live, copies, cands) in offers.items():
+            b = _settled(cands, paths, holds)
+            if b is not None:
+                nxt[key] = (live, copies, b)
         return nxt
 
     def block_paths(self, rep: tuple[int, int], live: tuple, copies: tuple) -> list:
@@ -627,6 +660,32 @@ def _joined(P: _Path, L: _Path, ltop: np.ndarray, cap: int, icap, ibase, start_o
     sums = (P.sums[0] if top is ptop else int(top.sum()), P.sums[1] + L.sums[1],
             P.sums[2] if itop is pitop else int(itop.sum()))
     return _Path(P.cycles + L.cycles, peak, P.picks + L.picks, (top, held, itop), sums)
+
+
+def _scalar_join(P: _Path, L: _Path, ltop, cap, icap, ibase, start_ok) -> _Path:
+    """``_joined`` without per-tile figures (no choice holds storage): the peak of the two."""
+    return _Path(P.cycles + L.cycles, max(P.peak, int(ltop.max())), P.picks + L.picks)
+
+
+def _settled(offers: list, bound: int | None, lean: bool) -> _Bucket | None:
+    """A bucket of the paths ``offers`` make, thinned once (``_thin`` with the staircase), or None when
+    none. Each offer is (cycles, peak, held sum, picks, make, args): its path is ``make(*args)``.
+
+    Taken fastest first (cycles, peak, held, picks), an offer made once the bucket holds ``bound``
+    - 1 paths that holds no less than the leanest there and peaks no lower than the least there is
+    one ``_thin`` drops (the paths there are no slower: it is on no staircase, nor the least, nor
+    the leanest), so it is passed over and its path never made."""
+    offers.sort(key=operator.itemgetter(0, 1, 2, 3))
+    b = _Bucket(True)
+    lean_min = least = INF
+    for cycles, peak, held, _, make, args in offers:
+        if bound is not None and len(b.paths) >= bound - 1 and held >= lean_min and peak >= least:
+            continue
+        if _insert(b.paths, make(*args), None)[0]:
+            lean_min, least = min(lean_min, held), min(least, peak)
+    if bound is not None and len(b.paths) > bound:
+        b.paths[:], _ = _thin(b.paths, bound, lean, True)
+    return b if b.paths else None
 
 
 _FASTEST = operator.attrgetter("cycles", "peak", "picks")
