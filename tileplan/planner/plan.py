@@ -289,6 +289,11 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
             separate.cancel()
         raise
     separate_cycles = None
+    if isinstance(separate, Pending) and fused is not None:
+        # While the separate form's selection runs in its process, this one works out the fused plan's
+        # model floor, which its plan.json reports (``quality.model_floor``, remembered per op problem).
+        from .quality import model_floor
+        model_floor(fused.graph, target, fused.weights)
     if separate is not None:
         # (a background plan's estimate comes from its process: its Plan is made here only if it is kept)
         separate_cycles = separate.cycles() if isinstance(separate, Pending) else separate.estimate.cycles

@@ -24,7 +24,8 @@ Solvers:
   values, keeping per state at most ``paths`` (cycles, peak) Pareto paths
   (dominance pruning: the fastest, the one with the least peak and, when choices
   hold storage over the whole program, the one holding the least); exact when
-  ``paths`` is None (unbounded).
+  ``paths`` is None (unbounded). Repeated blocks of ops (``Problem.blocks``: a
+  tower's layers) are searched once and composed (``_Search``).
 - ``solve_exhaustive``: the oracle for tests (every combination).
 - ``planner.cpsat.solve_cpsat``: the same problem as a CP-SAT model.
 
