@@ -445,13 +445,17 @@ class _Search:
             if stairs:
                 ibase, start_ok = self.ibase, self.start_ok
                 for ci, ch, cyc, mem, nl, nc, key in found:
-                    rsum = 0 if ch.resident is None else int(ch.resident.sum())
+                    # (the peak after the move is at least the path's plus the least the move holds, and
+                    # at least the move's memory plus what it holds: the offer's bound until it is made)
+                    r = ch.resident
+                    rsum, rmin = (0, 0) if r is None else (int(r.sum()), int(r.min()))
+                    rtop = int(mem.max() if r is None else (mem + r).max())
                     got = offers.get(key) or offers.setdefault(key, (nl, nc, []))
                     for path in entries:
-                        f = _figures(path, ch, mem, rsum, tiles, cap, icap, ibase, start_ok)
-                        if f[3]:
-                            got[2].append((path.cycles + cyc, f[0], f[2][1], (path.picks, (ci,)), _Path,
-                                           (path.cycles + cyc, f[0], path.picks + (ci,), f[1], f[2])))
+                        low = max(path.peak + rmin, rtop)
+                        if low <= cap:
+                            got[2].append((path.cycles + cyc, low, path.sums[1] + rsum, (path.picks, (ci,)), _moved,
+                                           (path, ch, mem, rsum, ci, cyc, tiles, cap, icap, ibase, start_ok)))
                 continue
             # Per move, what decides a skip without per-tile figures: a path's peak after it is at
             # least its peak before plus the least the move holds, and at least the move's own memory
@@ -668,9 +672,18 @@ def _scalar_join(P: _Path, L: _Path, ltop, cap, icap, ibase, start_ok) -> _Path:
     return _Path(P.cycles + L.cycles, max(P.peak, int(ltop.max())), P.picks + L.picks)
 
 
+def _moved(path: _Path, ch: Choice, mem, rsum: int, ci: int, cycles: int, tiles: int, cap: int, icap, ibase,
+           start_ok: bool) -> _Path | None:
+    """``path`` after choice ``ci`` (``ch``, its cycles with its conversions', its memory ``mem``), or None
+    when that does not fit (``_figures``)."""
+    f = _figures(path, ch, mem, rsum, tiles, cap, icap, ibase, start_ok)
+    return _Path(path.cycles + cycles, f[0], path.picks + (ci,), f[1], f[2]) if f[3] else None
+
+
 def _settled(offers: list, bound: int | None, lean: bool) -> _Bucket | None:
     """A bucket of the paths ``offers`` make, thinned once (``_thin`` with the staircase), or None when
-    none. Each offer is (cycles, peak, held sum, picks, make, args): its path is ``make(*args)``.
+    none. Each offer is (cycles, peak or a lower bound of it, held sum, picks, make, args): its path
+    is ``make(*args)``, None when it does not fit.
 
     Taken fastest first (cycles, peak, held, picks), an offer made once the bucket holds ``bound``
     - 1 paths that holds no less than the leanest there and peaks no lower than the least there is
@@ -682,8 +695,9 @@ def _settled(offers: list, bound: int | None, lean: bool) -> _Bucket | None:
     for cycles, peak, held, _, make, args in offers:
         if bound is not None and len(b.paths) >= bound - 1 and held >= lean_min and peak >= least:
             continue
-        if _insert(b.paths, make(*args), None)[0]:
-            lean_min, least = min(lean_min, held), min(least, peak)
+        path = make(*args)
+        if path is not None and _insert(b.paths, path, None)[0]:
+            lean_min, least = min(lean_min, held), min(least, path.peak)
     if bound is not None and len(b.paths) > bound:
         b.paths[:], _ = _thin(b.paths, bound, lean, True)
     return b if b.paths else None
