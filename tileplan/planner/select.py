@@ -264,8 +264,9 @@ def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True, trace
 
 @dataclass
 class _Repeat:
-    """A block of ops (``Problem.blocks``) that repeats the representative block ``rep`` (the last one,
-    which has the least fixed storage live: what fits there is a bound for every block): ``names``
+    """A block of ops (``Problem.blocks``) that repeats the representative block ``rep`` (the last one some
+    earlier block repeats, which has the least fixed storage live: what does not fit there fits in no
+    earlier block; ``_Search._repeats``): ``names``
     maps this block's tensors onto the representative's (``inverse`` back), ``offset`` is the fixed
     storage live at each of its ops beyond what is live at the representative's matching op (the
     same per-tile array at every op of the block: the later blocks' parameters), None when zero."""
@@ -290,9 +291,13 @@ class _Search:
     (``compose``): cycles add, held storage adds, the largest memory is the larger of the path's
     and the block path's plus the block's ``offset``. Composition keeps dominance (a block path
     no worse on every figure gives a composed path no worse), so with unbounded buckets the result
-    is the exact one; with bounded buckets the block's own buckets are thinned on its relative
-    figures, not on the whole paths', so the picks may differ from the op-by-op search's (a
-    27-layer tower: 8,255,057 modelled cycles either way; 38 s of search become 2 s)."""
+    is the exact one. With bounded buckets the block's own buckets are thinned on its relative
+    figures, not on the whole paths', so they also keep the (held storage, cycles) staircase
+    (``_staircase``): the paths fastest for the storage they hold, which the blocks trade against
+    each other under the memory of the whole program (without it, a block's fastest paths all
+    pre-arranged three or four weights, and no composed layer of the SigLIP tower pre-arranged
+    any). The 27-layer tower: 8,245,045 modelled cycles (8,255,057 op by op), 3-4 s of search
+    per QKV form instead of 38 s."""
 
     def __init__(self, problem: Problem, paths: int | None, pass_over: bool):
         self.problem, self.paths = problem, paths
@@ -437,13 +442,13 @@ class _Search:
                                     b.settle(paths)
                                 continue
                         if b is None:
-                            b = _open(nxt, slots[k], key, nl, nc, stairs)
+                            b = _open(nxt, slots[k], key, nl, nc)
                         b.offer(_Path(c, pk, path.picks + (ci,)), paths)
                 continue
             if not found:
                 continue
+            ibase, start_ok = self.ibase, self.start_ok
             if stairs:
-                ibase, start_ok = self.ibase, self.start_ok
                 for ci, ch, cyc, mem, nl, nc, key in found:
                     # (the peak after the move is at least the path's plus the least the move holds, and
                     # at least the move's memory plus what it holds: the offer's bound until it is made)
@@ -460,7 +465,6 @@ class _Search:
             # Per move, what decides a skip without per-tile figures: a path's peak after it is at
             # least its peak before plus the least the move holds, and at least the move's own memory
             # plus what it holds, on its fullest tile (``_Bucket``); and the sum it adds to held storage.
-            ibase, start_ok = self.ibase, self.start_ok
             cheap = []
             for ci, ch, cyc, mem, nl, nc, key in found:
                 r = ch.resident
@@ -495,7 +499,7 @@ class _Search:
                         continue
                     if b is None:
                         _, _, _, _, nl, nc, key = found[k]
-                        b = _open(nxt, slots[k], key, nl, nc, stairs)
+                        b = _open(nxt, slots[k], key, nl, nc)
                     b.offer(_Path(c, f[0], path.picks + (found[k][0],), f[1], f[2]), paths)
         for key, (live, copies, cands) in offers.items():
             b = _settled(cands, paths, True)
@@ -690,7 +694,7 @@ def _settled(offers: list, bound: int | None, lean: bool) -> _Bucket | None:
     one ``_thin`` drops (the paths there are no slower: it is on no staircase, nor the least, nor
     the leanest), so it is passed over and its path never made."""
     offers.sort(key=operator.itemgetter(0, 1, 2, 3))
-    b = _Bucket(True)
+    b = _Bucket()
     lean_min = least = INF
     for cycles, peak, held, _, make, args in offers:
         if bound is not None and len(b.paths) >= bound - 1 and held >= lean_min and peak >= least:
@@ -738,7 +742,7 @@ def _figures(path: _Path, ch: Choice, mem: np.ndarray, held_sum: int, tiles: int
     return peak, (top, held, itop), sums, True
 
 
-def _insert(bucket: list[_Path], p: _Path, bound: int | None, stairs: bool = False) -> tuple[int, tuple | None]:
+def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> tuple[int, tuple | None]:
     """Keep the bucket a Pareto set, at most ``bound`` paths (fastest kept, ``_thin``): 0 when ``p``
     stayed out, 1 when it went in, 2 when it went in and the bucket was then thinned (with the
     marks of what it kept, ``_thin``). A path covers
@@ -758,7 +762,7 @@ def _insert(bucket: list[_Path], p: _Path, bound: int | None, stairs: bool = Fal
         bucket[:] = keep
     bucket.append(p)
     if bound is not None and len(bucket) > bound:
-        bucket[:], marks = _thin(bucket, bound, ps is not None, stairs)
+        bucket[:], marks = _thin(bucket, bound, ps is not None)
         return 2, marks
     return 1, None
 
@@ -791,8 +795,10 @@ def _thin(bucket: list[_Path], bound: int, lean: bool, stairs: bool = False) -> 
     least-memory path (or the next fastest if it is among them). With storage held over the whole
     program (``lean``), also the path holding the least of it (the fastest such): the fastest paths
     may all hold pre-arranged weights that leave later ops no room but for slow grids (a 27-layer
-    tower), and this path is the one that leaves them the most. Also the marks of the paths kept
-    (``_marks``; None when ``bound`` < 2): the kept paths' fastest, least and leanest are these."""
+    tower), and this path is the one that leaves them the most; with ``stairs`` too, up to ``bound``
+    paths of the staircase between the two (``_staircase``: a repeated block's buckets, ``_Search``).
+    Also the marks of the paths kept (``_marks``; None when ``bound`` < 2): the kept paths' fastest,
+    least and leanest are these (the pass-over, which reads them, is never used with ``stairs``)."""
     bucket.sort(key=_FASTEST)
     low = min(bucket, key=_LEAST)
     fastest = bucket[:bound - 1]
@@ -846,16 +852,15 @@ class _Bucket:
     per-tile figures. Found by profiling the 27-layer SigLIP tower: about three in five offers were
     built, checked against every path and thinned away again."""
 
-    __slots__ = ("paths", "thinned", "marks", "stairs")
+    __slots__ = ("paths", "thinned", "marks")
 
-    def __init__(self, stairs: bool = False):
+    def __init__(self):
         self.paths: list[_Path] = []
         self.thinned = False          # the paths are what ``_thin`` made of them (its order)
         self.marks: tuple | None = None
-        self.stairs = stairs          # ``_thin`` also keeps the (held storage, cycles) staircase (no pass-over)
 
     def offer(self, p: _Path, bound: int | None) -> bool:
-        got, marks = _insert(self.paths, p, bound, self.stairs)
+        got, marks = _insert(self.paths, p, bound)
         if got:
             self.thinned, self.marks = got == 2, marks
         return got > 0
@@ -904,8 +909,8 @@ def _slots(nxt: dict, keys: list) -> list[list]:
     return out
 
 
-def _open(nxt: dict, slot: list, key, live, copies, stairs: bool = False) -> _Bucket:
-    b = slot[0] = _Bucket(stairs)
+def _open(nxt: dict, slot: list, key, live, copies) -> _Bucket:
+    b = slot[0] = _Bucket()
     nxt[key] = (live, copies, b)
     return b
 
