@@ -360,3 +360,22 @@ def test_composed_blocks_keep_the_path_that_leaves_room_for_later_ops():
     blocked = dataclasses.replace(problem, blocks=[(i, i + 1) for i in range(len(problem.ops))])
     assert len(_Search(blocked, 4, True).repeats) == len(problem.ops) - 1     # the first reads the host input
     assert solve_dp(blocked, paths=4).cycles == solve_dp(problem, paths=None).cycles == 100 * 12
+
+
+def test_the_small_tower_s_selection_composes_its_middle_layers_and_is_no_slower_than_op_by_op(planned):
+    """The 4-layer tower on 64 tiles: its selection problem carries the layers as blocks, the search
+    composes the middle ones (the first reads the host input, the last writes the output), and
+    the plan it picks fits and is no slower than the op-by-op search's."""
+    import dataclasses
+    from pathlib import Path
+    from tileplan.planner.plan import Context, build_problem
+    from tileplan.planner.select import _Search
+    g, target, p = planned(Path(__file__).resolve().parents[2] / "fixtures" / "encoder_tower_small.toml")
+    problem = build_problem(Context(p.graph, target, 1, weights=p.weights), p.candidates)
+    assert problem.blocks is not None and len(problem.blocks) == 4
+    assert sorted(_Search(problem, 16, True).repeats) == [problem.blocks[1][0], problem.blocks[2][0]]
+    composed = solve_dp(problem)
+    op_by_op = solve_dp(dataclasses.replace(problem, blocks=None))
+    assert fits(problem, evaluate(problem, composed.picks))
+    assert composed.cycles <= op_by_op.cycles
+    assert composed.cycles == p.selection.cycles
