@@ -9,7 +9,7 @@ number (tensors numbered in order of first appearance):
 - its neighbourhood: the ops consuming its output (the fusions read them: a bias Add after a
   GEMM, a GeLU after a bias Add), with their classes, attributes and tensors;
 - every tensor of that neighbourhood: shape, dtype, FP8 scale, role, pinned layout, how many
-  ops consume it, and the parameter storage the planner gave it (``plan.parameter_storage``:
+  ops consume it, and the parameter storage the planner gave it (``storage.parameter_storage``:
   layout, private, transposed).
 
 Parameter values never enter (the planner never reads them). Two ops with the same key get

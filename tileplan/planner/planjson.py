@@ -169,7 +169,7 @@ def prearranged(plan) -> list[dict]:
     layout and its bytes (most on one tile, and over all tiles) beside its compact storage's."""
     from ..estimate.memory import buffer_tile_bytes
     from ..program import Buffer
-    from .plan import parameter_storage
+    from .storage import parameter_storage
     compact = parameter_storage(plan.graph, plan.target)
     out = []
     for op in plan.graph.ops:

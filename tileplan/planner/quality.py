@@ -378,13 +378,12 @@ def model_floor(graph, target, weights: str | None = None) -> dict:
     it is computed once per distinct problem and remembered across calls: a tower's 27 layers
     cost one, and the plan's, the bench's and ``tileplan show``'s floors one between them.
 
-    ``weights`` (``planner.plan.resolve_weights``: None is the model file's, else ``"planner"``):
+    ``weights`` (``planner.storage.resolve_weights``: None is the model file's, else ``"planner"``):
     with ``"compact"`` no B is pre-arranged, so none is credited as held."""
     from . import canon
     from . import elementwise as ew
     from .families import family_of
-    from .plan import parameter_storage
-    from .plan import resolve_weights
+    from .storage import parameter_storage, resolve_weights
     from .rewrite import canonical
     weights = resolve_weights(graph, weights)
     graph = dataclasses.replace(canonical(graph), weights=weights)
