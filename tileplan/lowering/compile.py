@@ -94,7 +94,51 @@ def compile_plan(p, target, out_dir, *, params=None, registry=None):
     from ..planner.qkv import package_params
     params = package_params((p.qkv or {}).get("fused"), params)   # a fused GEMM's weights, concatenated
     state = lower(p.mid.program, target, registry=registry)
-    # The files are made once the package's temporary folder exists (tileplan.atomic.write_folder).
-    path = write_package(Path(out_dir), lambda: package_files(p, state, target, params, plan_to_json(p),
-                                                              build_report(p, state, target)))
+    host = host_files(p, state, target)
+    try:
+        # The files are made once the package's temporary folder exists (tileplan.atomic.write_folder).
+        path = write_package(Path(out_dir), lambda: package_files(p, state, target, params, plan_to_json(p),
+                                                                  build_report(p, state, target), host))
+    finally:
+        host.cancel()                    # (a package that failed before it read the host files)
     return state, path
+
+
+# A tile program of at least this many steps has its host program emitted in a forked process (a
+# SigLIP tower's 2,160 steps: about 7 s of emission beside the plan.json, report and program.npz
+# the package also needs). Below it (a layer: under a hundred steps) emission takes well under a
+# second and the fork would cost more than it saves.
+FORK_HOST_STEPS = 1000
+
+
+def host_files(p, state, target):
+    """The host program's files (``emit.host.emit_host``) as a ``tileplan.forked.Forked`` call: worked
+    out in a forked process for a large tile program, else here when it is called. The same bytes
+    either way."""
+    from ..forked import Forked
+    tp = state.tile_program
+    folded = [(n, p.graph.folded_value(n)) for n in sorted(p.graph.folded)]   # the host writes these
+    args = (tp, target, p.graph.name, folded)
+    if len(tp.steps) >= FORK_HOST_STEPS:
+        return Forked(_emit_host, args, "the host program's emission")
+    return _Deferred(_emit_host, args)
+
+
+def _emit_host(tp, target, name, folded):
+    from .emit.host import emit_host
+    return emit_host(tp, target, name, folded=folded)
+
+
+class _Deferred:
+    """``fn(*args)`` worked out when first called (``host_files`` for a small program: ``Forked``'s calls)."""
+
+    def __init__(self, fn, args):
+        self.fn, self.args, self.value = fn, args, None
+
+    def __call__(self):
+        if self.value is None:
+            self.value = self.fn(*self.args)
+        return self.value
+
+    def cancel(self) -> None:
+        pass

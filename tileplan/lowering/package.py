@@ -65,16 +65,17 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     return deterministic_npz({k: np.ascontiguousarray(v) for k, v in arrays.items()})
 
 
-def package_files(plan, state, target, params: dict | None, plan_json: dict, report: dict) -> dict[str, bytes]:
+def package_files(plan, state, target, params: dict | None, plan_json: dict, report: dict, host) -> dict[str, bytes]:
+    """Every file of the package. ``host``: a call giving the host program's files (host.cpp and
+    host/tables.bin: ``lowering.compile.host_files``, which may be working them out in a forked
+    process meanwhile)."""
     from .emit.codelets import emit_codelets
-    from .emit.host import emit_host
     tp = state.tile_program
     # Deflating program.npz releases the GIL: it runs on a second thread while the host program is
     # emitted (both only read the tile program).
     with ThreadPoolExecutor(max_workers=1) as pool:
         program = pool.submit(tp.to_files)
-        folded = [(n, plan.graph.folded_value(n)) for n in sorted(plan.graph.folded)]   # the host writes these
-        host = emit_host(tp, target, plan.graph.name, folded=folded)       # host.cpp and host/tables.bin
+        host = host()
         npz, index = program.result()
     files: dict[str, bytes] = {
         "plan.json": dumps(plan_json).encode(),

@@ -40,18 +40,16 @@ crowded), or, for survivors that were detailed but not kept for selection,
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import itertools
 import json
 import queue
-import signal
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import TileplanError
+from ..forked import child_init
 from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program
 from ..graph.core import MatMul
@@ -340,20 +338,12 @@ _PROGRESS_QUEUE = None      # in a pool worker: where its catalogue's progress g
 
 
 def _worker_init(progress=None) -> None:
-    """A pool worker runs without the cycle collector, ignores SIGINT (the parent decides: a Ctrl-C reaches the whole process group),
-    takes SIGTERM's default (the parent's handler raises an exception, which a worker must not
-    inherit), and on Linux dies with its parent even when the parent is killed outright.
-    ``progress``: the queue its catalogues' ``(op, done, total)`` ticks go to."""
+    """A pool worker runs as any forked child of tileplan does (``tileplan.forked.child_init``: no cycle
+    collector, SIGINT ignored, SIGTERM's default, dies with its parent). ``progress``: the queue its
+    catalogues' ``(op, done, total)`` ticks go to."""
     global _PROGRESS_QUEUE
     _PROGRESS_QUEUE = progress
-    gc.disable()                             # a worker only costs candidates: see tileplan.gcpause
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)        # PR_SET_PDEATHSIG
-    except (AttributeError, OSError):
-        pass
+    child_init()
 
 
 def worker_pool(workers: int, progress=None) -> ProcessPoolExecutor:

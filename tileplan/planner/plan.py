@@ -44,6 +44,7 @@ from ..estimate.caches import Caches, shared as shared_caches
 from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program, scheduled
 from ..estimate.memory import buffer_tile_bytes
+from ..forked import Forked
 from ..gcpause import pausing
 from ..program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Graph, Role
@@ -284,7 +285,7 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
     (``estimate.caches.Caches``; None: this process's shared ones of the target); nor on those.
     ``weights``: the parameter storage, ``"planner"`` (selection may pre-arrange a GEMM's weights)
     or ``"compact"`` (never); None: the model file's (``graph.weights``), else ``"planner"``.
-    ``background`` (no pins): the selection runs in a forked process (``Background``) and what returns
+    ``background`` (no pins): the selection runs in a forked process (``tileplan.forked.Forked``) and what returns
     is a ``Pending`` plan: calling it waits for the selection and gives the ``Plan``; ``cycles()`` gives
     its estimate, which the forked process works out after its selection (the plan's program costed
     in detail), so a plan that is not kept is never made here."""
@@ -438,9 +439,9 @@ def _finish(ctx: Context, cands: dict, problem: Problem, sol, pinned: dict):
 def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dict, cache=None,
               background: bool = False, after=None):
     """Whole-graph selection (``select.solve_dp``, or CP-SAT): a ``select.Solution``, or None when
-    nothing fits. With ``background``: a ``Background`` search, called for that result (the cache
+    nothing fits. With ``background``: a ``Forked`` search, called for that result (the cache
     read here, written when it is called), and ``after`` of it worked out in its process too
-    (``Background.extra``).
+    (``Forked.extra``).
 
     With a plan ``cache`` the solution is also kept on disk, keyed by the whole graph's canonical
     hash (``canon.subgraph_key``: a tower's 27 layers, names and parameter values left out), the
@@ -480,7 +481,7 @@ def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dic
                 at = got["peak_op"]
                 sol = Solution(dict(zip(problem.ops, picks)), got["cycles"], got["peak"],
                                problem.ops[at] if at >= 0 else "", got["peak_tile"], got["exact"])
-                return Background.done(sol) if background else sol
+                return Forked.done(sol) if background else sol
             cache.warn(f"warning: plan cache entry {cache.file_of(key)} does not fit this graph's selection; "
                        "ignored")
 
@@ -491,7 +492,7 @@ def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dic
                               "peak_op": problem.ops.index(sol.peak_op) if sol.peak_op in problem.ops else -1})
         return sol
     if background:
-        return Background(_search, (problem, solver, dp_paths), keep, after)
+        return Forked(_search, (problem, solver, dp_paths), "the background selection", keep, after)
     return keep(_search(problem, solver, dp_paths))
 
 
@@ -500,66 +501,6 @@ def _search(problem: Problem, solver: str, dp_paths):
         from .cpsat import solve_cpsat
         return solve_cpsat(problem)
     return solve_dp(problem, paths=dp_paths)
-
-
-class Background:
-    """A search run in a forked process: call it for its result (then ``then`` of it); ``after`` of the
-    result, when given, is worked out in that process too and kept as ``extra``.
-
-    Design decision: fork, so the child starts with the problem as it is in memory (its context,
-    candidates and memo tables are not pickled) and sends back only the solution, which is small. It
-    runs as a catalogue worker does (``catalogue._worker_init``: no cycle collector, no SIGINT, dies
-    with its parent). The search is deterministic, so the result is the one the parent would find."""
-
-    def __init__(self, fn, args: tuple, then=lambda x: x, after=None):
-        import multiprocessing
-        self.then, self.value, self.proc, self.extra = then, None, None, None
-        mp = multiprocessing.get_context("fork")
-        self.conn, send = mp.Pipe(duplex=False)
-        self.proc = mp.Process(target=_background_main, args=(send, fn, args, after), daemon=True)
-        self.proc.start()
-        send.close()
-
-    @classmethod
-    def done(cls, value) -> "Background":
-        b = cls.__new__(cls)
-        b.then, b.value, b.proc, b.conn, b.extra = (lambda x: x), value, None, None, None
-        return b
-
-    def __call__(self):
-        if self.proc is None:
-            return self.value
-        try:
-            ok, value, self.extra = self.conn.recv()
-        except EOFError:
-            raise TileplanError("the background selection ended without an answer (its process died)") from None
-        finally:
-            self.conn.close()
-            self.proc.join()
-            self.proc = None
-        if not ok:
-            raise value
-        self.value = self.then(value)
-        return self.value
-
-    def cancel(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.join()
-            self.conn.close()
-            self.proc = None
-
-
-def _background_main(send, fn, args, after) -> None:
-    from .catalogue import _worker_init
-    _worker_init()
-    try:
-        value = fn(*args)
-        out = (True, value, after(value) if after is not None else None)
-    except BaseException as e:          # (the parent raises it)
-        out = (False, e, None)
-    send.send(out)
-    send.close()
 
 
 def _array_digest(a) -> str | None:
