@@ -95,7 +95,8 @@ def test_first_fit_takes_the_lowest_aligned_address_clear_of_every_live_buffer()
 
 def test_size_profiles_placed_from_each_other_get_the_addresses_first_fit_gives_each_alone():
     """The allocator places each distinct size profile from the one before (a root keeps its
-    address unless its size differs or an earlier root live with it moved). Against each profile
+    address unless its size differs or a move of an earlier root live with it can change its first
+    fit). Against each profile
     placed alone, root by root: random profiles that share most sizes (as a tower's tiles do),
     random lifetimes and region preferences, capacities small enough that some profiles fail,
     which must fail at the same root with the same message."""
