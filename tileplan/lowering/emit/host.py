@@ -718,6 +718,7 @@ class Replay:
         self._vars: dict[tuple[str, str], int] = {}
         self._replayed: dict[tuple, _Replayed] = {}    # a step's shape -> the last one of it replayed in full
         self._codelets: dict = {}                      # group_codelet's memo
+        self._orders: dict[tuple, tuple] = {}          # ``_host_order``'s memo
         self._step = ""
         self.summary = {"vertices": 0, "transfers": 0}
 
@@ -910,7 +911,7 @@ class Replay:
             if others.size:
                 src.append(_through(main, s[others], e[others]))
                 dst.append((np.full(others.size, v), begin[others], begin[others] + e[others] - s[others]))
-        operand = t.operands(1, *_row_major(main, info))
+        operand = t.operands(1, *self._host_order(main, info))
         if dst:
             sv, sb, se = (np.concatenate(x) for x in zip(*src))
             dv, db, de = (np.concatenate(x) for x in zip(*dst))
@@ -918,6 +919,22 @@ class Replay:
                                   t.operands(1, np.zeros(dv.size), dv, db, de)])
         self._host_tensor(ROLE["parameter" if info.kind == "parameter" else "input"], tensor, code,
                           int(main[1][-1]), operand)
+
+    def _host_order(self, main, info):
+        """``_row_major(main, info)`` for the pieces ``main`` of one variable, computed once per layout
+        (the pieces' elements and the index space) and named after the variable.
+
+        Design decision: a tower's layers hold their parameters in the same pieces of their own
+        variables, and the row-major order of a panel-major weight is hundreds of thousands of
+        slices; it is the same slices of each layer's variable, so it is found once, not per layer."""
+        s, e, v, begin = main
+        key = (getattr(info, "space", "rows") or "rows", tuple(info.shape), s.tobytes(), e.tobytes(), begin.tobytes())
+        got = self._orders.get(key)
+        if got is None:
+            q, _, b, end = _row_major(main, info)
+            got = self._orders[key] = (q, b, end)
+        q, b, end = got
+        return q, np.repeat(v[:1], q.size), b, end
 
     def _host_tensor(self, role: int, tensor: str, code: int, elements: int, operand: int) -> None:
         """The ``host_tensors`` row of the open scope (a host tensor's operand and replica copies)."""
