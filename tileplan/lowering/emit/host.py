@@ -325,10 +325,16 @@ class ByteMap:
         Returns the writes as applied: sorted, and joined where one continues another (``_merged_writes``:
         the same map, from fewer rows)."""
         wa, wb, var, elem, ct = _merged_writes(wa, wb, var, elem, ct, what)
+        self.write_merged(wa, wb, var, elem, ct, what)
+        return wa, wb, var, elem, ct
+
+    def write_merged(self, wa, wb, var, elem, ct, what: str) -> None:
+        """``write`` writes as ``write`` returns them (sorted, disjoint, joined), without sorting,
+        checking and joining them again: a repeated step's writes are an earlier step's, renamed one
+        variable to one variable, which keeps them so (``Replay._repeat``)."""
         if self.static is not None and wa.size:
             self._fault_in(wa, wb)
         self._write(wa, wb, var, elem, ct, what)
-        return wa, wb, var, elem, ct
 
     def write_each(self, writes: list[tuple]) -> None:
         """``write`` each of ``writes`` (its arguments) in turn: as one write where no two overlap (the
@@ -1033,7 +1039,7 @@ class Replay:
         old_ids, new_ids = old_ids[order], new_ids[order]
         wa, wb, wvar, welem, wct = earlier.writes
         renamed = np.where(wvar >= 0, new_ids[np.searchsorted(old_ids, wvar)], wvar)
-        self.map.write(wa, wb, renamed, welem, wct, what)
+        self.map.write_merged(wa, wb, renamed, welem, wct, what)
         first_binding = t.bind(new_ids[np.searchsorted(old_ids, earlier.binding)])
         t.steps.append([earlier.kind, t.string(name), *earlier.body, first_binding, earlier.binding.size])
         self.summary["vertices"] += earlier.vertices
