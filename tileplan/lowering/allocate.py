@@ -119,10 +119,13 @@ def _place_profiles(profiles, order, roots, prefer_il, spans, regions, target):
             prev[pos] = n
             old = entry[pos]
             if new != old:
-                if old is not None:
-                    placed[old[0]].remove(old[1], old[2], pos)
-                if new is not None:
-                    placed[new[0]].add(new[1], new[2], a, b, pos)
+                if old is not None and new is not None and old[0] == new[0]:
+                    placed[old[0]].move(old[1], old[2], new[1], new[2], a, b, pos)
+                else:
+                    if old is not None:
+                        placed[old[0]].remove(old[1], old[2], pos)
+                    if new is not None:
+                        placed[new[0]].add(new[1], new[2], a, b, pos)
                 entry[pos] = new
                 moves.record(old, new, a, b)
         yield p, (error if error is not None else addrs.copy())
@@ -208,12 +211,32 @@ class _Placed:
 
     def remove(self, start: int, end: int, position: int) -> None:
         """Take out the buffer ``add`` placed at ``start``, ``end`` and ``position``."""
-        k = (start << 32) + end
-        lo, hi = (int(x) for x in np.searchsorted(self.key[:self.n], [k, k + 1]))
-        at = next(j for j in range(lo, hi) if self.cols[4, j] == position)
+        at = self._index(start, end, position)
         self.cols[:, at:self.n - 1] = self.cols[:, at + 1:self.n].copy()
         self.key[at:self.n - 1] = self.key[at + 1:self.n].copy()
         self.n -= 1
+
+    def move(self, start: int, end: int, new_start: int, new_end: int, first: int, last: int,
+             position: int) -> None:
+        """``remove`` the buffer at ``start``, ``end`` and ``position``, then ``add`` it at ``new_start``,
+        ``new_end``: the same rows, shifting only those between its old and its new place (a buffer
+        that moves seldom moves far in the address order), not everything after either."""
+        at = self._index(start, end, position)
+        k = (new_start << 32) + new_end
+        to = int(np.searchsorted(self.key[:self.n], k, "right")) - int(self.key[at] <= k)   # (as ``add`` after)
+        if to > at:
+            self.cols[:, at:to] = self.cols[:, at + 1:to + 1].copy()
+            self.key[at:to] = self.key[at + 1:to + 1].copy()
+        elif to < at:
+            self.cols[:, to + 1:at + 1] = self.cols[:, to:at].copy()
+            self.key[to + 1:at + 1] = self.key[to:at].copy()
+        self.cols[:, to] = (new_start, new_end, first, last, position)
+        self.key[to] = k
+
+    def _index(self, start: int, end: int, position: int) -> int:
+        k = (start << 32) + end
+        lo, hi = (int(x) for x in np.searchsorted(self.key[:self.n], [k, k + 1]))
+        return next(j for j in range(lo, hi) if self.cols[4, j] == position)
 
     def rows(self):
         return iter(map(tuple, self.cols[:, :self.n].T.tolist()))
