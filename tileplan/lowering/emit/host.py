@@ -810,7 +810,8 @@ class Replay:
             src_begin = elem[m] + (ps[m] - start[m]) // size
             zero = np.zeros(m.size, np.int64)
             src = self.tables.operands(1, zero, var[m], src_begin, src_begin + count)
-            dst_op = self.tables.operands(1, zero, np.full(m.size, v), begins, begins + count)
+            # (the pieces just appended to ``v`` are consecutive elements: the destination is one slice)
+            dst_op = self.tables.operands(1, zero[:1], _i64([v]), begins[:1], begins[-1:] + count[-1:])
             copies.append([src, dst_op])
             wvar[m], welem[m], wct[m] = v, begins, code
         return copies, (dst, dst + (pe - ps), wvar, welem, wct), made
