@@ -86,11 +86,10 @@ def _place_profiles(profiles, order, roots, prefer_il, spans, regions, target):
     their position in ``order``; a first fit sees the ones before it."""
     placed = {reg: _Placed(len(order)) for reg in regions}
     sizes = profiles[:, order]
-    nsteps = max((b for _, b in spans), default=0) + 2
     entry: list = [None] * len(order)                  # position -> (region, start, end) placed there
     prev = np.full(len(order), -1, dtype=np.int64)      # the sizes ``entry`` holds (-1: none, unknown)
     addrs = np.full(len(roots), -1, dtype=np.int64)
-    moves = _Moves(len(order), nsteps)
+    moves = _Moves(len(order))
     for p in (np.lexsort(sizes.T[::-1]).tolist() if sizes.shape[1] else range(len(profiles))):
         row = sizes[p]
         moves.clear()
@@ -153,19 +152,17 @@ class _Moves:
     second region, no buffer left its first (where it did not fit). On a tower most moves are of
     buffers far from the ones placed after them, which then keep their address."""
 
-    def __init__(self, capacity: int, nsteps: int):
+    def __init__(self, capacity: int):
         cap = 2 * max(capacity, 1)
         # per region: start, end, left (1: the extent a root left, 0: the one it took), first, last step
         self.cols = {reg: np.zeros((5, cap), dtype=np.int64) for reg in ("standard", "interleaved")}
         self.n = dict.fromkeys(self.cols, 0)
-        self.steps = np.zeros(nsteps, dtype=bool)          # steps some moved root is live at
-        self.any = False
+        self.steps = 0             # bit t: some moved root is live at step t (an int: tested in O(1) calls)
 
     def clear(self) -> None:
-        if self.any:
-            self.steps[:] = False
+        if self.steps:
             self.n = dict.fromkeys(self.cols, 0)
-            self.any = False
+            self.steps = 0
 
     def record(self, old, new, a: int, b: int) -> None:
         """A root live during steps [a, b] moved from ``old`` to ``new`` (``(region, start, end)``, or None)."""
@@ -174,12 +171,12 @@ class _Moves:
                 reg = extent[0]
                 self.cols[reg][:, self.n[reg]] = (extent[1], extent[2], left, a, b)
                 self.n[reg] += 1
-        self.steps[a:b + 1] = self.any = True
+        self.steps |= (1 << (b + 1)) - (1 << a)
 
     def affect(self, entry, a: int, b: int, first: str) -> bool:
         """Can the moves change the first fit of the root placed at ``entry`` (``(region, start, end)``;
         None: no bytes), live during [a, b], whose first region is ``first``?"""
-        if entry is None or not self.any or not self.steps[a:b + 1].any():
+        if entry is None or not self.steps & ((1 << (b + 1)) - (1 << a)):
             return False
         reg, s, e = entry
         cs, ce, left, ca, cb = self.cols[reg][:, :self.n[reg]]
@@ -234,9 +231,15 @@ class _Placed:
         self.key[to] = k
 
     def _index(self, start: int, end: int, position: int) -> int:
+        """Where the buffer placed at ``start``, ``end`` and ``position`` is (buffers of disjoint lifetimes
+        may share bytes: the first at those bytes, most often, or one of the few after it)."""
         k = (start << 32) + end
-        lo, hi = (int(x) for x in np.searchsorted(self.key[:self.n], [k, k + 1]))
-        return next(j for j in range(lo, hi) if self.cols[4, j] == position)
+        keys = self.key[:self.n]
+        lo = int(keys.searchsorted(k))
+        if self.cols[4, lo] == position:
+            return lo
+        hi = int(keys.searchsorted(k + 1))
+        return lo + int(np.flatnonzero(self.cols[4, lo:hi] == position)[0])
 
     def rows(self):
         return iter(map(tuple, self.cols[:, :self.n].T.tolist()))
