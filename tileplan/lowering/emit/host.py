@@ -480,6 +480,12 @@ class Tables:
         self._pieces.append((var, *_merged_pieces(tiles, counts)))
         return begins
 
+    def merged_pieces(self, var: int, tiles: np.ndarray, counts: np.ndarray) -> None:
+        """``pieces`` of pieces as ``pieces`` stores them (a repeated step's: the earlier step's, as
+        stored), without joining them again."""
+        self.var_size[var] += int(counts.sum())
+        self._pieces.append((var, tiles, counts))
+
     def operands(self, n: int, q, var, begin, end) -> int:
         """Add ``n`` operands, operand ``i`` concatenating the slices ``[begin, end)`` of ``var`` where
         ``q == i`` (``q`` ascending, slices in order); returns the id of the first."""
@@ -1033,7 +1039,7 @@ class Replay:
         made = [self._named_var(name + suffix, ctype) if named else t.variable(name + suffix, ctype)
                 for suffix, ctype, named in earlier.made]
         for i, tiles, counts in earlier.pieces:
-            t.pieces(made[i], tiles, counts)
+            t.merged_pieces(made[i], tiles, counts)
         old_ids = np.concatenate((old_ids, earlier.first_made + np.arange(len(made))))
         new_ids = np.concatenate((new_ids, _i64(made)))
         order = np.argsort(old_ids)
