@@ -311,8 +311,9 @@ class ByteMap:
         i0 = np.searchsorted(b, qa, "right") - 1
         i1 = i0 + 1                           # most reads end inside the interval they start in
         far = (qb > b[np.minimum(i1, b.size - 1)]) | (qb <= qa)
-        if far.any():
-            i1[far] = np.searchsorted(b, qb[far], "left")
+        if not far.any():                     # (then each range is the one piece it lies in)
+            return np.arange(qa.size), i0, qa, qb
+        i1[far] = np.searchsorted(b, qb[far], "left")
         q, rank = _expand(np.maximum(i1 - i0, 0))
         idx = i0[q] + rank
         ps, pe = np.maximum(b[idx], qa[q]), np.minimum(b[idx + 1], qb[q])
