@@ -366,9 +366,7 @@ class ByteMap:
         self._write(s.bounds[sidx], s.bounds[sidx + 1], s.var[sidx], s.elem[sidx], s.ct[sidx], "static map")
 
     def _write(self, wa, wb, var, elem, ct, what: str) -> None:
-        keep = wb > wa
-        order = np.argsort(wa[keep], kind="stable")
-        wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
+        wa, wb, var, elem, ct = _nonempty_by_address(wa, wb, var, elem, ct)
         if not wa.size:
             return
         b = self.bounds            # (disjoint: ``write`` checked them; the static map's intervals are)
@@ -492,7 +490,8 @@ class Tables:
         ``q == i`` (``q`` ascending, slices in order); returns the id of the first."""
         q, var, begin, end = (_i64(x) for x in (q, var, begin, end))
         keep = end > begin
-        q, var, begin, end = q[keep], var[keep], begin[keep], end[keep]
+        if not keep.all():
+            q, var, begin, end = q[keep], var[keep], begin[keep], end[keep]
         if q.size:   # merge slices that continue each other
             cont = (q[1:] == q[:-1]) & (var[1:] == var[:-1]) & (begin[1:] == end[:-1])
             first = np.flatnonzero(np.concatenate(([True], ~cont)))
@@ -696,15 +695,26 @@ def _merged_pieces(tiles, counts) -> tuple[np.ndarray, np.ndarray]:
     return tiles, counts
 
 
+def _nonempty_by_address(wa, wb, *columns) -> tuple[np.ndarray, ...]:
+    """``(wa, wb, *columns)`` of the writes with ``wb > wa``, in stable order of ``wa``. Most writes come
+    non-empty and sorted (a step's, as ``_merged_writes`` returns them): those arrays are returned as
+    they are, neither gathered nor sorted again."""
+    out = (wa, wb, *columns)
+    keep = wb > wa
+    if not keep.all():
+        out = tuple(x[keep] for x in out)
+    if (out[0][1:] < out[0][:-1]).any():
+        order = np.argsort(out[0], kind="stable")
+        out = tuple(x[order] for x in out)
+    return out
+
+
 def _merged_writes(wa, wb, var, elem, ct, what: str) -> tuple[np.ndarray, ...]:
     """Writes sorted, checked to be disjoint (``what`` names them in the error), and joined where one
     continues the other (adjacent bytes, the same variable and the next elements, or both undefined):
     the byte map they leave is the same (``ByteMap._write`` joins such intervals itself, and a
     write's effect on older values depends only on the bytes it covers)."""
-    wa, wb, var, elem, ct = (_i64(x) for x in (wa, wb, var, elem, ct))
-    keep = wb > wa
-    order = np.argsort(wa[keep], kind="stable")
-    wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
+    wa, wb, var, elem, ct = _nonempty_by_address(*(_i64(x) for x in (wa, wb, var, elem, ct)))
     over = np.flatnonzero(wa[1:] < wb[:-1])
     if over.size:
         k = int(over[0])
