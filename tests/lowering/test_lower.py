@@ -95,7 +95,8 @@ def test_first_fit_takes_the_lowest_aligned_address_clear_of_every_live_buffer()
 
 def test_size_profiles_placed_from_each_other_get_the_addresses_first_fit_gives_each_alone():
     """The allocator places each distinct size profile from the one before (a root keeps its
-    address unless its size differs or an earlier root live with it moved). Against each profile
+    address unless its size differs or a move of an earlier root live with it can change its first
+    fit). Against each profile
     placed alone, root by root: random profiles that share most sizes (as a tower's tiles do),
     random lifetimes and region preferences, capacities small enough that some profiles fail,
     which must fail at the same root with the same message."""
@@ -139,3 +140,23 @@ def test_size_profiles_placed_from_each_other_get_the_addresses_first_fit_gives_
                 assert got[p] == want, (trial, p)
             else:
                 assert np.array_equal(got[p], want), (trial, p)
+
+
+def test_array_pool_returns_the_first_array_with_equal_bytes_whether_or_not_samples_agree():
+    """The pool keys a large array by a sample of its elements and hashes it whole only when a
+    second array has that key: arrays that differ only between the sampled elements stay apart,
+    equal ones (small or large, any order of arrival) become the first one seen."""
+    from tileplan.lowering.tile_program import ArrayPool
+    pool = ArrayPool()
+    big = np.arange(10_000, dtype=np.int64)
+    other = big.copy()
+    other[1] += 1                       # not a sampled element: the same first key as ``big``
+    assert pool(big) is big
+    assert pool(big.copy()) is big
+    assert pool(other) is other
+    assert pool(other.copy()) is other and pool(big.copy()) is big
+    assert pool(big.astype(np.int32)) is not big               # another dtype: another table
+    small = np.arange(5)
+    assert pool(small) is small and pool(small.copy()) is small
+    assert pool(np.arange(6)) is not small
+    assert pool.hits == 4

@@ -79,29 +79,32 @@ def _place_profiles(profiles, order, roots, prefer_il, spans, regions, target):
     error)`` (a message without the tile) for a profile that does not fit.
 
     Profiles are taken in lexicographic order of their sizes in placement order, each placed from
-    the one before: a root keeps the previous profile's address unless its size differs or a root
-    placed before it that is live at the same time moved or changed size (first fit sees only the
-    buffers placed before it and live with it, so it would find the same address). A tower's tiles
-    differ in a few buffers, so most of each profile is the one before. Buffers are kept per region
-    (each lies in one) with their position in ``order``; a first fit sees the ones before it."""
+    the one before: a root keeps the previous profile's address unless its size differs or a move
+    of a root placed before it and live at the same time could change its first fit
+    (``_Moves.affect``: first fit sees only those buffers). A tower's tiles differ in a few buffers,
+    so most of each profile is the one before. Buffers are kept per region (each lies in one) with
+    their position in ``order``; a first fit sees the ones before it."""
     placed = {reg: _Placed(len(order)) for reg in regions}
     sizes = profiles[:, order]
-    nsteps = max((b for _, b in spans), default=0) + 2
     entry: list = [None] * len(order)                  # position -> (region, start, end) placed there
     prev = np.full(len(order), -1, dtype=np.int64)      # the sizes ``entry`` holds (-1: none, unknown)
     addrs = np.full(len(roots), -1, dtype=np.int64)
+    moves = _Moves(len(order))
     for p in (np.lexsort(sizes.T[::-1]).tolist() if sizes.shape[1] else range(len(profiles))):
         row = sizes[p]
-        moved = np.zeros(nsteps, dtype=bool)            # steps some earlier root that moved is live at
-        any_moved, error = False, None
-        for pos in np.flatnonzero((row != prev) | (row > 0)).tolist():
+        moves.clear()
+        error = None
+        changed = np.flatnonzero(row != prev)
+        start = int(changed[0]) if changed.size else row.size     # (before it: where the last put it)
+        for pos in (np.flatnonzero((row[start:] != prev[start:]) | (row[start:] > 0)) + start).tolist():
             n, i = int(row[pos]), order[pos]
             a, b = spans[i]
-            if n == prev[pos] and not (any_moved and moved[a:b + 1].any()):
+            tried = ("interleaved", "standard") if prefer_il[i] else ("standard", "interleaved")
+            if n == prev[pos] and not moves.affect(entry[pos], a, b, tried[0]):
                 continue                                 # where the previous profile put it
             new = None                                   # (its own old entry: not before it)
             if n:
-                for reg in ("interleaved", "standard") if prefer_il[i] else ("standard", "interleaved"):
+                for reg in tried:
                     lo, hi = regions[reg]
                     at = _first_fit(placed[reg], lo, hi, n, a, b, target.alignment, before=pos)
                     if at is not None:
@@ -115,12 +118,15 @@ def _place_profiles(profiles, order, roots, prefer_il, spans, regions, target):
             prev[pos] = n
             old = entry[pos]
             if new != old:
-                if old is not None:
-                    placed[old[0]].remove(old[1], old[2], pos)
-                if new is not None:
-                    placed[new[0]].add(new[1], new[2], a, b, pos)
+                if old is not None and new is not None and old[0] == new[0]:
+                    placed[old[0]].move(old[1], old[2], new[1], new[2], a, b, pos)
+                else:
+                    if old is not None:
+                        placed[old[0]].remove(old[1], old[2], pos)
+                    if new is not None:
+                        placed[new[0]].add(new[1], new[2], a, b, pos)
                 entry[pos] = new
-                moved[a:b + 1] = any_moved = True
+                moves.record(old, new, a, b)
         yield p, (error if error is not None else addrs.copy())
 
 
@@ -132,6 +138,54 @@ def _does_not_fit(placed, root: str, n: int, prefer_il: bool, a: int, b: int, po
     return (f"buffer {root!r} ({n:,} bytes, {'interleaved' if prefer_il else 'standard'} preferred) does not "
             f"fit: up to {live:,} bytes are live beside it and the tile has {target.usable_bytes:,} usable "
             f"bytes; {why}")
+
+
+class _Moves:
+    """The roots that moved (or changed size) so far in one profile: per region, the extents they
+    left and took, with their lifetimes, and which steps any of them is live at.
+
+    Design decision: a later root is placed again only where a move can change its first fit, the
+    lowest free aligned address (``_first_fit``) among the earlier buffers live with it, rather than
+    wherever an earlier root live with it moved. Its address ``A`` (``n`` bytes, region ``R``) stays
+    the lowest free one if no buffer now in ``R`` overlaps ``[A, A + n)`` and no buffer left ``R``
+    starting below ``A + n`` (only those could have blocked a lower address); and if ``R`` is its
+    second region, no buffer left its first (where it did not fit). On a tower most moves are of
+    buffers far from the ones placed after them, which then keep their address."""
+
+    def __init__(self, capacity: int):
+        cap = 2 * max(capacity, 1)
+        # per region: start, end, left (1: the extent a root left, 0: the one it took), first, last step
+        self.cols = {reg: np.zeros((5, cap), dtype=np.int64) for reg in ("standard", "interleaved")}
+        self.n = dict.fromkeys(self.cols, 0)
+        self.steps = 0             # bit t: some moved root is live at step t (an int: tested in O(1) calls)
+
+    def clear(self) -> None:
+        if self.steps:
+            self.n = dict.fromkeys(self.cols, 0)
+            self.steps = 0
+
+    def record(self, old, new, a: int, b: int) -> None:
+        """A root live during steps [a, b] moved from ``old`` to ``new`` (``(region, start, end)``, or None)."""
+        for extent, left in ((old, 1), (new, 0)):
+            if extent is not None:
+                reg = extent[0]
+                self.cols[reg][:, self.n[reg]] = (extent[1], extent[2], left, a, b)
+                self.n[reg] += 1
+        self.steps |= (1 << (b + 1)) - (1 << a)
+
+    def affect(self, entry, a: int, b: int, first: str) -> bool:
+        """Can the moves change the first fit of the root placed at ``entry`` (``(region, start, end)``;
+        None: no bytes), live during [a, b], whose first region is ``first``?"""
+        if entry is None or not self.steps & ((1 << (b + 1)) - (1 << a)):
+            return False
+        reg, s, e = entry
+        cs, ce, left, ca, cb = self.cols[reg][:, :self.n[reg]]
+        if ((ca <= b) & (cb >= a) & (cs < e) & ((ce > s) | (left == 1))).any():
+            return True
+        if reg == first:
+            return False
+        cs, ce, left, ca, cb = self.cols[first][:, :self.n[first]]
+        return bool(((ca <= b) & (cb >= a) & (left == 1)).any())
 
 
 class _Placed:
@@ -154,12 +208,38 @@ class _Placed:
 
     def remove(self, start: int, end: int, position: int) -> None:
         """Take out the buffer ``add`` placed at ``start``, ``end`` and ``position``."""
-        k = (start << 32) + end
-        lo, hi = (int(x) for x in np.searchsorted(self.key[:self.n], [k, k + 1]))
-        at = next(j for j in range(lo, hi) if self.cols[4, j] == position)
+        at = self._index(start, end, position)
         self.cols[:, at:self.n - 1] = self.cols[:, at + 1:self.n].copy()
         self.key[at:self.n - 1] = self.key[at + 1:self.n].copy()
         self.n -= 1
+
+    def move(self, start: int, end: int, new_start: int, new_end: int, first: int, last: int,
+             position: int) -> None:
+        """``remove`` the buffer at ``start``, ``end`` and ``position``, then ``add`` it at ``new_start``,
+        ``new_end``: the same rows, shifting only those between its old and its new place (a buffer
+        that moves seldom moves far in the address order), not everything after either."""
+        at = self._index(start, end, position)
+        k = (new_start << 32) + new_end
+        to = int(np.searchsorted(self.key[:self.n], k, "right")) - int(self.key[at] <= k)   # (as ``add`` after)
+        if to > at:
+            self.cols[:, at:to] = self.cols[:, at + 1:to + 1].copy()
+            self.key[at:to] = self.key[at + 1:to + 1].copy()
+        elif to < at:
+            self.cols[:, to + 1:at + 1] = self.cols[:, to:at].copy()
+            self.key[to + 1:at + 1] = self.key[to:at].copy()
+        self.cols[:, to] = (new_start, new_end, first, last, position)
+        self.key[to] = k
+
+    def _index(self, start: int, end: int, position: int) -> int:
+        """Where the buffer placed at ``start``, ``end`` and ``position`` is (buffers of disjoint lifetimes
+        may share bytes: the first at those bytes, most often, or one of the few after it)."""
+        k = (start << 32) + end
+        keys = self.key[:self.n]
+        lo = int(keys.searchsorted(k))
+        if self.cols[4, lo] == position:
+            return lo
+        hi = int(keys.searchsorted(k + 1))
+        return lo + int(np.flatnonzero(self.cols[4, lo:hi] == position)[0])
 
     def rows(self):
         return iter(map(tuple, self.cols[:, :self.n].T.tolist()))

@@ -248,8 +248,12 @@ class ArrayPool:
     """Equal tables become one array: ``pool(a)`` returns the first array seen with ``a``'s dtype, shape
     and bytes (read-only), or ``a`` itself. What lets a tower's repeated layers share their tables."""
 
+    SAMPLE = 256            # elements of an array its first key hashes (all of a smaller one)
+
     def __init__(self):
-        self._seen: dict[tuple, np.ndarray] = {}
+        # (dtype, shape, sample digest) -> the first array of the key (large: None once it has two)
+        self._first: dict[tuple, np.ndarray | None] = {}
+        self._seen: dict[tuple, np.ndarray] = {}     # (that key, digest of all bytes) -> the first array
         self._pooled: dict[int, np.ndarray] = {}     # id -> an array the pool holds (asked again: no hash)
         self.hits = self.bytes_saved = 0
 
@@ -259,16 +263,40 @@ class ArrayPool:
             self.hits += 1
             self.bytes_saved += a.nbytes
             return a
-        key = (a.dtype.str, a.shape, hashlib.blake2b(a.data, digest_size=16).digest())
-        got = self._seen.get(key)
+        got = self._equal(a)
         if got is not None:
             self.hits += 1
             self.bytes_saved += a.nbytes
             return got
         a.flags.writeable = False
-        self._seen[key] = a
         self._pooled[id(a)] = a
         return a
+
+    def _equal(self, a: np.ndarray) -> np.ndarray | None:
+        """The first array seen with ``a``'s dtype, shape and bytes, or None (``a`` is then seen).
+
+        Design decision: the first key hashes a sample of the elements (all of a small array), and
+        all the bytes of a large one are hashed only once a second array has its key: a tower's
+        exchange columns that no other step shares (a layer's weights elsewhere) are millions of
+        rows each, hashed for nothing otherwise."""
+        flat = a.reshape(-1)
+        whole = flat.size <= self.SAMPLE
+        sample = flat if whole else np.concatenate((flat[::flat.size // self.SAMPLE], flat[-1:]))
+        key = (a.dtype.str, a.shape, hashlib.blake2b(np.ascontiguousarray(sample).data, digest_size=16).digest())
+        if key not in self._first:
+            self._first[key] = a
+            return None
+        if whole:
+            return self._first[key]
+        first = self._first[key]
+        if first is not None:           # the key's second array: the first one's bytes hashed now
+            self._seen[(key, hashlib.blake2b(first.data, digest_size=16).digest())] = first
+            self._first[key] = None
+        full = (key, hashlib.blake2b(a.data, digest_size=16).digest())
+        got = self._seen.get(full)
+        if got is None:
+            self._seen[full] = a
+        return got
 
     def transfers(self, tr: Transfers) -> Transfers:
         """A transfer table with int32 columns, each column pooled."""

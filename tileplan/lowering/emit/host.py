@@ -311,8 +311,9 @@ class ByteMap:
         i0 = np.searchsorted(b, qa, "right") - 1
         i1 = i0 + 1                           # most reads end inside the interval they start in
         far = (qb > b[np.minimum(i1, b.size - 1)]) | (qb <= qa)
-        if far.any():
-            i1[far] = np.searchsorted(b, qb[far], "left")
+        if not far.any():                     # (then each range is the one piece it lies in)
+            return np.arange(qa.size), i0, qa, qb
+        i1[far] = np.searchsorted(b, qb[far], "left")
         q, rank = _expand(np.maximum(i1 - i0, 0))
         idx = i0[q] + rank
         ps, pe = np.maximum(b[idx], qa[q]), np.minimum(b[idx + 1], qb[q])
@@ -325,10 +326,16 @@ class ByteMap:
         Returns the writes as applied: sorted, and joined where one continues another (``_merged_writes``:
         the same map, from fewer rows)."""
         wa, wb, var, elem, ct = _merged_writes(wa, wb, var, elem, ct, what)
+        self.write_merged(wa, wb, var, elem, ct, what)
+        return wa, wb, var, elem, ct
+
+    def write_merged(self, wa, wb, var, elem, ct, what: str) -> None:
+        """``write`` writes as ``write`` returns them (sorted, disjoint, joined), without sorting,
+        checking and joining them again: a repeated step's writes are an earlier step's, renamed one
+        variable to one variable, which keeps them so (``Replay._repeat``)."""
         if self.static is not None and wa.size:
             self._fault_in(wa, wb)
         self._write(wa, wb, var, elem, ct, what)
-        return wa, wb, var, elem, ct
 
     def write_each(self, writes: list[tuple]) -> None:
         """``write`` each of ``writes`` (its arguments) in turn: as one write where no two overlap (the
@@ -359,9 +366,7 @@ class ByteMap:
         self._write(s.bounds[sidx], s.bounds[sidx + 1], s.var[sidx], s.elem[sidx], s.ct[sidx], "static map")
 
     def _write(self, wa, wb, var, elem, ct, what: str) -> None:
-        keep = wb > wa
-        order = np.argsort(wa[keep], kind="stable")
-        wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
+        wa, wb, var, elem, ct = _nonempty_by_address(wa, wb, var, elem, ct)
         if not wa.size:
             return
         b = self.bounds            # (disjoint: ``write`` checked them; the static map's intervals are)
@@ -474,12 +479,19 @@ class Tables:
         self._pieces.append((var, *_merged_pieces(tiles, counts)))
         return begins
 
+    def merged_pieces(self, var: int, tiles: np.ndarray, counts: np.ndarray) -> None:
+        """``pieces`` of pieces as ``pieces`` stores them (a repeated step's: the earlier step's, as
+        stored), without joining them again."""
+        self.var_size[var] += int(counts.sum())
+        self._pieces.append((var, tiles, counts))
+
     def operands(self, n: int, q, var, begin, end) -> int:
         """Add ``n`` operands, operand ``i`` concatenating the slices ``[begin, end)`` of ``var`` where
         ``q == i`` (``q`` ascending, slices in order); returns the id of the first."""
         q, var, begin, end = (_i64(x) for x in (q, var, begin, end))
         keep = end > begin
-        q, var, begin, end = q[keep], var[keep], begin[keep], end[keep]
+        if not keep.all():
+            q, var, begin, end = q[keep], var[keep], begin[keep], end[keep]
         if q.size:   # merge slices that continue each other
             cont = (q[1:] == q[:-1]) & (var[1:] == var[:-1]) & (begin[1:] == end[:-1])
             first = np.flatnonzero(np.concatenate(([True], ~cont)))
@@ -683,15 +695,26 @@ def _merged_pieces(tiles, counts) -> tuple[np.ndarray, np.ndarray]:
     return tiles, counts
 
 
+def _nonempty_by_address(wa, wb, *columns) -> tuple[np.ndarray, ...]:
+    """``(wa, wb, *columns)`` of the writes with ``wb > wa``, in stable order of ``wa``. Most writes come
+    non-empty and sorted (a step's, as ``_merged_writes`` returns them): those arrays are returned as
+    they are, neither gathered nor sorted again."""
+    out = (wa, wb, *columns)
+    keep = wb > wa
+    if not keep.all():
+        out = tuple(x[keep] for x in out)
+    if (out[0][1:] < out[0][:-1]).any():
+        order = np.argsort(out[0], kind="stable")
+        out = tuple(x[order] for x in out)
+    return out
+
+
 def _merged_writes(wa, wb, var, elem, ct, what: str) -> tuple[np.ndarray, ...]:
     """Writes sorted, checked to be disjoint (``what`` names them in the error), and joined where one
     continues the other (adjacent bytes, the same variable and the next elements, or both undefined):
     the byte map they leave is the same (``ByteMap._write`` joins such intervals itself, and a
     write's effect on older values depends only on the bytes it covers)."""
-    wa, wb, var, elem, ct = (_i64(x) for x in (wa, wb, var, elem, ct))
-    keep = wb > wa
-    order = np.argsort(wa[keep], kind="stable")
-    wa, wb, var, elem, ct = (x[keep][order] for x in (wa, wb, var, elem, ct))
+    wa, wb, var, elem, ct = _nonempty_by_address(*(_i64(x) for x in (wa, wb, var, elem, ct)))
     over = np.flatnonzero(wa[1:] < wb[:-1])
     if over.size:
         k = int(over[0])
@@ -718,6 +741,7 @@ class Replay:
         self._vars: dict[tuple[str, str], int] = {}
         self._replayed: dict[tuple, _Replayed] = {}    # a step's shape -> the last one of it replayed in full
         self._codelets: dict = {}                      # group_codelet's memo
+        self._orders: dict[tuple, tuple] = {}          # ``_host_order``'s memo
         self._step = ""
         self.summary = {"vertices": 0, "transfers": 0}
 
@@ -803,7 +827,8 @@ class Replay:
             src_begin = elem[m] + (ps[m] - start[m]) // size
             zero = np.zeros(m.size, np.int64)
             src = self.tables.operands(1, zero, var[m], src_begin, src_begin + count)
-            dst_op = self.tables.operands(1, zero, np.full(m.size, v), begins, begins + count)
+            # (the pieces just appended to ``v`` are consecutive elements: the destination is one slice)
+            dst_op = self.tables.operands(1, zero[:1], _i64([v]), begins[:1], begins[-1:] + count[-1:])
             copies.append([src, dst_op])
             wvar[m], welem[m], wct[m] = v, begins, code
         return copies, (dst, dst + (pe - ps), wvar, welem, wct), made
@@ -910,7 +935,7 @@ class Replay:
             if others.size:
                 src.append(_through(main, s[others], e[others]))
                 dst.append((np.full(others.size, v), begin[others], begin[others] + e[others] - s[others]))
-        operand = t.operands(1, *_row_major(main, info))
+        operand = t.operands(1, *self._host_order(main, info))
         if dst:
             sv, sb, se = (np.concatenate(x) for x in zip(*src))
             dv, db, de = (np.concatenate(x) for x in zip(*dst))
@@ -918,6 +943,22 @@ class Replay:
                                   t.operands(1, np.zeros(dv.size), dv, db, de)])
         self._host_tensor(ROLE["parameter" if info.kind == "parameter" else "input"], tensor, code,
                           int(main[1][-1]), operand)
+
+    def _host_order(self, main, info):
+        """``_row_major(main, info)`` for the pieces ``main`` of one variable, computed once per layout
+        (the pieces' elements and the index space) and named after the variable.
+
+        Design decision: a tower's layers hold their parameters in the same pieces of their own
+        variables, and the row-major order of a panel-major weight is hundreds of thousands of
+        slices; it is the same slices of each layer's variable, so it is found once, not per layer."""
+        s, e, v, begin = main
+        key = (getattr(info, "space", "rows") or "rows", tuple(info.shape), s.tobytes(), e.tobytes(), begin.tobytes())
+        got = self._orders.get(key)
+        if got is None:
+            q, _, b, end = _row_major(main, info)
+            got = self._orders[key] = (q, b, end)
+        q, b, end = got
+        return q, np.repeat(v[:1], q.size), b, end
 
     def _host_tensor(self, role: int, tensor: str, code: int, elements: int, operand: int) -> None:
         """The ``host_tensors`` row of the open scope (a host tensor's operand and replica copies)."""
@@ -1009,14 +1050,14 @@ class Replay:
         made = [self._named_var(name + suffix, ctype) if named else t.variable(name + suffix, ctype)
                 for suffix, ctype, named in earlier.made]
         for i, tiles, counts in earlier.pieces:
-            t.pieces(made[i], tiles, counts)
+            t.merged_pieces(made[i], tiles, counts)
         old_ids = np.concatenate((old_ids, earlier.first_made + np.arange(len(made))))
         new_ids = np.concatenate((new_ids, _i64(made)))
         order = np.argsort(old_ids)
         old_ids, new_ids = old_ids[order], new_ids[order]
         wa, wb, wvar, welem, wct = earlier.writes
         renamed = np.where(wvar >= 0, new_ids[np.searchsorted(old_ids, wvar)], wvar)
-        self.map.write(wa, wb, renamed, welem, wct, what)
+        self.map.write_merged(wa, wb, renamed, welem, wct, what)
         first_binding = t.bind(new_ids[np.searchsorted(old_ids, earlier.binding)])
         t.steps.append([earlier.kind, t.string(name), *earlier.body, first_binding, earlier.binding.size])
         self.summary["vertices"] += earlier.vertices
