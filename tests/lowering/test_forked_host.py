@@ -1,5 +1,5 @@
-"""A large program's host files are emitted in a forked process (``lowering.compile.host_files``): the
-package is byte-identical to one emitted in process, and an error in the child is the caller's."""
+"""A large plan's documents and host files are worked out in forked processes (``lowering.compile.beside``):
+the package is byte-identical to one made in process, and an error in the child is the caller's."""
 
 from __future__ import annotations
 
@@ -19,17 +19,18 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
 
 
-def test_host_files_emitted_in_a_forked_process_give_the_package_emitted_in_process(planned, tmp_path, monkeypatch):
+def test_a_package_made_in_forked_processes_is_the_package_made_in_process(planned, tmp_path, monkeypatch):
     path = FIXTURES / "encoder_tower_small.toml"
     _, target, p = planned(path)
+    made = []
+    real = lc.beside
+    monkeypatch.setattr(lc, "beside", lambda big, *a: made.append(big) or real(big, *a))
     got = {}
     for name, steps in (("in-process", 10**9), ("forked", 1)):
-        monkeypatch.setattr(lc, "FORK_HOST_STEPS", steps)
-        host = lc.host_files(p, lc.lower(p.mid.program, target), target)
-        assert isinstance(host, Forked) == (name == "forked")
-        host.cancel()
+        monkeypatch.setattr(lc, "FORK_STEPS", steps)
         _, pkg = lc.compile_plan(p, target, tmp_path / name, params=load_params(path))
         got[name] = _files(Path(pkg))
+    assert made == [False, False, True, True]          # (documents, host) in process, then forked
     assert got["forked"] == got["in-process"]
     assert "host/tables.bin" in got["forked"] and "host.cpp" in got["forked"]
 

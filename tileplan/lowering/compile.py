@@ -51,9 +51,11 @@ def program_cycles(tp, target) -> list[dict]:
     return out
 
 
-def build_report(plan, state, target) -> dict:
+def build_report(plan, state, target, est=None) -> dict:
+    """report.json's document. ``est``: the plan program's detailed cost (``cost_program``), when the
+    caller has it."""
     tp = state.tile_program
-    est = cost_program(plan.mid.program, target)
+    est = cost_program(plan.mid.program, target) if est is None else est
     prog_steps = program_cycles(tp, target)
     used = tp.addr >= 0
     top = np.where(used, tp.addr + tp.size, 0).max(axis=0) if used.any() else np.zeros(tp.tiles, np.int64)
@@ -89,39 +91,52 @@ def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver:
 
 @pausing
 def compile_plan(p, target, out_dir, *, params=None, registry=None):
-    """The part of ``compile_model`` after planning: lower the plan, write its package."""
-    from ..planner.planjson import plan_to_json
+    """The part of ``compile_model`` after planning: lower the plan, write its package. A large plan's
+    documents (plan.json, the detailed estimate the report compares) are worked out beside its
+    lowering, and its host program beside the other files (``beside``)."""
     from ..planner.qkv import package_params
     params = package_params((p.qkv or {}).get("fused"), params)   # a fused GEMM's weights, concatenated
-    state = lower(p.mid.program, target, registry=registry)
-    host = host_files(p, state, target)
+    big = len(p.mid.program.steps) >= FORK_STEPS
+    documents = beside(big, _plan_documents, (p, target), "the plan's documents")
+    host = None
     try:
+        state = lower(p.mid.program, target, registry=registry)
+        host = beside(big, _emit_host, _host_args(p, state, target), "the host program's emission")
+        plan_json, estimate = documents()
         # The files are made once the package's temporary folder exists (tileplan.atomic.write_folder).
-        path = write_package(Path(out_dir), lambda: package_files(p, state, target, params, plan_to_json(p),
-                                                                  build_report(p, state, target), host))
+        path = write_package(Path(out_dir), lambda: package_files(p, state, target, params, plan_json,
+                                                                  build_report(p, state, target, estimate), host))
     finally:
-        host.cancel()                    # (a package that failed before it read the host files)
+        for call in (documents, host):     # (a compile that failed before it read them)
+            if call is not None:
+                call.cancel()
     return state, path
 
 
-# A tile program of at least this many steps has its host program emitted in a forked process (a
-# SigLIP tower's 2,160 steps: about 7 s of emission beside the plan.json, report and program.npz
-# the package also needs). Below it (a layer: under a hundred steps) emission takes well under a
-# second and the fork would cost more than it saves.
-FORK_HOST_STEPS = 1000
+# A plan whose program has at least this many steps has its documents and its host program worked
+# out in forked processes, beside the lowering and the package's other files (a SigLIP tower's 1,783
+# steps: about 1 s of documents beside 9 s of lowering, 7 s of host emission beside program.npz and
+# the report). Below it (a layer: 62 steps, the small tower 185) each takes well under a second and
+# a fork would cost more than it saves.
+FORK_STEPS = 1000
 
 
-def host_files(p, state, target):
-    """The host program's files (``emit.host.emit_host``) as a ``tileplan.forked.Forked`` call: worked
-    out in a forked process for a large tile program, else here when it is called. The same bytes
-    either way."""
+def beside(big: bool, fn, args: tuple, what: str):
+    """``fn(*args)`` as a call (``tileplan.forked.Forked``): worked out in a forked process now when
+    ``big``, else here when it is first called. The same result either way."""
     from ..forked import Forked
-    tp = state.tile_program
+    return Forked(fn, args, what) if big else _Deferred(fn, args)
+
+
+def _plan_documents(p, target):
+    """plan.json's document and the plan's detailed estimate (step by step, for the report)."""
+    from ..planner.planjson import plan_to_json
+    return plan_to_json(p), cost_program(p.mid.program, target)
+
+
+def _host_args(p, state, target) -> tuple:
     folded = [(n, p.graph.folded_value(n)) for n in sorted(p.graph.folded)]   # the host writes these
-    args = (tp, target, p.graph.name, folded)
-    if len(tp.steps) >= FORK_HOST_STEPS:
-        return Forked(_emit_host, args, "the host program's emission")
-    return _Deferred(_emit_host, args)
+    return state.tile_program, target, p.graph.name, folded
 
 
 def _emit_host(tp, target, name, folded):
@@ -130,7 +145,7 @@ def _emit_host(tp, target, name, folded):
 
 
 class _Deferred:
-    """``fn(*args)`` worked out when first called (``host_files`` for a small program: ``Forked``'s calls)."""
+    """``fn(*args)`` worked out when first called (``beside`` for a small plan: ``Forked``'s calls)."""
 
     def __init__(self, fn, args):
         self.fn, self.args, self.value = fn, args, None
