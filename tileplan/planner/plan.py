@@ -335,8 +335,9 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
     gemms = pending.result()
     if background and not pinned:
         cands, problem = _problem(ctx, gemms, ew_cands)
-        search = selection(ctx, problem, solver, dp_paths, {}, cache, background=True,
-                           after=lambda sol: None if sol is None else _finish(ctx, cands, problem, sol, {})[4].estimate.cycles)
+        def estimate(sol):               # (in the forked process, after its selection)
+            return None if sol is None else _finish(ctx, cands, problem, sol, {})[4].estimate.cycles
+        search = selection(ctx, problem, solver, dp_paths, {}, cache, background=True, after=estimate)
 
         def finish() -> Plan:
             res = _finish(ctx, cands, problem, search(), {})
