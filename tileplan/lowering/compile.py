@@ -102,10 +102,12 @@ def compile_plan(p, target, out_dir, *, params=None, registry=None):
     try:
         state = lower(p.mid.program, target, registry=registry)
         host = beside(big, _emit_host, _host_args(p, state, target), "the host program's emission")
-        plan_json, estimate = documents()
+
+        def files() -> dict[str, bytes]:
+            plan_json, estimate = documents()
+            return package_files(p, state, target, params, plan_json, build_report(p, state, target, estimate), host)
         # The files are made once the package's temporary folder exists (tileplan.atomic.write_folder).
-        path = write_package(Path(out_dir), lambda: package_files(p, state, target, params, plan_json,
-                                                                  build_report(p, state, target, estimate), host))
+        path = write_package(Path(out_dir), files)
     finally:
         for call in (documents, host):     # (a compile that failed before it read them)
             if call is not None:
