@@ -48,9 +48,8 @@ from ..forked import Forked
 from ..gcpause import pausing
 from ..program import Buffer, Copy, ExchangeStep, Program
 from ..graph.core import Graph, Role
-from ..layout import Imported, Intervals, Packed, PackedPanels
+from ..layout import Packed, PackedPanels
 from ..layout.gemm_grid import Grid
-from ..layout.panels import panels_fit
 from . import elementwise as ew
 from . import epilogue
 from .candidates import Candidate, Fused, RunnerUp, Storage, activation_inputs

@@ -613,9 +613,10 @@ class _Search:
                         ok = peaks <= cap
                     for r in np.flatnonzero(ok).tolist():
                         L = lpaths[r]
-                        got[2].append((P.cycles + cycles[r], int(peaks[r]), P.sums[1] + held_sums[r] if holds else 0,
-                                       (P.picks, L.picks), _joined if holds else _scalar_join,
-                                       (P, L, tops[r], cap, icap, ibase, self.start_ok)))
+                        peak = int(peaks[r])
+                        got[2].append((P.cycles + cycles[r], peak, P.sums[1] + held_sums[r] if holds else 0,
+                                       (P.picks, L.picks), *((_joined, (P, L, tops[r], cap, icap, ibase, self.start_ok))
+                                                             if holds else (_scalar_join, (P, L, peak)))))
         nxt: dict[tuple, tuple] = {}
         for key, (live, copies, cands) in offers.items():
             b = _settled(cands, paths, holds)
@@ -673,9 +674,9 @@ def _joined(P: _Path, L: _Path, ltop: np.ndarray, cap: int, icap, ibase, start_o
     return _Path(P.cycles + L.cycles, peak, P.picks + L.picks, (top, held, itop), sums)
 
 
-def _scalar_join(P: _Path, L: _Path, ltop, cap, icap, ibase, start_ok) -> _Path:
-    """``_joined`` without per-tile figures (no choice holds storage): the peak of the two."""
-    return _Path(P.cycles + L.cycles, max(P.peak, int(ltop.max())), P.picks + L.picks)
+def _scalar_join(P: _Path, L: _Path, peak: int) -> _Path:
+    """``_joined`` without per-tile figures (no choice holds storage), its peak worked out already."""
+    return _Path(P.cycles + L.cycles, peak, P.picks + L.picks)
 
 
 def _moved(path: _Path, ch: Choice, mem, rsum: int, ci: int, cycles: int, tiles: int, cap: int, icap, ibase,
