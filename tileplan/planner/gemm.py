@@ -46,7 +46,7 @@ from ..layout.panels import panel_count, panels_fit
 from ..estimate.caches import Caches, shared as shared_caches
 from ..estimate.coarse import (CoarseParts, amp_cycles, coarse_parts, cut_cycles, k_unit, reduction_bias_cycles,
                               reduction_epilogue_cycles)
-from ..program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Program, Vertex
+from ..program import Buffer, ComputeStep, Copy, ExchangeStep, Operand, Operands, Program, Vertex
 
 from ..graph.pins import ORDERS  # noqa: E402  ("bijl", "bilj", "bjli")
 
@@ -610,34 +610,33 @@ def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches, in_place: bool
                                        scale=g.b_scale))
             prog.steps.append(ExchangeStep(f"{name}.prep{suffix}", (Copy(_A, A.name), Copy(_B, B.name))))
             b_off = b_grid.block_offsets(g.in_dtype.itemsize)
-        amp = []
+        # The grid's cells in (batch, i, j, l) order, their figures as arrays first, then one vertex per cell.
+        B_, I_, J_, L_ = (x.ravel() for x in np.meshgrid(np.arange(g.batch), np.arange(gm), np.arange(gn),
+                                                          np.arange(gk), indexing="ij"))
+        Q_ = L_ * sk + s
+        grp = group[B_]
+        # Replica order of the holders: A blocks over (group,) j; B blocks over (group,) i.
+        ai = J_ if g.a_batched else grp * gn + J_
+        bi = I_ if g.b_batched else grp * gm + I_
+        blk = ((B_ * gm + I_) * pieces) * gk + L_ if gk > 1 else B_ * gm + I_   # piece 0
+        ms, ns, ks = np.diff(mb)[I_], np.diff(nb)[J_], np.diff(kb)[Q_]
+        a_at = a_off[(B_ if g.a_batched else 0) * gm + I_, Q_, ai]
+        b_at = b_off[(B_ if g.b_batched else 0) * nkb + Q_, J_, bi]
+        o_at = out_off[blk, J_, 0]
+        acc = s > 0                              # later serial steps add into the partials
         calls: dict = {}
-        for b in range(g.batch):
-            ab = b if g.a_batched else 0
-            bb = b if g.b_batched else 0
-            for i in range(gm):
-                m = int(mb[i + 1] - mb[i])
-                for j in range(gn):
-                    n = int(nb[j + 1] - nb[j])
-                    for l in range(gk):
-                        q = l * sk + s
-                        k = int(kb[q + 1] - kb[q])
-                        t = int(T[group[b], i, j, l])
-                        # Replica order of the holders: A blocks over (group,) j; B blocks over (group,) i.
-                        ai = j if g.a_batched else int(group[b]) * gn + j
-                        bi = i if g.b_batched else int(group[b]) * gm + i
-                        blk = ((b * gm + i) * pieces) * gk + l if gk > 1 else b * gm + i   # piece 0
-                        acc = s > 0                      # later serial steps add into the partials
-                        hit = calls.get((m, n, k, acc))
-                        if hit is None:
-                            call = MatMulCall(m, n, k, g.in_dtype, ptype, "interleaved",
-                                              "panels" if g.panels else "rows", scale, g.grain if g.panels else 0,
-                                              acc)
-                            hit = calls[(m, n, k, acc)] = (call,) + caches.kernel(call)
-                        out = Operand(OUT.name, int(out_off[blk, j, 0]), m * n)
-                        ins = (Operand(A.name, int(a_off[ab * gm + i, q, ai]), m * k),
-                               Operand(B.name, int(b_off[bb * nkb + q, j, bi]), k * n)) + ((out,) if acc else ())
-                        amp.append(Vertex(t, hit[0], ins, (out,), hit[1], hit[2]))
+        a_ops, b_ops, o_ops = Operands(A.name), Operands(B.name), Operands(OUT.name)
+        amp = []
+        for t, m, n, k, ao, bo, oo in zip(T[grp, I_, J_, L_].tolist(), ms.tolist(), ns.tolist(), ks.tolist(),
+                                          a_at.tolist(), b_at.tolist(), o_at.tolist()):
+            hit = calls.get((m, n, k))
+            if hit is None:
+                call = MatMulCall(m, n, k, g.in_dtype, ptype, "interleaved", "panels" if g.panels else "rows",
+                                  scale, g.grain if g.panels else 0, acc)
+                hit = calls[(m, n, k)] = (call,) + caches.kernel(call)
+            out = o_ops(oo, m * n)
+            ins = (a_ops(ao, m * k), b_ops(bo, k * n)) + ((out,) if acc else ())
+            amp.append(Vertex(t, hit[0], ins, (out,), hit[1], hit[2]))
         prog.steps.append(ComputeStep(f"{name}.amp{suffix}", tuple(amp)))
 
     Cg = OUT
@@ -654,17 +653,23 @@ def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches, in_place: bool
         r_off = p_red.block_offsets(ptype.itemsize)
         c_off = c_grid.block_offsets(g.out_dtype.itemsize)
         red, cols = [], []
+        calls: dict = {}                      # elements -> (call, variant, cycles)
+        o_ops, r_ops, c_ops = Operands(OUT.name), Operands(R.name), Operands(Cg.name)
+        widths = np.diff(nb).tolist()
         for ci, (b, i, p) in enumerate(cells):
             h = int(piece_b[i][p + 1] - piece_b[i][p])
             if h == 0:
                 continue
-            for j in range(gn):
-                n = int(nb[j + 1] - nb[j])
-                t = int(T[group[b], i, j, p])
-                call = ReduceCall(h * n, gk, ptype, g.out_dtype, -g.c_scale, own=True)
-                own = Operand(OUT.name, int(out_off[ci * gk + p, j, 0]), h * n)
-                others = Operand(R.name, int(r_off[ci * gk + (1 if p == 0 else 0), j, 0]), (gk - 1) * h * n)
-                red.append(_vertex(t, call, (own, others), (Operand(Cg.name, int(c_off[ci, j, 0]), h * n),), caches))
+            other = ci * gk + (1 if p == 0 else 0)
+            for j, t, n, own_at, others_at, c_at in zip(range(gn), T[group[b], i, :, p].tolist(), widths,
+                                                         out_off[ci * gk + p, :, 0].tolist(),
+                                                         r_off[other, :, 0].tolist(), c_off[ci, :, 0].tolist()):
+                hit = calls.get(h * n)
+                if hit is None:
+                    call = ReduceCall(h * n, gk, ptype, g.out_dtype, -g.c_scale, own=True)
+                    hit = calls[h * n] = (call,) + caches.kernel(call)
+                own, others = o_ops(own_at, h * n), r_ops(others_at, (gk - 1) * h * n)
+                red.append(Vertex(t, hit[0], (own, others), (c_ops(c_at, h * n),), hit[1], hit[2]))
                 cols.append((int(nb[j]), n))
         prog.steps.append(ComputeStep(f"{name}.reduce", tuple(red)))
 
