@@ -188,3 +188,25 @@ def test_the_bias_gelu_pass_takes_the_aligned_path_exactly_where_its_operands_st
              for s in c.program.steps for v in s.vertices}
     assert (13, "bias_gelu_fp16") in calls and (13, "bias_gelu_aligned_fp16") not in calls
     assert all(cols * 2 % 8 == 0 for cols, variant in calls if variant == "bias_gelu_aligned_fp16")
+
+
+def test_a_catalogue_costed_kind_by_kind_in_a_pool_is_the_catalogue_costed_at_once(smoke):
+    """The smoke MLP's two GEMMs on 1472 tiles with two jobs: fewer catalogues than twice the
+    workers, so each runs in the pool one kind per task (``catalogue.submit``); every op's
+    candidates and runner-ups, in order, are the ones one in-process catalogue gives."""
+    from tileplan.planner.families import family_of
+    from tileplan.planner.plan import _context
+    graph, _ = smoke
+    big = load_target("ipu21")
+    pooled = _context(graph, big, 2, 32, None, None, "planner")
+    gemms = [op for op in pooled.graph.ops if family_of(op).catalogued]
+    assert len(gemms) == 2 and catalogue.split_kinds(len(gemms), 2)
+    assert len(catalogue.kinds(pooled, pooled.graph.op("fc1"))) > 2        # plain, bias, epilogue, ...
+    got = catalogue.Catalogues(pooled, gemms).result()
+    alone = _context(graph, big, 1, 32, None, None, "planner")
+    for op in gemms:
+        want = catalogue.gemm_candidates(alone, op)
+        assert [(c.desc, c.estimate, c.boundary) for c in got[op.name]] == \
+            [(c.desc, c.estimate, c.boundary) for c in want], op.name
+        assert [(r.candidate.desc, r.why) for r in pooled.runner_ups[op.name]] == \
+            [(r.candidate.desc, r.why) for r in alone.runner_ups[op.name]], op.name

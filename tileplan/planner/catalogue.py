@@ -40,6 +40,7 @@ crowded), or, for survivors that were detailed but not kept for selection,
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import queue
@@ -352,8 +353,8 @@ def worker_pool(workers: int, progress=None) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(progress,))
 
 
-def _queued_progress(op: str, done: int, total: int) -> None:
-    _PROGRESS_QUEUE.put((op, done, total))
+def _queued_progress(part: int, op: str, done: int, total: int) -> None:
+    _PROGRESS_QUEUE.put((op, part, done, total))
 
 
 def stop_pool(pool: ProcessPoolExecutor) -> None:
@@ -376,16 +377,49 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
             pass
 
 
+@dataclass(frozen=True)
+class Kind:
+    """One kind of a GEMM's chunks (DESIGN's candidate kinds): the plain one, the bias in the
+    reduction, a fused epilogue ``chain``, each also with B pre-arranged (``pre``)."""
+
+    bias: bool = False
+    pre: bool = False
+    chain: Chain | None = None
+
+
+def kinds(ctx, op: MatMul) -> list[Kind]:
+    """The kinds of ``op``'s catalogue, in catalogue order (its candidates and runner-ups list them so)."""
+    fusion, chain = bias_fusion(ctx, op), epilogue_fusion(ctx, op)
+    own = [Kind()] + ([Kind(bias=True)] if fusion is not None else []) \
+        + ([Kind(bias=chain.bias is not None, chain=chain)] if chain is not None else [])
+    return own + [dataclasses.replace(k, pre=True) for k in own] if prearrangeable(ctx, op) else own
+
+
 def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
+    """``op``'s catalogue: every kind's candidates (``kind_candidates``); the first kind's error when
+    no kind has one."""
+    kept, lost, errors = kind_candidates(ctx, op, kinds(ctx, op))
+    return _kept(ctx, op, kept, lost, errors)
+
+
+def _kept(ctx, op, kept: list[Candidate], lost: list[RunnerUp], errors: list[str]) -> list[Candidate]:
+    if not kept:
+        raise TileplanError(errors[0] if errors else f"op {op.name!r}: no GEMM candidate")
+    ctx.runner_ups = getattr(ctx, "runner_ups", {})
+    ctx.runner_ups[op.name] = lost
+    return kept
+
+
+def kind_candidates(ctx, op: MatMul, which: list[Kind]) -> tuple[list[Candidate], list[RunnerUp], list[str]]:
+    """The candidates, runner-ups and errors (a boundary combination that fits no grid) of the
+    ``which`` kinds of ``op``'s catalogue, in catalogue order. Kinds share no detailed work (their
+    grid choices differ: ``GemmChoice.bias``, ``epilogue``, or the pre-arranged flag), so a
+    catalogue costed kind by kind, in several processes, is the catalogue costed at once."""
     shape = GemmShape.of(ctx.graph, op, ctx.target)
     fusion = bias_fusion(ctx, op)
+    combos = {k: boundary_combinations(ctx, op, k.bias, k.chain) for k in which}
     # Progress: one unit per chunk costed, then one per part of the detailed work.
-    plain = boundary_combinations(ctx, op, False)
-    biased = boundary_combinations(ctx, op, True) if fusion is not None else []
-    chain = epilogue_fusion(ctx, op)
-    fused = boundary_combinations(ctx, op, chain.bias is not None, chain) if chain is not None else []
-    pre = prearrangeable(ctx, op)
-    count = [0, (len(plain) + len(biased) + len(fused)) * (2 if pre else 1) + 1]
+    count = [0, sum(len(c) for c in combos.values()) + 1]
 
     def tick(units: int = 1, total: int | None = None) -> None:
         count[0] += units
@@ -394,25 +428,11 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
             ctx.progress(op.name, count[0], count[1])
 
     tick(0)
-    chunks = _chunks(ctx, op, shape, combos=plain, tick=tick)
-    if fusion is not None:
-        # The bias-in-reduction kind: the Add's output layouts for C (same shape and type as the
-        # product), options with a reduction only (none when K is too short to split).
-        chunks += _chunks(ctx, op, shape, bias=True, combos=biased, tick=tick)
-    if chain is not None:
-        # The epilogue kind: the reducers also do the GeLU and/or the Cast (``planner.epilogue``).
-        chunks += _chunks(ctx, op, shape, bias=chain.bias is not None, combos=fused, tick=tick, chain=chain)
-    if pre:
-        # The pre-arranged kinds: the same boundary combinations, B stored as each grid reads it
-        # (orthogonal to the fused kinds: a candidate may read B pre-arranged and fuse its epilogue).
-        chunks += _chunks(ctx, op, shape, combos=plain, tick=tick, pre=True)
-        if fusion is not None:
-            chunks += _chunks(ctx, op, shape, bias=True, combos=biased, tick=tick, pre=True)
-        if chain is not None:
-            chunks += _chunks(ctx, op, shape, bias=chain.bias is not None, combos=fused, tick=tick, pre=True,
-                              chain=chain)
+    chunks = []
+    for k in which:
+        chunks += _chunks(ctx, op, shape, bias=k.bias, combos=combos[k], tick=tick, pre=k.pre, chain=k.chain)
     # A kind with no feasible grid costs no chunk.
-    count[0] = (len(plain) + len(biased) + len(fused)) * (2 if pre else 1)
+    count[0] = sum(len(c) for c in combos.values())
     # The detailed work, by grid choice: each choice is built once for all the chunks that kept it.
     wanted: dict = {}
     for ch in chunks:
@@ -480,11 +500,7 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
                                          f"dominated by {best.desc} ({best.estimate.cycles:,} cycles)")
                                      if best else "dropped"))
         lost.extend(runners)
-    if not kept:
-        raise TileplanError(errors[0] if errors else f"op {op.name!r}: no GEMM candidate")
-    ctx.runner_ups = getattr(ctx, "runner_ups", {})
-    ctx.runner_ups[op.name] = lost
-    return kept
+    return kept, lost, errors
 
 
 class Catalogues:
@@ -496,9 +512,9 @@ class Catalogues:
     (``canon.retarget``: names mapped, programs left for ``program_of`` to rebuild), which is
     what costing them again would give. ``share=False`` costs every GEMM (the tests' reference).
 
-    With ``jobs > 1`` and several catalogues to cost on a big target, whole catalogues run in
-    parallel, one per pool worker (boundary selection and detailed costing both), largest GEMM
-    first, while the caller plans the elementwise ops; a single GEMM splits its detailed work over
+    With ``jobs > 1`` and several catalogues to cost on a big target, the catalogues run in the
+    pool's workers kind by kind (``submit``: boundary selection and detailed costing both), largest
+    GEMM first, while the caller plans the elementwise ops; a single GEMM splits its detailed work over
     the pool instead (``gemm_candidates``). Pooled candidates come back without their programs
     (``program_of`` rebuilds the picked ones); the result does not depend on which worker ran
     what, nor on the cache."""
@@ -509,6 +525,7 @@ class Catalogues:
         self.pool = None
         self.queue = None                      # the pool's progress ticks (a progress display only)
         self.finished: set[str] = set()
+        self.ticks: dict[str, dict[int, tuple[int, int]]] = {}   # op -> part -> its latest (done, total)
         self.futures: dict = {}
         self.keys = {op.name: canon.op_key(ctx.graph, ctx.storage, op) for op in ops}
         self.source: dict[str, str] = {}       # op -> the op whose catalogue it reads
@@ -533,8 +550,9 @@ class Catalogues:
                 self.queue = multiprocessing.get_context().Queue()
             self.pool = worker_pool(min(ctx.jobs, len(todo)), self.queue)
             try:
+                split = split_kinds(len(todo), min(ctx.jobs, len(todo)))
                 for op in sorted(todo, key=lambda op: -size[op.name]):
-                    self.futures[op.name] = self.pool.submit(_catalogue, ctx, op)
+                    self.futures[op.name] = submit(self.pool, ctx, op, split)
             except BaseException:
                 self.cancel()
                 raise
@@ -550,7 +568,7 @@ class Catalogues:
                 elif self.pool is None:
                     out[op.name] = gemm_candidates(ctx, op)
                 else:
-                    out[op.name], ctx.runner_ups[op.name] = self._wait(self.futures[op.name])
+                    out[op.name], ctx.runner_ups[op.name] = collected(op, self.futures[op.name], self._wait)
                 if ctx.progress is not None and (self.pool is not None or op.name in self.cached):
                     self.finished.add(op.name)
                     ctx.progress(op.name, 1, 1)
@@ -591,8 +609,11 @@ class Catalogues:
                 tick = self.queue.get_nowait()
             except queue.Empty:
                 return
-            if tick[0] not in self.finished:
-                self.ctx.progress(*tick)
+            op, part, done, total = tick
+            if op not in self.finished:      # (an op's figures: the sums over its parts, ``submit``)
+                parts = self.ticks.setdefault(op, {})
+                parts[part] = (done, total)
+                self.ctx.progress(op, sum(d for d, _ in parts.values()), sum(t for _, t in parts.values()))
 
     def cancel(self) -> None:
         """Stop the pool at once (an exception, SIGINT or SIGTERM in the caller): no orphaned worker."""
@@ -657,9 +678,10 @@ def warm(graphs: list[tuple], cache) -> int:
     todo.sort(key=lambda t: -_work(t[0], t[1]))         # largest first, as Catalogues
     pool = worker_pool(min(ctx0.jobs, len(todo)))
     try:
-        futures = [(ctx, op, key, pool.submit(_catalogue, ctx, op)) for ctx, op, key in todo]
-        for ctx, op, key, future in futures:
-            kept, lost = future.result()
+        split = split_kinds(len(todo), min(ctx0.jobs, len(todo)))
+        futures = [(ctx, op, key, submit(pool, ctx, op, split)) for ctx, op, key in todo]
+        for ctx, op, key, parts in futures:
+            kept, lost = collected(op, parts)
             _store(cache, key, ctx, op, kept, lost)
     except BaseException:
         stop_pool(pool)
@@ -671,7 +693,6 @@ def warm(graphs: list[tuple], cache) -> int:
 def _compact(cand: Candidate) -> Candidate:
     """A candidate as the plan cache keeps it: without its fragment program (``program_of``
     rebuilds it from the grid choice)."""
-    import dataclasses
     return dataclasses.replace(cand, program=None)
 
 
@@ -679,13 +700,50 @@ def _compact_runner_up(r: RunnerUp) -> RunnerUp:
     return RunnerUp(_compact(r.candidate), r.why)
 
 
-def _catalogue(ctx, op: MatMul) -> tuple[list[Candidate], list[RunnerUp]]:
-    """One GEMM's catalogue in a pool worker: in-process, returned without programs."""
+def _catalogue(ctx, op: MatMul, which: list[Kind], part: int) -> tuple[list[Candidate], list[RunnerUp], list[str]]:
+    """Part ``part`` of a GEMM's catalogue, its ``which`` kinds (``kind_candidates``), in a pool worker:
+    in-process, returned without programs."""
+    import functools
     ctx.jobs = 1
     if _PROGRESS_QUEUE is not None:
-        ctx.progress = _queued_progress
-    kept = gemm_candidates(ctx, op)
-    return [_compact(c) for c in kept], [_compact_runner_up(r) for r in ctx.runner_ups.get(op.name, [])]
+        ctx.progress = functools.partial(_queued_progress, part)
+    kept, lost, errors = kind_candidates(ctx, op, which)
+    return [_compact(c) for c in kept], [_compact_runner_up(r) for r in lost], errors
+
+
+def submit(pool, ctx, op: MatMul, split: bool) -> list:
+    """``op``'s catalogue in ``pool``: one task, or with ``split`` one per kind (``kinds``); the futures,
+    in kind order.
+
+    Design decision: with fewer catalogues than twice the workers (``split_kinds``) each is split by
+    kind, so the workers end together however unequal the GEMMs are: a SigLIP b4 MLP's up
+    projection (bias, GeLU and FP8 cast in its epilogue kinds) took 2.5 times its down projection,
+    and one worker ran on alone for most of the plan. With more, whole catalogues balance the
+    workers already, and splitting would cost more: a kind's cores are built again in the worker
+    that costs it (the SigLIP layer's eight catalogues: 3.5 s more CPU, no faster)."""
+    if not split:
+        return [pool.submit(_catalogue, ctx, op, kinds(ctx, op), 0)]
+    return [pool.submit(_catalogue, ctx, op, [k], part) for part, k in enumerate(kinds(ctx, op))]
+
+
+def split_kinds(catalogues: int, workers: int) -> bool:
+    """Whether a pool of ``workers`` costs ``catalogues`` catalogues kind by kind (``submit``)."""
+    return catalogues < 2 * workers
+
+
+def collected(op: MatMul, futures: list, wait=None) -> tuple[list[Candidate], list[RunnerUp]]:
+    """The catalogue ``submit`` started: every part's candidates and runner-ups, in kind order (the
+    catalogue costed at once: ``kind_candidates``), or the first part's error when none has a
+    candidate. ``wait``: how to wait for a future (default ``Future.result``)."""
+    kept, lost, errors = [], [], []
+    for f in futures:
+        k, r, e = wait(f) if wait is not None else f.result()
+        kept += k
+        lost += r
+        errors += e
+    if not kept:
+        raise TileplanError(errors[0] if errors else f"op {op.name!r}: no GEMM candidate")
+    return kept, lost
 
 
 def program_of(ctx, cand: Candidate):
