@@ -720,7 +720,7 @@ def submit(pool, ctx, op: MatMul, split: bool) -> list:
     projection (bias, GeLU and FP8 cast in its epilogue kinds) took 2.5 times its down projection,
     and one worker ran on alone for most of the plan. With more, whole catalogues balance the
     workers already, and splitting would cost more: a kind's cores are built again in the worker
-    that costs it (the SigLIP layer's eight catalogues: 3.5 s more CPU, no faster)."""
+    that costs it (the SigLIP layer's eight catalogues: about 5 s more CPU, 45 s against 39-40 s, and no faster)."""
     if not split:
         return [pool.submit(_catalogue, ctx, op, kinds(ctx, op), 0)]
     return [pool.submit(_catalogue, ctx, op, [k], part) for part, k in enumerate(kinds(ctx, op))]
