@@ -41,6 +41,7 @@ crowded), or, for survivors that were detailed but not kept for selection,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import queue
@@ -399,15 +400,16 @@ def gemm_candidates(ctx, op: MatMul) -> list[Candidate]:
     """``op``'s catalogue: every kind's candidates (``kind_candidates``); the first kind's error when
     no kind has one."""
     kept, lost, errors = kind_candidates(ctx, op, kinds(ctx, op))
-    return _kept(ctx, op, kept, lost, errors)
-
-
-def _kept(ctx, op, kept: list[Candidate], lost: list[RunnerUp], errors: list[str]) -> list[Candidate]:
-    if not kept:
-        raise TileplanError(errors[0] if errors else f"op {op.name!r}: no GEMM candidate")
+    _some_kept(op, kept, errors)
     ctx.runner_ups = getattr(ctx, "runner_ups", {})
     ctx.runner_ups[op.name] = lost
     return kept
+
+
+def _some_kept(op: MatMul, kept: list[Candidate], errors: list[str]) -> None:
+    """A catalogue with no candidate is an error: its first boundary combination's, else a general one."""
+    if not kept:
+        raise TileplanError(errors[0] if errors else f"op {op.name!r}: no GEMM candidate")
 
 
 def kind_candidates(ctx, op: MatMul, which: list[Kind]) -> tuple[list[Candidate], list[RunnerUp], list[str]]:
@@ -703,7 +705,6 @@ def _compact_runner_up(r: RunnerUp) -> RunnerUp:
 def _catalogue(ctx, op: MatMul, which: list[Kind], part: int) -> tuple[list[Candidate], list[RunnerUp], list[str]]:
     """Part ``part`` of a GEMM's catalogue, its ``which`` kinds (``kind_candidates``), in a pool worker:
     in-process, returned without programs."""
-    import functools
     ctx.jobs = 1
     if _PROGRESS_QUEUE is not None:
         ctx.progress = functools.partial(_queued_progress, part)
@@ -741,8 +742,7 @@ def collected(op: MatMul, futures: list, wait=None) -> tuple[list[Candidate], li
         kept += k
         lost += r
         errors += e
-    if not kept:
-        raise TileplanError(errors[0] if errors else f"op {op.name!r}: no GEMM candidate")
+    _some_kept(op, kept, errors)
     return kept, lost
 
 
