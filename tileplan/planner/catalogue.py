@@ -419,7 +419,11 @@ def kind_candidates(ctx, op: MatMul, which: list[Kind]) -> tuple[list[Candidate]
     catalogue costed kind by kind, in several processes, is the catalogue costed at once."""
     shape = GemmShape.of(ctx.graph, op, ctx.target)
     fusion = bias_fusion(ctx, op)
-    combos = {k: boundary_combinations(ctx, op, k.bias, k.chain) for k in which}
+    made: dict = {}          # (bias, chain) -> its combinations, which a pre-arranged kind shares
+    for k in which:
+        if (k.bias, k.chain) not in made:
+            made[k.bias, k.chain] = boundary_combinations(ctx, op, k.bias, k.chain)
+    combos = {k: made[k.bias, k.chain] for k in which}
     # Progress: one unit per chunk costed, then one per part of the detailed work.
     count = [0, sum(len(c) for c in combos.values()) + 1]
 
