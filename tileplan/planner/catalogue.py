@@ -380,8 +380,11 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of a GEMM's chunks (DESIGN's candidate kinds): the plain one, the bias in the
-    reduction, a fused epilogue ``chain``, each also with B pre-arranged (``pre``)."""
+    """One kind of a GEMM's chunks (the module docstring's kinds): the plain one; the bias in the
+    reduction (``bias``: C takes the Add's output layouts, options with a reduction only, none
+    when K is too short to split); a fused epilogue ``chain`` (the reducers also do the GeLU
+    and/or the Cast, ``planner.epilogue``); each also with B pre-arranged (``pre``: the same
+    boundary combinations, B stored as each grid reads it; orthogonal to the fused kinds)."""
 
     bias: bool = False
     pre: bool = False
