@@ -93,16 +93,21 @@ def test_first_fit_takes_the_lowest_aligned_address_clear_of_every_live_buffer()
         assert _first_fit(placed, lo, hi, n, a, b, align) == want, trial
 
 
-def test_size_profiles_placed_from_each_other_get_the_addresses_first_fit_gives_each_alone():
+@pytest.mark.parametrize("forked", [False, True], ids=["one process", "halves forked"])
+def test_size_profiles_placed_from_each_other_get_the_addresses_first_fit_gives_each_alone(forked, monkeypatch):
     """The allocator places each distinct size profile from the one before (a root keeps its
     address unless its size differs or a move of an earlier root live with it can change its first
     fit). Against each profile
     placed alone, root by root: random profiles that share most sizes (as a tower's tiles do),
     random lifetimes and region preferences, capacities small enough that some profiles fail,
-    which must fail at the same root with the same message."""
+    which must fail at the same root with the same message. Forked: the second half of the
+    profiles placed in a forked process from scratch (as a tower's are), the same addresses."""
     from dataclasses import replace
 
-    from tileplan.lowering.allocate import _Placed, _does_not_fit, _first_fit, _place_profiles
+    from tileplan.lowering import allocate
+    from tileplan.lowering.allocate import _Placed, _does_not_fit, _first_fit, _placements
+    if forked:
+        monkeypatch.setattr(allocate, "FORK_PROFILES", 2)
     rng = np.random.default_rng(5)
     for trial in range(40):
         roots = [f"b{i}" for i in range(int(rng.integers(4, 30)))]
@@ -119,7 +124,7 @@ def test_size_profiles_placed_from_each_other_get_the_addresses_first_fit_gives_
         target = replace(TARGET, reserve_bytes=64, standard_bytes=std, interleaved_bytes=il, sram_bytes=std + il)
         regions = {"standard": (target.reserve_bytes, target.standard_bytes),
                    "interleaved": (target.standard_bytes, target.sram_bytes)}
-        got = dict(_place_profiles(profiles, order, roots, prefer_il, spans, regions, target))
+        got = dict(_placements(profiles, order, roots, prefer_il, spans, regions, target))
         for p, sizes in enumerate(profiles):
             placed = {reg: _Placed(r) for reg in regions}
             want = np.full(r, -1, dtype=np.int64)
