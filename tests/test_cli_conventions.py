@@ -38,6 +38,17 @@ def test_dash_h_prints_the_same_help_as_dash_dash_help(cli):
     assert "--json" in out_h and "--quiet" in out_h and "--verbose" in out_h
 
 
+def test_help_names_the_model_file_tables_it_refers_to(cli, monkeypatch):
+    """Square brackets in help text are rich markup unless escaped: the [pin] and [plan] tables the
+    options refer to must be printed, not swallowed (a wide terminal: each help line whole)."""
+    monkeypatch.setenv("COLUMNS", "300")
+    code, out, _ = cli("compile", "--help")
+    flat = " ".join(out.replace("│", " ").split())
+    assert code == 0
+    assert "over the model file's [pin] table" in flat and "A TOML file with a [pin] table" in flat
+    assert "the model file's [plan] weights" in flat
+
+
 def test_plan_json_is_one_document_on_stdout_equal_to_the_plan_file(cli, tmp_path):
     code, out, err = cli("plan", SMOKE, "--json", "--jobs", "1", "-o", tmp_path / "plan.json")
     assert code == 0

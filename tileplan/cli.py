@@ -279,15 +279,15 @@ JobsOption = Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
 SolverOption = Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")]
 PinOption = Annotated[Optional[list[str]], typer.Option(
     "--pin", metavar="OP=grid:GMxGNxGK[,order:..][,reduction:..][,partials:..][,serial:N][,storage:..]",
-    help="Pin a GEMM's grid (repeatable; over the model file's [pin] table).")]
+    help="Pin a GEMM's grid (repeatable; over the model file's \\[pin] table).")]
 PinsFileOption = Annotated[Optional[Path], typer.Option("--pins", metavar="FILE",
-                                                        help="A TOML file with a [pin] table (what --emit-pins writes).")]
+                                                        help="A TOML file with a \\[pin] table (what --emit-pins writes).")]
 
 
 WeightsOption = Annotated[Optional[str], typer.Option(
     "--weights", metavar="planner|compact",
     help="Parameter storage: planner (selection may store a GEMM's weights as its grid reads them) or compact "
-         "(never); default: the model file's [plan] weights, else planner.")]
+         "(never); default: the model file's \\[plan] weights, else planner.")]
 
 
 QkvOption = Annotated[str, typer.Option(
