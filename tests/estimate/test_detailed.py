@@ -44,9 +44,11 @@ def test_fast_copy_costs_equal_their_full_expansion(fixture, fast_path, least):
                     fast = fast_path(a.layout, b.layout, tuple(a.shape), a.dtype, TARGET)
                     if fast is False:
                         continue
+                    if fast is None:      # the destination aliases the source (a grid-aligned A)
+                        assert D.moves_nothing(a, b, TARGET.tiles)
+                        continue
                     checked += 1
                     send, recv, local, nbytes = full_expansion_cost(a, b, TARGET)
-                    assert fast is not None
                     np.testing.assert_array_equal(fast.send, send)
                     np.testing.assert_array_equal(fast.recv, recv)
                     np.testing.assert_array_equal(fast.local_cycles, local)

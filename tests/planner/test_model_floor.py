@@ -12,6 +12,7 @@ from tileplan.graph.core import Graph, MatMul, Role, Tensor
 from tileplan.graph.dtypes import DType
 from tileplan.graph.loaders import load_model
 from tileplan.kernels import MatMulCall, ReduceCall, dispatch
+from tileplan.layout.gemm_grid import Grid
 from tileplan.planner.gemm import GemmShape
 from tileplan.planner.plan import plan
 from tileplan.planner.quality import detailed_survivors, gemm_floor, model_floor
@@ -42,11 +43,15 @@ def test_no_detailed_candidate_and_no_plan_beats_the_model_floor(fixture):
         shape = GemmShape.of(graph, ops[name], target)
         grid = [[c.choice.gb, c.choice.gm, c.choice.gn, c.choice.gk] for c in cands]
         ptype = [shape.partial_types().index(c.choice.partials) for c in cands]
-        # A candidate reading its weights pre-arranged receives no B: its grid's floor credits that.
-        compact = gemm_floor(shape, target, grid, ptype)
-        pre = gemm_floor(shape, target, grid, ptype, held=(1, target.tiles))
+        # A candidate reading its weights pre-arranged receives no B, one reading a grid-aligned A
+        # (``planner.catalogue.aligned_layouts``) no A: its grid's floor credits that.
         pre_read = np.array([c.weights is not None for c in cands])
-        bound = np.where(pre_read, pre, compact)
+        aligned = np.array([isinstance(c.ins[0], Grid) for c in cands])
+        held = [(target.tiles if a else 1, target.tiles if b else 1) for a, b in zip(aligned, pre_read)]
+
+        def floors(epilogue=None):
+            return np.array([gemm_floor(shape, target, [g], [t], h, epilogue)[0] for g, t, h in zip(grid, ptype, held)])
+        bound = floors()
         # A GEMM whose reducers may do an epilogue chain: its fused candidates check against the
         # fused bound, and its share is at most an unfused candidate's bound plus the shares of the
         # chain's ops ("absorbed": they count 0 themselves), or a fused one's.
@@ -55,8 +60,7 @@ def test_no_detailed_candidate_and_no_plan_beats_the_model_floor(fixture):
         share_bound = bound + share.get("absorbed", 0)
         if fused.any():
             epi = next(c.choice.epilogue for c in cands if c.choice.epilogue is not None)
-            fused_bound = np.where(pre_read, gemm_floor(shape, target, grid, ptype, (1, target.tiles), epi),
-                                   gemm_floor(shape, target, grid, ptype, epilogue=epi))
+            fused_bound = floors(epi)
             bound = np.where(fused, fused_bound, bound)
             share_bound = np.where(fused, fused_bound, share_bound)
         for c, b in zip(cands, bound):

@@ -42,6 +42,7 @@ class CoarseParts(NamedTuple):
     cut_runs: np.ndarray      # int64 A's row pieces a cut inside a row can split (0 when K is not split)
     k: np.ndarray             # int64 K elements per block
     b_prep: np.ndarray        # int64 the part of ``cycles`` that brings B's blocks
+    a_prep: np.ndarray        # int64 the part of ``cycles`` that brings A's blocks (exchange and on-tile copies)
 
 
 def widest_block_n(g, gn) -> np.ndarray:
@@ -62,7 +63,8 @@ def cut_cycles(target, parts: CoarseParts, sk, a_cut_density: float) -> np.ndarr
 def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarseParts:
     """The boundary-free figures per option row; ``amp``: the rows' matmul cycles when the caller
     has them (``amp_cycles`` of their grids), else computed. ``b_prep`` says what of the cycles
-    brings B's blocks (pre-arranged weights skip it: ``planner.gemm._pre_rows``)."""
+    brings B's blocks (pre-arranged weights skip it: ``planner.gemm._pre_rows``), ``a_prep`` what
+    brings A's (a grid-aligned A skips it: ``planner.gemm.coarse_rows``' ``held_a``)."""
     gb, gm, gn, gkk = grid.T
     per_group = -(-g.batch // gb)
     m = -(-g.M // gm)
@@ -121,7 +123,8 @@ def coarse_parts(g, target, grid, order, red, ptype, sk, amp=None) -> CoarsePart
     memory = np.where(has_red, np.maximum(a_blk + b_blk + p_blk, p_blk + reducer_in + reduced), a_blk + b_blk + c_blk)
     return CoarseParts(cycles.astype(np.int64), memory.astype(np.int64), np.asarray(b_blk, dtype=np.int64),
                        np.asarray(cut_runs, dtype=np.int64), np.broadcast_to(k, cycles.shape).astype(np.int64),
-                       np.broadcast_to(b_cycles * sk, cycles.shape).astype(np.int64))
+                       np.broadcast_to(b_cycles * sk, cycles.shape).astype(np.int64),
+                       np.broadcast_to((a_cycles + a_local) * sk, cycles.shape).astype(np.int64))
 
 
 def reduction_bias_cycles(g, target, grid, red, ptype) -> np.ndarray:

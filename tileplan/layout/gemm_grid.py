@@ -19,6 +19,7 @@ preparation exchange writes and its vertices read.
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +75,15 @@ class Grid:
         nr, nc = self.shape_blocks
         fmt = f" p{self.grain}" if self.grain else ""
         return f"Grid({nr}x{nc} r{self.replicas}{fmt})"
+
+    @functools.cached_property
+    def tag(self) -> str:
+        """The grid in a buffer name: ``str``'s block counts and a digest of its bounds and holders
+        (``str`` alone is the same for two grids that place the same blocks on other tiles)."""
+        nr, nc = self.shape_blocks
+        fields = repr((self.row_bounds, self.col_bounds, self.replicas, self.grain, self.align_bytes, self.panel_space))
+        digest = hashlib.blake2b(fields.encode() + self.holders, digest_size=4).hexdigest()
+        return f"Grid{nr}x{nc}r{self.replicas}{f'p{self.grain}' if self.grain else ''}.{digest}"
 
     # ---- owner map -------------------------------------------------------------
 

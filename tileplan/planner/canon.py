@@ -7,7 +7,9 @@ number (tensors numbered in order of first appearance):
 
 - the op: its class and attributes (``dataclasses.fields`` other than name, inputs, output);
 - its neighbourhood: the ops consuming its output (the fusions read them: a bias Add after a
-  GEMM, a GeLU after a bias Add), with their classes, attributes and tensors;
+  GEMM, a GeLU after a bias Add), with their classes, attributes and tensors, and for a GEMM the
+  GEMM reading one of the tensors it may write as its A (its grid-aligned layouts are that
+  GEMM's); and whether a GEMM's A may come grid-aligned (``may_read_aligned``);
 - every tensor of that neighbourhood: shape, dtype, FP8 scale, role, pinned layout, how many
   ops consume it, and the parameter storage the planner gave it (``storage.parameter_storage``:
   layout, private, transposed).
@@ -28,7 +30,7 @@ import hashlib
 import json
 import re
 
-from ..graph.core import Cast, GeLU, Graph, Op
+from ..graph.core import Add, Cast, GeLU, Graph, MatMul, Op, Role
 
 _NAMES = ("name", "inputs", "output")
 
@@ -65,7 +67,9 @@ class _Numbering:
 def neighbourhood(graph: Graph, op: Op) -> list[Op]:
     """The ops whose structure an op's candidates depend on: the op, then its output's consumers,
     then up to two further GeLU or Cast ops each the only consumer of the one before (the rest of
-    a fused epilogue chain the op may do: ``planner.epilogue``)."""
+    a fused epilogue chain the op may do: ``planner.epilogue``); for a MatMul, then the MatMul that
+    reads one of those outputs as its A (``a_reader``: the GEMM whose grid a grid-aligned output
+    is laid out for, ``planner.catalogue.aligned_layouts``)."""
     near = [op] + [c for c in graph.consumers.get(op.output, []) if c is not op]
     cur = near[-1] if len(near) == 2 else None
     for _ in range(2):
@@ -74,7 +78,40 @@ def neighbourhood(graph: Graph, op: Op) -> list[Op]:
             break
         cur = users[0]
         near.append(cur)
+    if isinstance(op, MatMul):
+        near += [d for d in dict.fromkeys(a_reader(graph, o.output) for o in near) if d is not None and d not in near]
     return near
+
+
+def a_reader(graph: Graph, name: str) -> MatMul | None:
+    """The MatMul reading ``name`` as its A when it is the tensor's only consumer and the tensor an
+    intermediate without a pinned layout: a grid-aligned boundary may hold it as that GEMM's grid
+    reads it (``planner.catalogue.aligned_layouts``)."""
+    t = graph.tensors[name]
+    users = graph.consumers.get(name, [])
+    if t.role is not Role.INTERMEDIATE or t.layout is not None or len(users) != 1:
+        return None
+    d = users[0]
+    return d if isinstance(d, MatMul) and d.inputs[0] == name and name not in d.inputs[1:] else None
+
+
+def may_read_aligned(graph: Graph, op: Op) -> bool:
+    """Whether a MatMul's A may come from a GEMM's fragment, which could write it grid-aligned: it
+    is written through at most a bias Add, a GeLU and a Cast from a MatMul's product (what a GEMM's
+    fragments may write: the product, the bias Add's output, the fused epilogue chain's last
+    output; ``planner.catalogue.aligned_producer`` says which GEMM does). Its candidates depend on
+    it, so its ``op_key`` says it."""
+    if not isinstance(op, MatMul) or a_reader(graph, op.inputs[0]) is not op:
+        return False
+    todo = [(op.inputs[0], 0)]
+    while todo:
+        name, depth = todo.pop()
+        p = graph.producers.get(name)
+        if isinstance(p, MatMul):
+            return True
+        if isinstance(p, (Add, GeLU, Cast)) and depth < 3:
+            todo += [(i, depth + 1) for i in p.inputs if graph.tensors[i].role is Role.INTERMEDIATE]
+    return False
 
 
 def _ops_doc(graph: Graph, storage: dict, ops: list[Op]) -> tuple[list, list[str], list[str]]:
@@ -92,7 +129,7 @@ def _ops_doc(graph: Graph, storage: dict, ops: list[Op]) -> tuple[list, list[str
 def op_key(graph: Graph, storage: dict, op: Op) -> str:
     """SHA-256 (hex) of an op's planning problem, independent of names and parameter values."""
     doc, _, _ = _ops_doc(graph, storage, neighbourhood(graph, op))
-    return digest(["op", doc])
+    return digest(["op", doc] + (["A may be grid-aligned"] if may_read_aligned(graph, op) else []))
 
 
 def op_names(graph: Graph, op: Op) -> list[str]:

@@ -31,6 +31,13 @@ options with a reduction only (``GemmChoice.epilogue``). The kinds are orthogona
 pre-arranged weights the epilogue chunks come twice too, so a candidate may read B
 pre-arranged and fuse its epilogue.
 
+A tensor one GEMM's fragments write (its product, its bias Add's output, its epilogue chain's
+last output) and another GEMM reads alone as its A may cross that boundary grid-aligned: laid
+out as the reader's grid reads A (``gemm.a_grid``). Both catalogues offer those layouts besides
+the neutral ones (``aligned_layouts``: the reader's fastest grids), the writer's as C, the
+reader's as A in chunks of that grid alone, whose preparation moves nothing for A; selection
+compares them with the neutral layouts like any boundary.
+
 Every dropped option that reached the frontier stage stays available as a
 runner-up with the reason it lost: ``over memory``, ``dominated`` (another
 option of its chunk is no slower and no larger) or ``thinned`` (the frontier was
@@ -55,11 +62,14 @@ from ..forked import child_init
 from ..estimate.cost import Estimate
 from ..estimate.detailed import cost_program
 from ..graph.core import MatMul
+from ..graph.pins import ORDERS
+from ..layout.gemm_grid import Grid
+from . import canon
 from . import elementwise as ew
 from .candidates import Candidate, Fused, RunnerUp
 from .epilogue import Chain, gemm_chain
 from .frontier import frontier
-from .gemm import GemmShape, build_program, coarse_rows, coarse_table
+from .gemm import GemmShape, a_grid, build_program, coarse_rows, coarse_table
 
 KEEP_PER_CHUNK = 6          # detailed candidates per boundary combination kept for selection
 DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the fastest by coarse cycles,
@@ -67,7 +77,7 @@ DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the f
 BIAS_DETAIL_BUDGET = 4      # the same for a chunk of the bias-in-reduction kind: its fastest entries only
 PRE_DETAIL_BUDGET = 4       # the same for a chunk of pre-arranged weights: its fastest entries only
 RUNNERS_UP = 8              # coarse runner-ups kept per chunk for the report
-CATALOGUE_KINDS = "plain, bias in the reduction, fused epilogues, pre-arranged B x each"
+CATALOGUE_KINDS = "plain, bias in the reduction, fused epilogues, pre-arranged B x each; grid-aligned A and C"
                             # in the plan cache key: what a cached catalogue holds (one written before
                             # a kind existed is not read)
 POOL_MIN_WORK = 8192        # detailed choices x tiles below which the catalogue stays in-process
@@ -130,18 +140,134 @@ def fusion_for(ctx, op: MatMul, choice):
 def boundary_combinations(ctx, op: MatMul, bias: bool = False, chain: Chain | None = None) -> list[tuple]:
     """(A, B, C) layouts: A and B as the operands allow, C the product's activation layouts, or
     with ``bias`` the layouts of the bias Add's output (which the fragment then writes), or with an
-    epilogue ``chain`` those of its last output."""
+    epilogue ``chain`` those of its last output. Grid-aligned layouts besides: A as this GEMM's
+    fastest grids read it when a GEMM may write A (``aligned_producer``), C as the next GEMM's
+    read it when that GEMM reads C as its A (``aligned_layouts``)."""
     g = ctx.graph
     ta, tb = g.inputs_of(op)
     tc = g.output_of(chain.last) if chain is not None else g.output_of(bias_fusion(ctx, op)[0]) if bias \
         else g.output_of(op)
+    a_opts, b_opts, c_opts = _neutral(ctx, op, tc)
+    if aligned_producer(ctx, ta.name) is not None:
+        a_opts = a_opts + aligned_layouts(ctx, op)
+    reader = canon.a_reader(g, tc.name)
+    if reader is not None:
+        c_opts = c_opts + aligned_layouts(ctx, reader)
+    return list(itertools.product(a_opts, b_opts, c_opts))
+
+
+def _neutral(ctx, op: MatMul, tc) -> tuple[list, list, list]:
+    """The A, B and C layouts of ``boundary_combinations`` without the grid-aligned ones."""
+    ta, tb = ctx.graph.inputs_of(op)
     tiles = ctx.target.tiles
     a_opts = [None] if ctx.storage.get(ta.name, None) and ctx.storage[ta.name].private \
         else ew.activation_layouts(ta, tiles)
     b_opts = [None] if ctx.storage.get(tb.name, None) and ctx.storage[tb.name].private \
         else ew.activation_layouts(tb, tiles)
-    c_opts = ew.activation_layouts(tc, tiles)
-    return list(itertools.product(a_opts, b_opts, c_opts))
+    return a_opts, b_opts, ew.activation_layouts(tc, tiles)
+
+
+# ---- grid-aligned boundaries -----------------------------------------------------------------
+#
+# Design decision: a tensor one GEMM's fragment writes (its product, its bias Add's output, or its
+# epilogue chain's last output) and another GEMM reads as its A, alone, may be laid out at the
+# boundary as the reader's grid reads A (``gemm.a_grid``: each A block on every tile that
+# multiplies it). The reader's preparation then moves nothing for A; the writer's output exchange
+# sends each block to those tiles instead of to a neutral layout. Which grids: the reader's
+# ALIGNED_GRIDS fastest distinct (grid, order) options without serial K by its plain coarse rows on
+# its first neutral boundary combination (both GEMMs' catalogues work them out alike, so they
+# offer the same layouts); a reader's chunk with an aligned A keeps only that grid and order
+# (another grid would convert the blocks again). Selection compares them with the neutral layouts
+# like any other boundary: a writer and a reader that disagree pay a conversion.
+
+ALIGNED_GRIDS = 1           # grid-aligned A layouts offered per reading GEMM
+ALIGNED_MAX_REPLICAS = 1    # tiles holding each A block in an aligned layout (``aligned_choices``)
+ALIGNED_DETAIL_BUDGET = 2   # frontier entries costed in detail per chunk with a grid-aligned A or C
+
+
+def written(ctx, op: MatMul) -> list[str]:
+    """The tensors ``op``'s fragments may write: its product, its bias Add's output (``bias_fusion``),
+    its epilogue chain's last output (``epilogue_fusion``)."""
+    out = [op.output]
+    fusion, chain = bias_fusion(ctx, op), epilogue_fusion(ctx, op)
+    if fusion is not None:
+        out.append(fusion[0].output)
+    if chain is not None:
+        out.append(chain.last.output)
+    return out
+
+
+def aligned_producer(ctx, name: str) -> MatMul | None:
+    """The GEMM whose fragments may write ``name`` grid-aligned for the MatMul reading it as A (``written``;
+    ``canon.may_read_aligned`` is the structural test that includes this one), or None."""
+    reader = canon.a_reader(ctx.graph, name)
+    if reader is None or not canon.may_read_aligned(ctx.graph, reader):
+        return None
+    cur = name
+    for _ in range(4):
+        p = ctx.graph.producers.get(cur)
+        if isinstance(p, MatMul):
+            return p if name in written(ctx, p) else None
+        if p is None or not p.inputs:
+            return None
+        cur = next((i for i in p.inputs if ctx.graph.tensors[i].role.value == "intermediate"), None)
+        if cur is None:
+            return None
+    return None
+
+
+def aligned_choices(ctx, op: MatMul) -> list:
+    """The grid choices (``gemm.GemmChoice``) whose A layouts ``op``'s writer may produce: the
+    ``ALIGNED_GRIDS`` fastest distinct (grid, order) options without serial K that hold each A block
+    at most ``ALIGNED_MAX_REPLICAS`` times, by the plain coarse rows of ``op``'s first neutral
+    boundary combination (with B pre-arranged where it may be). Remembered per context.
+
+    Design decision: unreplicated grids only (``ALIGNED_MAX_REPLICAS``: a grid whose column blocks
+    all read one A block replicates it). The writer's output exchange then sends each block once,
+    as it does to a neutral layout, and the reader's preparation, which would have multicast it,
+    moves nothing for A. Replicated grids were tried: the writer sends every replica itself, which
+    costs about what the reader saves (fixtures/gemm_chain_fp16.toml: 70,596 cycles with the best
+    grid reading A twice, 66,488 unreplicated, 72,024 neutral; one reading it 8 times lost to
+    neutral by 10%), and they widened the selection (the small encoder layer's CP-SAT proof, the
+    bench's search oracle, took 58 s instead of 13 s)."""
+    memo = ctx.__dict__.setdefault("_aligned", {})
+    if op.name not in memo:
+        shape = GemmShape.of(ctx.graph, op, ctx.target)
+        a_opts, b_opts, c_opts = _neutral(ctx, op, ctx.graph.output_of(op))
+        combo = (a_opts[0], b_opts[0], c_opts[0])
+        in_bytes, out_bytes, cuts = boundary_figures(ctx, op, shape, combo)
+        rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, cuts, pre=prearrangeable(ctx, op))
+        gb, gm, gn, gk = rows.grid.T
+        copies = gn * (gb if shape.batch > 1 and not shape.a_batched else 1)      # replicas of an A block
+        ok = np.flatnonzero(rows.fits & (rows.sk == 1) & (copies <= ALIGNED_MAX_REPLICAS))
+        picked, seen = [], set()
+        for i in ok[np.argsort(rows.cycles[ok], kind="stable")].tolist():
+            if len(picked) >= ALIGNED_GRIDS:
+                break
+            key = (tuple(rows.grid[i].tolist()), int(rows.order[i]))
+            if key not in seen:
+                seen.add(key)
+                picked.append(rows.choice(shape, i))
+        memo[op.name] = (shape, picked)
+    return memo[op.name][1]
+
+
+def aligned_layouts(ctx, op: MatMul) -> list:
+    """The grid-aligned layouts of ``op``'s A (``aligned_choices``' ``gemm.a_grid``)."""
+    shape = GemmShape.of(ctx.graph, op, ctx.target)
+    return [a_grid(shape, c) for c in aligned_choices(ctx, op)]
+
+
+def held_a(ctx, op: MatMul, layout) -> tuple | None:
+    """``coarse_rows``' ``held_a`` of an A boundary ``layout``: the (grid, order) of the aligned choice
+    that reads A so, or None for a neutral layout."""
+    if not isinstance(layout, Grid):
+        return None
+    shape = GemmShape.of(ctx.graph, op, ctx.target)
+    for c in aligned_choices(ctx, op):
+        if a_grid(shape, c) == layout:
+            return (c.gb, c.gm, c.gn, c.gk), ORDERS.index(c.order)
+    return None
 
 
 @dataclass
@@ -180,14 +306,19 @@ def boundary_figures(ctx, op, shape, combo) -> tuple[int, int, float]:
 
 
 def _select(ctx, op, shape, combo, figures=None, table=None, bias: bool = False, pre: bool = False,
-            chain: Chain | None = None) -> Chunk:
-    """Coarse rows of one boundary combination, its bounded frontier and the entries to detail."""
+            chain: Chain | None = None) -> Chunk | None:
+    """Coarse rows of one boundary combination, its bounded frontier and the entries to detail (None
+    for a grid-aligned A whose grid has no option of this kind: a bias kind needs a reduction)."""
     la, lb, lc = combo
     in_bytes, out_bytes, a_cut_density = figures or boundary_figures(ctx, op, shape, combo)
+    own = held_a(ctx, op, la)
     rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, a_cut_density, table, bias, pre,
-                       chain.epilogue if chain is not None else None)
+                       chain.epilogue if chain is not None else None, own)
+    if own is not None and not len(rows.cycles):
+        return None                       # (this kind has no option of the aligned grid: no chunk)
     chunk = Chunk(combo, tuple(l for l in (la, lb) if l is not None), rows, bias=bias, pre=pre, chain=chain)
-    bias = bias or chain is not None      # a fused kind: its fastest entries only
+    aligned = own is not None or isinstance(lc, Grid)        # a grid-aligned A or C
+    bias = bias or chain is not None or aligned     # a fused kind or an aligned boundary: its fastest entries only
     fits = np.flatnonzero(rows.fits)
     if fits.size == 0:
         chunk.error = _overflow(rows, shape, op, ctx.target)
@@ -199,7 +330,8 @@ def _select(ctx, op, shape, combo, figures=None, table=None, bias: bool = False,
     # speed option, so its chunks detail their fastest entries only (the plain kind keeps the fallbacks).
     least = set() if bias or pre else \
         {int(front[np.lexsort((front, rows.cycles[front], col[front]))[0]]) for col in (rows.memory, rows.interleaved)}
-    budget = PRE_DETAIL_BUDGET if pre else BIAS_DETAIL_BUDGET if bias else DETAIL_BUDGET
+    budget = ALIGNED_DETAIL_BUDGET if aligned else PRE_DETAIL_BUDGET if pre else \
+        BIAS_DETAIL_BUDGET if bias else DETAIL_BUDGET
     chunk.keep = np.array(sorted(set(by_speed[:budget].tolist()) | least), dtype=np.int64)
     # Runner-ups that never reached the detailed stage: frontier entries beyond the detail budget,
     # then the fastest options the frontier dropped.
@@ -330,7 +462,9 @@ def _chunks(ctx, op, shape, bias: bool = False, combos=None, tick=None, pre: boo
         return []
     out = []
     for c, f in zip(combos, figures):
-        out.append(_select(ctx, op, shape, c, f, table, bias, pre, chain))
+        chunk = _select(ctx, op, shape, c, f, table, bias, pre, chain)
+        if chunk is not None:
+            out.append(chunk)
         if tick is not None:
             tick()
     return out
@@ -529,7 +663,6 @@ class Catalogues:
     what, nor on the cache."""
 
     def __init__(self, ctx, ops: list[MatMul], share: bool = True, cache=None):
-        from . import canon
         self.ctx, self.ops, self.cache = ctx, ops, cache
         self.pool = None
         self.queue = None                      # the pool's progress ticks (a progress display only)
@@ -567,7 +700,6 @@ class Catalogues:
                 raise
 
     def result(self) -> dict[str, list[Candidate]]:
-        from . import canon
         ctx = self.ctx
         out: dict[str, list[Candidate]] = {}
         try:
@@ -652,13 +784,11 @@ def _work(ctx, op) -> int:
 def cache_key(ctx, cache, op_key: str) -> dict:
     """The plan cache's key of a GEMM catalogue: its planning problem (``canon.op_key``), the target,
     the frontier bound, the candidate kinds and the parameter storage option."""
-    from . import canon
     return cache.full_key(op_key, canon.target_key(ctx.target),
                           {"frontier_bound": ctx.frontier_bound, "kinds": CATALOGUE_KINDS, "weights": ctx.weights})
 
 
 def _store(cache, key: dict, ctx, op, kept: list[Candidate], lost: list[RunnerUp]) -> None:
-    from . import canon
     cache.store(key, {"names": canon.op_names(ctx.graph, op), "kept": [_compact(c) for c in kept],
                       "lost": [_compact_runner_up(r) for r in lost]})
 
@@ -670,7 +800,6 @@ def warm(graphs: list[tuple], cache) -> int:
     graph's own GEMMs (the fused QKV GEMM) are costed beside the first graph's instead of after
     them, in one pool instead of two, largest first. What each graph reads is what costing it
     gives (the cache's own guarantee). Needs ``jobs > 1`` and a big target, as ``Catalogues``."""
-    from . import canon
     todo, seen = [], set()
     for ctx, ops in graphs:
         for op in ops:
@@ -766,7 +895,6 @@ def program_of(ctx, cand: Candidate):
         return None
     # GEMMs with one planning problem and one grid choice (a tower's projections) build the
     # program once; the others rename it.
-    from . import canon
     g = ctx.graph
     op = g.op(cand.op)
     memo = ctx.__dict__.setdefault("_fragments", {})

@@ -265,7 +265,7 @@ class CoarseRows:
 
 def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile: int,
                 a_cut_density: float = 0.0, table: "CoarseTable | None" = None, bias: bool = False,
-                pre: bool = False, epilogue: Epilogue | None = None) -> CoarseRows:
+                pre: bool = False, epilogue: Epilogue | None = None, held_a: tuple | None = None) -> CoarseRows:
     """Every option of one boundary combination, costed at once (numpy, one row per option).
 
     Exchange: bytes each tile receives (A block + B block; partials; the C block
@@ -282,7 +282,10 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     boundary combinations (``table``: one built for at least these boundary bytes). With ``bias``
     the rows are the options whose reducers also add the bias (``gk > 1`` only); with ``pre`` the
     options that read B pre-arranged (``prearranged_b``: no B exchange; with serial K every chunk's
-    B block resident).
+    B block resident). With ``held_a`` (``(gb, gm, gn, gk)`` and an ``ORDERS`` index) the boundary
+    holds A as that grid and order read it (``a_grid``: a grid-aligned boundary): only that grid's
+    options without serial K, without the cycles that bring A's blocks (its preparation copy moves
+    nothing).
     """
     io = in_bytes_per_tile + out_bytes_per_tile
     t = table if table is not None else coarse_table(g, target, io, bias, pre, epilogue)
@@ -297,10 +300,14 @@ def coarse_rows(g: GemmShape, target, in_bytes_per_tile: int, out_bytes_per_tile
     keep = t.parent < 0
     retried = np.flatnonzero(~keep)
     keep[retried] = ~fits[t.parent[retried]]
+    if held_a is not None:
+        keep &= (t.sk == 1) & (t.grid == np.asarray(held_a[0])).all(axis=1) & (t.order == held_a[1])
     # Every row kept (no serial K row's parent fits): views of the table, not copies of its columns.
     sel = slice(None) if keep.all() else np.flatnonzero(keep)
     cycles = t.cycles[sel]
-    if a_cut_density:
+    if held_a is not None:
+        cycles = cycles - t.a_prep[sel]
+    elif a_cut_density:
         cycles = cycles + cut_cycles(target, t.parts(sel), t.sk[sel], a_cut_density)
     return CoarseRows(t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel], t.sk[sel], cycles,
                       memory[sel], t.interleaved[sel], fits[sel], t.bias, t.pre, t.epilogue)
@@ -328,13 +335,14 @@ class CoarseTable:
     cut_runs: np.ndarray
     k: np.ndarray
     b_prep: np.ndarray
+    a_prep: np.ndarray
     bias: bool = False
     pre: bool = False
     epilogue: Epilogue | None = None
 
     def parts(self, sel: np.ndarray) -> CoarseParts:
         return CoarseParts(self.cycles[sel], self.memory[sel], self.interleaved[sel], self.cut_runs[sel],
-                           self.k[sel], self.b_prep[sel])
+                           self.k[sel], self.b_prep[sel], self.a_prep[sel])
 
 
 @functools.lru_cache(maxsize=16)
@@ -416,7 +424,7 @@ def _bias_rows(t: CoarseTable, g: GemmShape, target) -> CoarseTable:
     cycles = t.cycles[sel] + reduction_bias_cycles(g, target, t.grid[sel], t.reduction[sel], t.partials[sel])
     return _frozen(CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel],
                                t.sk[sel], parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel],
-                               t.k[sel], t.b_prep[sel], bias=True))
+                               t.k[sel], t.b_prep[sel], t.a_prep[sel], bias=True))
 
 
 def _epilogue_rows(t: CoarseTable, g: GemmShape, target, epilogue: Epilogue) -> CoarseTable:
@@ -431,7 +439,7 @@ def _epilogue_rows(t: CoarseTable, g: GemmShape, target, epilogue: Epilogue) -> 
                                                        t.bias, epilogue.fields())
     return _frozen(CoarseTable(t.retry_bytes, t.grid[sel], t.order[sel], t.reduction[sel], t.partials[sel],
                                t.sk[sel], parent, cycles, t.memory[sel], t.interleaved[sel], t.cut_runs[sel],
-                               t.k[sel], t.b_prep[sel], bias=t.bias, epilogue=epilogue))
+                               t.k[sel], t.b_prep[sel], t.a_prep[sel], bias=t.bias, epilogue=epilogue))
 
 
 # ---- the fragment program of one candidate -----------------------------------------------
@@ -553,18 +561,14 @@ def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches, in_place: bool
     kb = aligned_bounds(g.K, gk * sk, k_unit(g))           # K block q = l * sk + s
     nkb = len(kb) - 1
     nb = _col_bounds(g, gn)
-    batch_a = g.batch if g.a_batched else 1
     batch_b = g.batch if g.b_batched else 1
     name = g.op
     ptype = choice.partials if gk > 1 else g.out_dtype
 
     # Holders per grid cell, independent of the serial step.
-    if g.a_batched:     # [a-batch * gm, gk, replicas]
-        a_hold = np.stack([T[group[b]].transpose(0, 2, 1) for b in range(g.batch)]).reshape(batch_a * gm, gk, gn)
-    else:
-        a_hold = T.transpose(1, 3, 0, 2).reshape(gm, gk, gb * gn)
+    a_hold = _a_holders(g, choice, T, group)
     b_hold = _b_holders(g, choice, T, group)
-    a_rows = np.concatenate([b * g.M + mb[:-1] for b in range(batch_a)] + [[batch_a * g.M]])
+    a_rows = _a_rows(g, mb)
     b_rows = _b_rows(g, kb)
 
     def step_grids(s: int):
@@ -675,6 +679,30 @@ def _build_core(g: GemmShape, choice: GemmChoice, caches: Caches, in_place: bool
 
     prog.steps.append(ExchangeStep(f"{name}.out", (Copy(Cg.name, _C),)))
     return prog, tuple(cols) if gk > 1 else ()
+
+
+def _a_holders(g: GemmShape, choice: GemmChoice, T: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """int64 [a-batch * gm, gk, replicas]: the tiles multiplying each A block (row block i, K block
+    l): every column block (j) of every batch group that reads it."""
+    gb, gm, gn, gk = choice.gb, choice.gm, choice.gn, choice.gk
+    if g.a_batched:
+        return np.stack([T[group[b]].transpose(0, 2, 1) for b in range(g.batch)]).reshape(g.batch * gm, gk, gn)
+    return T.transpose(1, 3, 0, 2).reshape(gm, gk, gb * gn)
+
+
+def _a_rows(g: GemmShape, mb: np.ndarray) -> np.ndarray:
+    batch_a = g.batch if g.a_batched else 1
+    return np.concatenate([b * g.M + mb[:-1] for b in range(batch_a)] + [[batch_a * g.M]])
+
+
+def a_grid(g: GemmShape, choice: GemmChoice) -> Grid:
+    """The layout in which a choice without serial K reads A: its A blocks, each on every tile that
+    multiplies it (``_build_core``'s A buffer). An A stored so (a grid-aligned boundary:
+    ``planner.aligned``) needs no preparation exchange: the copy moves nothing."""
+    if choice.sk != 1:
+        raise ValueError(f"{g.op}: {choice} reads A in serial K chunks, no one grid")
+    hold = _a_holders(g, choice, tile_of(choice), _batch_groups(g.batch, choice.gb))
+    return Grid.of(_a_rows(g, balanced_bounds(g.M, choice.gm)), aligned_bounds(g.K, choice.gk, k_unit(g)), hold)
 
 
 def _b_holders(g: GemmShape, choice: GemmChoice, T: np.ndarray, group: np.ndarray) -> np.ndarray:

@@ -62,7 +62,9 @@ from .storage import parameter_storage, resolve_weights, stored_shape
 
 
 def buffer_name(tensor: str, layout) -> str:
-    return f"{tensor}@{layout}"
+    """A tensor's buffer in a layout: a grid (a grid-aligned boundary) by its ``Grid.tag``, which tells
+    apart grids ``str`` does not."""
+    return f"{tensor}@{layout.tag if isinstance(layout, Grid) else layout}"
 
 
 class Context:

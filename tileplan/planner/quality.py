@@ -209,7 +209,9 @@ def gemm_floor(shape, target, grid, partials, held: tuple[int, int] = (1, 1), ep
                                               out_dtype=shape.out_dtype), target) if epilogue is None
                      else epilogue_reduce_floor(per_tile, int(p), types[int(t)], shape.out_dtype, epilogue, target))
                     if p > 1 else 0 for p, t in pairs], dtype=np.int64)[inverse.reshape(-1)]
-    bound = amp + prep + np.where(gk > 1, red_ex + red + target.sync_cycles, 0) + target.sync_cycles
+    # (the preparation's sync only where it must move something: both operands held, it is empty)
+    bound = amp + prep + np.where(gk > 1, red_ex + red + target.sync_cycles, 0) + \
+        np.where(recv + lone > 0, target.sync_cycles, 0)
     return bound if epilogue is None else np.where(gk > 1, bound, np.iinfo(np.int64).max // 4)
 
 
@@ -244,21 +246,23 @@ def gemm_op_floor(graph, op, target, storage, fused_adds) -> dict:
 def _held(graph, op, target, storage) -> tuple[int, int]:
     """``gemm_floor``'s ``held`` of a MatMul's (A, B): the tiles that hold each operand already. A
     pinned (Explicit) layout may hold replicas: no credit for what it holds then. A B that may be
-    pre-arranged (``catalogue.prearrangeable``) is held wherever any grid reads it: no B exchange."""
+    pre-arranged (``catalogue.prearrangeable``) is held wherever any grid reads it: no B exchange;
+    so is an A another GEMM may write grid-aligned (``catalogue.aligned_producer``)."""
     from . import elementwise as ew
-    from .catalogue import prearrangeable
-    pre = prearrangeable(_Storage(graph, storage), op)
+    from .catalogue import aligned_producer, prearrangeable
+    ctx = _Storage(graph, storage, target)
+    pre, aligned = prearrangeable(ctx, op), aligned_producer(ctx, op.inputs[0]) is not None
     return tuple(target.tiles if t.layout is not None or (t.name in storage and storage[t.name].layout
-                 == ew.replicated(t.shape, target.tiles)) or (k == 1 and pre) else 1
+                 == ew.replicated(t.shape, target.tiles)) or (k == 1 and pre) or (k == 0 and aligned) else 1
                  for k, t in enumerate(graph.inputs_of(op)))
 
 
 class _Storage:
-    """What ``catalogue.prearrangeable`` reads of a planning context: the graph, the storage and the
-    parameter storage option (``graph.weights``)."""
+    """What ``catalogue.prearrangeable`` and ``catalogue.aligned_producer`` read of a planning context:
+    the graph, the storage, the target and the parameter storage option (``graph.weights``)."""
 
-    def __init__(self, graph, storage):
-        self.graph, self.storage, self.weights = graph, storage, graph.weights or "planner"
+    def __init__(self, graph, storage, target):
+        self.graph, self.storage, self.target, self.weights = graph, storage, target, graph.weights or "planner"
 
 
 POINTWISE_SPAN = 96       # a multiple of every pointwise kernel's block (GeLU 96, casts 48 and 12,

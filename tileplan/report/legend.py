@@ -21,7 +21,8 @@ LEGEND: list[tuple[str, str, str]] = [
     ("layout", "Imp(L)", "a host input, written by the host in layout L"),
     ("layout", "Fused(L)", "not materialised: the value stays in registers of the fused op, which writes layout L"),
     ("layout", "Grid(RxC rN pG)", "a GEMM's private block grid: R row blocks x C column blocks, each block on N tiles "
-                                  "(replicas); pG: the blocks are in AMP panels of G columns"),
+                                  "(replicas); pG: the blocks are in AMP panels of G columns; at a boundary (a "
+                                  "grid-aligned A), the blocks the reading GEMM's grid multiplies"),
     ("layout", "Blocks(RxC rN)", "the same block grid as a boundary layout"),
     ("layout", "SplitRows(gxp)", "rows in g groups, each row cut in p column pieces on p neighbouring tiles "
                                  "(piece j of group i on tile i*p + j); a row-wise op exchanges FP32 partials "
