@@ -29,12 +29,16 @@ def chain():
     return graph, load_target(graph.target)
 
 
-def test_the_reader_and_the_writer_offer_the_same_grid_aligned_layouts():
+def reader():
+    """The chain planned, its planning context, the reading GEMM and its shape."""
     graph, target = chain()
     p = plan(graph, target)
-    ctx = Context(p.graph, target, weights=p.weights)
     down = p.graph.op("down")
-    shape = GemmShape.of(p.graph, down, target)
+    return p, Context(p.graph, target, weights=p.weights), down, GemmShape.of(p.graph, down, target)
+
+
+def test_the_reader_and_the_writer_offer_the_same_grid_aligned_layouts():
+    p, ctx, down, shape = reader()
     choices = catalogue.aligned_choices(ctx, down)
     assert 1 <= len(choices) <= catalogue.ALIGNED_GRIDS
     layouts = {a_grid(shape, c) for c in choices}
@@ -50,11 +54,8 @@ def test_the_reader_and_the_writer_offer_the_same_grid_aligned_layouts():
 
 def test_an_aligned_a_moves_nothing_in_the_readers_preparation():
     from tileplan.estimate.detailed import cost_program, moves_nothing
-    graph, target = chain()
-    p = plan(graph, target)
-    ctx = Context(p.graph, target, weights=p.weights)
-    down = p.graph.op("down")
-    shape = GemmShape.of(p.graph, down, target)
+    p, ctx, down, shape = reader()
+    target = ctx.target
     choice = catalogue.aligned_choices(ctx, down)[0]
     rows = catalogue.ew.activation_layouts(ctx.graph.tensors["h"], target.tiles)[0]
     out = catalogue.ew.activation_layouts(ctx.graph.tensors["y"], target.tiles)[0]

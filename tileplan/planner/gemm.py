@@ -698,7 +698,7 @@ def _a_rows(g: GemmShape, mb: np.ndarray) -> np.ndarray:
 def a_grid(g: GemmShape, choice: GemmChoice) -> Grid:
     """The layout in which a choice without serial K reads A: its A blocks, each on every tile that
     multiplies it (``_build_core``'s A buffer). An A stored so (a grid-aligned boundary:
-    ``planner.aligned``) needs no preparation exchange: the copy moves nothing."""
+    ``planner.catalogue.aligned_layouts``) needs no preparation exchange: the copy moves nothing."""
     if choice.sk != 1:
         raise ValueError(f"{g.op}: {choice} reads A in serial K chunks, no one grid")
     hold = _a_holders(g, choice, tile_of(choice), _batch_groups(g.batch, choice.gb))
