@@ -34,7 +34,7 @@ pre-arranged and fuse its epilogue.
 A tensor one GEMM's fragments write (its product, its bias Add's output, its epilogue chain's
 last output) and another GEMM reads alone as its A may cross that boundary grid-aligned: laid
 out as the reader's grid reads A (``gemm.a_grid``). Both catalogues offer those layouts besides
-the neutral ones (``aligned_layouts``: the reader's fastest grids), the writer's as C, the
+the neutral ones (``aligned_layouts``: the reader's fastest unreplicated grid), the writer's as C, the
 reader's as A in chunks of that grid alone, whose preparation moves nothing for A; selection
 compares them with the neutral layouts like any boundary.
 
@@ -174,9 +174,9 @@ def _neutral(ctx, op: MatMul, tc) -> tuple[list, list, list]:
 # boundary as the reader's grid reads A (``gemm.a_grid``: each A block on every tile that
 # multiplies it). The reader's preparation then moves nothing for A; the writer's output exchange
 # sends each block to those tiles instead of to a neutral layout. Which grids: the reader's
-# ALIGNED_GRIDS fastest distinct (grid, order) options without serial K by its plain coarse rows on
-# its first neutral boundary combination (both GEMMs' catalogues work them out alike, so they
-# offer the same layouts); a reader's chunk with an aligned A keeps only that grid and order
+# ALIGNED_GRIDS fastest distinct unreplicated (grid, order) options without serial K by its plain
+# coarse rows on its first neutral boundary combination (``aligned_choices``; both GEMMs'
+# catalogues work them out alike, so they offer the same layouts); a reader's chunk with an aligned A keeps only that grid and order
 # (another grid would convert the blocks again). Selection compares them with the neutral layouts
 # like any other boundary: a writer and a reader that disagree pay a conversion.
 
