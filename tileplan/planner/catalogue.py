@@ -69,7 +69,7 @@ from . import elementwise as ew
 from .candidates import Candidate, Fused, RunnerUp
 from .epilogue import Chain, gemm_chain
 from .frontier import frontier
-from .gemm import GemmShape, a_grid, build_program, coarse_rows, coarse_table
+from .gemm import GemmShape, a_copies, a_grid, build_program, coarse_rows, coarse_table
 
 KEEP_PER_CHUNK = 6          # detailed candidates per boundary combination kept for selection
 DETAIL_BUDGET = 8           # frontier entries costed in detail per chunk: the fastest by coarse cycles,
@@ -237,9 +237,7 @@ def aligned_choices(ctx, op: MatMul) -> list:
         combo = (a_opts[0], b_opts[0], c_opts[0])
         in_bytes, out_bytes, cuts = boundary_figures(ctx, op, shape, combo)
         rows = coarse_rows(shape, ctx.target, in_bytes, out_bytes, cuts, pre=prearrangeable(ctx, op))
-        gb, gm, gn, gk = rows.grid.T
-        copies = gn * (gb if shape.batch > 1 and not shape.a_batched else 1)      # replicas of an A block
-        ok = np.flatnonzero(rows.fits & (rows.sk == 1) & (copies <= ALIGNED_MAX_REPLICAS))
+        ok = np.flatnonzero(rows.fits & (rows.sk == 1) & (a_copies(shape, rows.grid) <= ALIGNED_MAX_REPLICAS))
         picked, seen = [], set()
         for i in ok[np.argsort(rows.cycles[ok], kind="stable")].tolist():
             if len(picked) >= ALIGNED_GRIDS:

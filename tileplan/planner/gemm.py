@@ -695,6 +695,13 @@ def _a_rows(g: GemmShape, mb: np.ndarray) -> np.ndarray:
     return np.concatenate([b * g.M + mb[:-1] for b in range(batch_a)] + [[batch_a * g.M]])
 
 
+def a_copies(g: GemmShape, grid: np.ndarray) -> np.ndarray:
+    """Per grid option ``(gb, gm, gn, gk)``, the tiles that read each A block: its column blocks, and
+    its batch groups when a shared A meets a batched B."""
+    gb, gm, gn, gk = np.asarray(grid, dtype=np.int64).T
+    return gn * (gb if g.batch > 1 and not g.a_batched else 1)
+
+
 def a_grid(g: GemmShape, choice: GemmChoice) -> Grid:
     """The layout in which a choice without serial K reads A: its A blocks, each on every tile that
     multiplies it (``_build_core``'s A buffer). An A stored so (a grid-aligned boundary:

@@ -28,6 +28,7 @@ import numpy as np
 from ..estimate.coarse import amp_cycles, k_unit
 from ..kernels import BinaryCall, ReduceCall, dispatch
 from ..kernels.cycles import reduce_cycles
+from .gemm import a_copies
 from .select import Problem, solve_dp, solve_exhaustive
 
 
@@ -155,7 +156,7 @@ def _kernel_floor(call_of, n: int, target, span: int) -> int:
     return min(cycles(x) for x in range(n, n + span))
 
 
-def gemm_floor(shape, target, grid, partials, held: tuple[int, int] = (1, 1), epilogue=None) -> np.ndarray:
+def gemm_floor(shape, target, grid, partials, held: tuple = (1, 1), epilogue=None) -> np.ndarray:
     """Per grid option (``grid`` [n, 4] of (gb, gm, gn, gk); ``partials`` index into
     ``shape.partial_types()``), a lower bound on the cycles of any candidate with that grid, whatever
     its boundaries, tile order, reduction ownership or serial splits of K or N, and whether or not it
@@ -166,7 +167,8 @@ def gemm_floor(shape, target, grid, partials, held: tuple[int, int] = (1, 1), ep
     - the operand exchange: A is needed on ``gn`` tiles per element (``gb * gn`` when a shared A
       meets a batched B) and B on ``gm``; a boundary layout holds each element ``held`` times (1 but
       for replicated storage), so the grid's tiles receive at least ``(copies - held) * bytes`` of
-      each. A tile takes at most 8 B/cycle (a receive pair), and at most one of its two operands
+      each (``held``: per operand, a count or one per grid option). A tile takes at most 8 B/cycle
+      (a receive pair), and at most one of its two operands
       arrives paired: a partner sharing its A block (same ``i, l``) computes another column block,
       so needs another B block, and the other way round. Per tile that is ``(a + b)/8 +
       min(a, b)/8``; the slowest tile takes at least the mean over the grid's tiles, and ``min(a, b)``
@@ -189,7 +191,7 @@ def gemm_floor(shape, target, grid, partials, held: tuple[int, int] = (1, 1), ep
     ia = shape.in_dtype.itemsize
     a_bytes, b_bytes = math.prod(shape.a2) * ia, math.prod(shape.b2) * ia
     shared = shape.batch > 1
-    copies_a = gn * (gb if shared and not shape.a_batched else 1)
+    copies_a = a_copies(shape, grid)
     copies_b = gm * (gb if shared and not shape.b_batched else 1)
     recv = np.maximum(copies_a - held[0], 0) * a_bytes + np.maximum(copies_b - held[1], 0) * b_bytes
     per_group = shape.batch // gb
@@ -232,7 +234,7 @@ def gemm_op_floor(graph, op, target, storage, fused_adds) -> dict:
     from .gemm import GemmShape, _grid_options
     shape = GemmShape.of(graph, op, target)
     grids = _grid_options(shape, target.tiles)
-    held = _held(graph, op, target, storage)
+    held = _held(graph, op, target, storage, shape, grids)
     best = None
     for p, ptype in enumerate(shape.partial_types()):
         floors = gemm_floor(shape, target, grids, np.full(len(grids), p), held)
@@ -243,18 +245,22 @@ def gemm_op_floor(graph, op, target, storage, fused_adds) -> dict:
     return {"cycles": best[0], "grid": best[1]}
 
 
-def _held(graph, op, target, storage) -> tuple[int, int]:
-    """``gemm_floor``'s ``held`` of a MatMul's (A, B): the tiles that hold each operand already. A
-    pinned (Explicit) layout may hold replicas: no credit for what it holds then. A B that may be
-    pre-arranged (``catalogue.prearrangeable``) is held wherever any grid reads it: no B exchange;
-    so is an A another GEMM may write grid-aligned (``catalogue.aligned_producer``)."""
+def _held(graph, op, target, storage, shape, grids) -> tuple:
+    """``gemm_floor``'s ``held`` of a MatMul's (A, B) per grid option: the tiles that hold each operand
+    already. A pinned (Explicit) layout may hold replicas: no credit for what it holds then. A B that
+    may be pre-arranged (``catalogue.prearrangeable``) is held wherever any grid reads it: no B
+    exchange; an A another GEMM may write grid-aligned (``catalogue.aligned_producer``) on the grids
+    whose A layouts may be offered so (``catalogue.ALIGNED_MAX_REPLICAS`` copies of each block)."""
     from . import elementwise as ew
-    from .catalogue import aligned_producer, prearrangeable
+    from .catalogue import ALIGNED_MAX_REPLICAS, aligned_producer, prearrangeable
     ctx = _Storage(graph, storage, target)
-    pre, aligned = prearrangeable(ctx, op), aligned_producer(ctx, op.inputs[0]) is not None
-    return tuple(target.tiles if t.layout is not None or (t.name in storage and storage[t.name].layout
-                 == ew.replicated(t.shape, target.tiles)) or (k == 1 and pre) or (k == 0 and aligned) else 1
-                 for k, t in enumerate(graph.inputs_of(op)))
+    pre = prearrangeable(ctx, op)
+    a, b = (target.tiles if t.layout is not None or (t.name in storage and storage[t.name].layout
+            == ew.replicated(t.shape, target.tiles)) or (k == 1 and pre) else 1
+            for k, t in enumerate(graph.inputs_of(op)))
+    if aligned_producer(ctx, op.inputs[0]) is not None:
+        return np.where(a_copies(shape, grids) <= ALIGNED_MAX_REPLICAS, target.tiles, a), b
+    return a, b
 
 
 class _Storage:
@@ -426,7 +432,7 @@ def gemm_epilogue_floor(graph, op, target, storage, chain) -> int:
     from .gemm import GemmShape, _grid_options
     shape = GemmShape.of(graph, op, target)
     grids = _grid_options(shape, target.tiles)
-    held = _held(graph, op, target, storage)
+    held = _held(graph, op, target, storage, shape, grids)
     return min(int(gemm_floor(shape, target, grids, np.full(len(grids), p), held, chain.epilogue).min())
                for p in range(len(shape.partial_types())))
 
