@@ -110,7 +110,7 @@ def test_gemms_through_an_epilogue_offer_aligned_layouts_only_to_the_fused_kinds
     target = load_target(graph.target)
     p = plan(graph, target)
     up = next(op for op in p.graph.ops if op.kind == "matmul")
-    for c in p.candidates[up.name]:
-        out = getattr(c.out, "layout", c.out)
-        if isinstance(out, Grid):
-            assert c.choice.epilogue is not None and c.choice.epilogue.gelu
+    aligned = [c for c in p.candidates[up.name] if isinstance(getattr(c.out, "layout", c.out), Grid)]
+    assert aligned
+    for c in aligned:
+        assert c.choice.epilogue is not None and c.choice.epilogue.gelu

@@ -246,14 +246,14 @@ def aligned_choices(ctx, op: MatMul) -> list:
             if key not in seen:
                 seen.add(key)
                 picked.append(rows.choice(shape, i))
-        memo[op.name] = (shape, picked)
-    return memo[op.name][1]
+        memo[op.name] = (picked, [a_grid(shape, c) for c in picked])
+    return memo[op.name][0]
 
 
 def aligned_layouts(ctx, op: MatMul) -> list:
-    """The grid-aligned layouts of ``op``'s A (``aligned_choices``' ``gemm.a_grid``)."""
-    shape = GemmShape.of(ctx.graph, op, ctx.target)
-    return [a_grid(shape, c) for c in aligned_choices(ctx, op)]
+    """The grid-aligned layouts of ``op``'s A (``aligned_choices``' ``gemm.a_grid``, remembered with them)."""
+    aligned_choices(ctx, op)
+    return ctx.__dict__["_aligned"][op.name][1]
 
 
 def held_a(ctx, op: MatMul, layout) -> tuple | None:
@@ -261,9 +261,8 @@ def held_a(ctx, op: MatMul, layout) -> tuple | None:
     that reads A so, or None for a neutral layout."""
     if not isinstance(layout, Grid):
         return None
-    shape = GemmShape.of(ctx.graph, op, ctx.target)
-    for c in aligned_choices(ctx, op):
-        if a_grid(shape, c) == layout:
+    for c, grid in zip(aligned_choices(ctx, op), aligned_layouts(ctx, op)):
+        if grid == layout:
             return (c.gb, c.gm, c.gn, c.gk), ORDERS.index(c.order)
     return None
 
