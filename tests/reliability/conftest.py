@@ -39,3 +39,13 @@ def damaged(small_package, tmp_path):
     dst = tmp_path / "pkg"
     shutil.copytree(small_package, dst)
     return dst
+
+
+@pytest.fixture(scope="session")
+def guard():
+    """The hostile-input runner (``guarded.Guard``): each case in its own forked process under a
+    2 GiB address-space limit and a timeout."""
+    from guarded import Guard
+    g = Guard()
+    yield g
+    g.close()
