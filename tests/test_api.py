@@ -17,20 +17,6 @@ SMOKE = REPO / "fixtures" / "mlp_smoke_fp8.toml"
 API = ("load_model", "plan", "compile", "validate", "report")
 
 
-def test_the_readme_example_runs_as_a_doctest(tmp_path, monkeypatch):
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Python API"):]
-    block = re.search(r"```pycon\n(.*?)```", section, re.S).group(1)
-    assert len([line for line in block.splitlines() if line.startswith(">>> ")]) == 5
-    monkeypatch.chdir(REPO)
-    text = block.replace("/tmp/smoke", str(tmp_path / "smoke"))
-    test = doctest.DocTestParser().get_doctest(text, {}, "README", "README.md", 0)
-    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
-    runner.run(test)
-    assert runner.summarize(verbose=False).failed == 0
-    assert (tmp_path / "smoke" / "report.html").is_file() and (tmp_path / "smoke" / "validation.json").is_file()
-
-
 def test_help_lists_the_five_functions_with_their_docstrings():
     text = pydoc.render_doc(tileplan, renderer=pydoc.plaintext)
     for name in API:
