@@ -31,8 +31,10 @@ legend of the notation, and the per op / per step comparison with other packages
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,9 +236,8 @@ def context(data: ReportData, compare: list[ReportData] = ()) -> dict:
         ctx.update({"live": live, "compute_sets": views.compute_sets(data.program), "exchanges": ex,
                     "classes": views.CLASSES, "class_colours": plots.CLASS_COLOURS,
                     "steps_all": [st.name for st in data.program.steps],
-                    "page_json": json.dumps(page_data(data, live, ex), sort_keys=True, separators=(",", ":"))
-                    .replace("</", "<\\/"),
-                    "script": (Path(__file__).parent / "templates" / "report.js").read_text(encoding="utf-8")})
+                    "page_json": script_json(page_data(data, live, ex)),
+                    "script": SCRIPT})
         if data.tile_cycles is not None:
             ctx["trace"] = views.trace(data.tile_cycles, v["steps"])
     if v is not None:
@@ -275,7 +276,53 @@ def _environment() -> jinja2.Environment:
 
 
 def render_html(data: ReportData, compare: list[ReportData] = ()) -> str:
-    return _environment().get_template("report.html.j2").render(**context(data, compare))
+    """The page, its Content-Security-Policy naming the hashes of its own script and styles."""
+    ctx = context(data, compare)
+    page = _environment().get_template("report.html.j2").render(**ctx, csp=_CSP_SLOT)
+    return page.replace(_CSP_SLOT, csp(page, ctx.get("script")), 1)
+
+
+# ---- safety of the page ------------------------------------------------------------------
+
+SCRIPT = (Path(__file__).parent / "templates" / "report.js").read_text(encoding="utf-8")
+if "</script" in SCRIPT.lower():                    # (it goes into the page verbatim)
+    raise RuntimeError("templates/report.js must not contain </script")
+_CSP_SLOT = "tileplan-csp-slot"     # filled after rendering: the first occurrence is the meta tag's
+_JSON_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
+                 0x2028: "\\u2028", 0x2029: "\\u2029"}
+_STYLE_ELEMENT = re.compile(r"<style[^>]*>(.*?)</style>", re.S)
+_STYLE_ATTRIBUTE = re.compile(r'\sstyle="([^"]*)"')
+
+
+def script_json(doc) -> str:
+    """``doc`` as JSON safe inside a ``<script>`` element: ``<``, ``>``, ``&`` and the line
+    separators U+2028/9 written as ``\\uXXXX`` escapes (they only occur inside strings), so a name
+    holding ``</script>`` or ``<!--`` cannot end or change the element; the parsed value is the same."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).translate(_JSON_ESCAPES)
+
+
+def _sha(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+def csp(page: str, script: str | None) -> str:
+    """The page's Content-Security-Policy: nothing may load (``default-src 'none'``; images only as
+    ``data:``), the one script that may run is the page's own (by its SHA-256), and the styles
+    that apply are the page's ``<style>`` elements and ``style`` attributes (by their hashes:
+    ours and matplotlib's SVGs).
+
+    Design decision: the page is one self-contained file, so ``'self'`` means nothing and a
+    nonce would have to be random (the page must be byte-deterministic); hashes of the content
+    are both strict and deterministic. The style hashes are collected from the rendered page:
+    names from the model are escaped text there, so they cannot form a ``<style>`` element or a
+    ``style`` attribute; the script's hash is of our script alone."""
+    from html import unescape
+    styles = sorted({_sha(m) for m in _STYLE_ELEMENT.findall(page)})
+    attributes = sorted({_sha(unescape(m)) for m in _STYLE_ATTRIBUTE.findall(page)})
+    script_src = _sha(script) if script is not None else "'none'"
+    style_src = " ".join(styles + (["'unsafe-hashes'"] + attributes if attributes else [])) or "'none'"
+    return (f"default-src 'none'; script-src {script_src}; style-src {style_src}; img-src data:; "
+            f"base-uri 'none'; form-action 'none'")
 
 
 def write_html(data: ReportData, path: str | Path, compare: list[ReportData] = ()) -> Path:
