@@ -160,3 +160,85 @@ def test_the_1472_tile_siglip_report_is_under_10_mb_and_loads_in_under_3_s(brows
     assert f"{validation['memory_peak'][1000]:,} B" in p.inner_text("#tooltip")
     p.screenshot(path=str(tmp_path / "siglip.png"), full_page=True)
     print(f"SigLIP b1 report: {size / 1e6:.2f} MB, loaded in {page.seconds:.2f} s; screenshot {tmp_path}")
+
+
+# ---- names from a hostile model ------------------------------------------------------------
+
+HOSTILE = {          # the smoke model's names -> names holding HTML and script
+    "mlp_smoke_fp8": "<script>window.__pwned=4</script>",
+    "fc1": '<img src=x onerror="window.__pwned=1">',
+    "act": "</script><script>window.__pwned=2</script>",
+    "bias1": "it's \"quoted\" & <b>bold</b> $x$",
+    "h": "<svg onload=window.__pwned=3>",
+}
+
+
+@pytest.fixture(scope="session")
+def hostile(tmp_path_factory) -> dict:
+    """The smoke model with its names replaced by HTML and script (a TOML the test writes: op and
+    tensor names are free strings), compiled, validated and reported."""
+    root = tmp_path_factory.mktemp("hostile")
+    text = (FIXTURES / "mlp_smoke_fp8.toml").read_text()
+    for old, new in HOSTILE.items():          # a JSON string is a TOML basic string
+        text = text.replace(f'"{old}"', json.dumps(new))
+    text = text.replace("\nh  = {", f"\n{json.dumps(HOSTILE['h'])} = {{")
+    model = root / "hostile.toml"
+    model.write_text(text)
+    pkg = tileplan.compile(model, root / "pkg")
+    tileplan.validate(pkg)
+    return {"html": tileplan.report(pkg), "package": pkg}
+
+
+def test_names_holding_html_and_script_are_shown_as_text_and_never_run(browser, hostile):
+    page = Page(browser, hostile["html"]).ready()
+    p = page.page
+    title = f"tileplan report: {HOSTILE['mlp_smoke_fp8']} on ipu21-64"
+    assert p.title() == title
+    # every tooltip target: each handler fills the tooltip; collect what it shows
+    shown = p.evaluate("""() => {
+        const tip = document.getElementById("tooltip"), out = [];
+        for (const e of document.querySelectorAll("#tile-map rect.tile, #live-worst rect.hit, #live-chosen rect.hit, #trace rect.cell")) {
+            e.dispatchEvent(new MouseEvent("mouseenter", {bubbles: false}));
+            out.push([tip.innerText, tip.querySelectorAll("*:not(b):not(br)").length]);
+        }
+        return out;
+    }""")
+    assert len(shown) > 64 + 2 * 15
+    assert all(elements == 0 for _, elements in shown), "a tooltip holds elements made from a name"
+    texts = "\n".join(t for t, _ in shown)
+    for op in ("fc1", "bias1"):                     # steps named after the hostile ops, as text
+        assert HOSTILE[op] + "." in texts, op
+    # real pointer hovers too, over the trace's cells and the liveness steps of the hostile ops
+    step = next(i for i, o in enumerate(p.locator("#tile-step option").all_inner_texts())
+                if HOSTILE["fc1"] in o) - 1
+    p.hover(f"#live-worst rect.hit[data-step='{step}']")
+    assert p.locator("#tooltip").is_visible()
+    assert p.inner_text("#tooltip").startswith(HOSTILE["fc1"] + ".")
+    for cell in p.locator("#trace rect.cell").all()[:40]:
+        cell.hover()
+    p.wait_for_timeout(300)                          # an <img onerror> would have fired by now
+    assert p.evaluate("() => window.__pwned") is None
+    assert p.title() == title
+    assert page.errors == []                         # (a blocked inline script would log a CSP error)
+    # the names are the text of the page's tables, not markup
+    assert HOSTILE["bias1"] in p.inner_text("#op-table")
+    assert HOSTILE["h"] in p.inner_text("#op-table")
+    assert p.locator("#op-table img, #op-table svg, main script, #op-table b:text-is('bold')").count() == 0
+
+
+def test_the_page_carries_a_content_security_policy_of_its_own_script(browser, hostile):
+    html = hostile["html"].read_text()
+    head = html[:html.index("<title>")]
+    assert '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; script-src \'sha256-' in head
+    # a script the policy does not name is refused: the same page with one more inline script
+    extra = hostile["html"].with_name("extra.html")
+    extra.write_text(html.replace("</body>", "<script>window.__pwned = 5;</script></body>"))
+    page = Page(browser, extra).ready()             # the page's own script still runs
+    p = page.page
+    assert p.evaluate("() => window.__pwned") is None
+    assert any("Content Security Policy" in e for e in page.errors)
+    p.hover("#tile-map rect[data-tile='3']")
+    assert p.locator("#tooltip").is_visible() and "tile 3" in p.inner_text("#tooltip")
+    # byte-deterministic: the same package gives the same page
+    again = tileplan.report(hostile["package"], html=hostile["html"].with_name("again.html"))
+    assert again.read_bytes() == hostile["html"].read_bytes()

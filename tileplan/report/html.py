@@ -31,8 +31,10 @@ legend of the notation, and the per op / per step comparison with other packages
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,45 +58,67 @@ class ReportData:
 
 
 def load_report_data(path: str | Path) -> ReportData:
+    """Read a package for its report: every document checked (``report.documents``) before use."""
+    import dataclasses
     from ..lowering.package import load_package
+    from ..planner.planjson import RUNNER_UPS
+    from . import documents as docs
 
     pkg = load_package(path)
     if not pkg.report:
         raise TileplanError(f"{pkg.path}: the package has no report.json (compiled by an older tileplan?)")
-    validation = None
-    vpath = pkg.path / "validation.json"
-    if vpath.is_file():
-        try:
-            validation = json.loads(vpath.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise TileplanError(f"{vpath}: damaged validation record ({exc}); run tileplan validate again") from None
-        if not isinstance(validation, dict):
-            raise TileplanError(f"{vpath}: damaged validation record (not a JSON object); run tileplan validate again")
-        missing = [k for k in ("steps", "outputs", "cycles", "compute", "exchange", "sync", "memory_peak")
-                   if k not in validation]
-        if missing:
-            raise TileplanError(f"{vpath}: not a validation record (no {', '.join(missing)}); "
-                                f"run tileplan validate again")
-    target = json.loads((pkg.path / "target.json").read_text())
-    sha = hashlib.sha256((pkg.path / "manifest.json").read_bytes()).hexdigest()
-    cycles = None
-    if validation is not None and validation.get("trace"):
-        cycles = _load_trace(pkg.path / validation["trace"], len(validation["steps"]), pkg.program.tiles)
-    return ReportData(pkg.plan, pkg.report, target, validation, sha, pkg.program, cycles)
+    tp = pkg.program
+    target = docs.check(dataclasses.asdict(pkg.target), docs.target_spec(), str(pkg.path / "target.json"))
+    if target["sram_bytes"] <= target["reserve_bytes"] or tp.tiles != target["tiles"]:
+        raise TileplanError(f"{pkg.path / 'target.json'}: {target['tiles']:,} tiles of {target['sram_bytes']:,} B "
+                            f"with a {target['reserve_bytes']:,} B reserve do not describe the program's "
+                            f"{tp.tiles:,} tiles")
+    tiles, steps, ops = tp.tiles, len(tp.steps), len(pkg.graph.ops)
+    docs.check(pkg.plan, docs.plan_spec(tiles, ops, RUNNER_UPS), str(pkg.path / "plan.json"))
+    docs.check(pkg.report, docs.report_spec(tiles, steps), str(pkg.path / "report.json"))
+    validation, cycles = _load_validation(pkg.path, tiles, steps, len(pkg.graph.tensors))
+    sha = hashlib.sha256(_manifest_bytes(pkg.path)).hexdigest()
+    return ReportData(pkg.plan, pkg.report, target, validation, sha, tp, cycles)
 
 
-def _load_trace(path: Path, steps: int, tiles: int):
-    import numpy as np
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            cycles = z["tile_cycles"]
-    except Exception as exc:
-        raise TileplanError(f"{path}: damaged validation trace ({type(exc).__name__}); "
-                            f"run tileplan validate again") from None
-    if cycles.shape != (steps, tiles):
-        raise TileplanError(f"{path}: trace of shape {list(cycles.shape)}, the run has {steps} steps on "
-                            f"{tiles} tiles; run tileplan validate again")
-    return cycles
+def _manifest_bytes(root: Path) -> bytes:
+    from ..safeio import LIMITS, read_file
+    return read_file(root / "manifest.json", LIMITS["json"], "package manifest")
+
+
+def _load_validation(root: Path, tiles: int, steps: int, outputs: int):
+    """(validation.json, the trace's int array [steps, tiles] or None), or (None, None) when the
+    package has not been validated.
+
+    Design decision: validation.json and validation.npz sit outside the manifest, so they are
+    read as untrusted: through ``tileplan.safeio`` (a regular file of bounded size: a FIFO or a
+    device in their place is refused, never waited on), the record schema-checked against the
+    program it claims to have run, and the trace read only from its fixed name in the package
+    folder (the record's ``trace`` field may say that name or nothing; it is never a path)."""
+    import os
+    from ..safeio import load_json_object, load_npz
+    from . import documents as docs
+
+    vpath = root / "validation.json"
+    if not os.path.lexists(vpath):
+        return None, None
+    # The record holds a few numbers per step and per tile, and the outputs' figures.
+    limit = 1 << 20 | 256 * (steps + tiles + outputs) + 8 * 4096 * steps
+    validation = load_json_object(vpath, limit, "validation record")
+    docs.check(validation, docs.validation_spec(tiles, steps, outputs), str(vpath))
+    if not validation.get("trace"):
+        return validation, None
+    tpath = root / docs.TRACE_FILE
+    arrays = load_npz(tpath, 8 * steps * tiles + 4096, "validation trace")
+    cycles = arrays.get("tile_cycles")
+    if cycles is None or cycles.dtype.kind not in "iu" or cycles.shape != (steps, tiles):
+        what = "no tile_cycles array" if cycles is None else f"tile_cycles of {cycles.dtype} {list(cycles.shape)}"
+        raise TileplanError(f"{tpath}: damaged validation trace ({what}; the run has {steps} steps on {tiles} "
+                            f"tiles); run tileplan validate again")
+    if cycles.size and (int(cycles.min()) < 0 or int(cycles.max()) > 1 << 53):
+        raise TileplanError(f"{tpath}: damaged validation trace (cycles outside [0, 2^53]); "
+                            f"run tileplan validate again")
+    return validation, cycles
 
 
 # ---- the page's content ------------------------------------------------------------------
@@ -212,9 +236,8 @@ def context(data: ReportData, compare: list[ReportData] = ()) -> dict:
         ctx.update({"live": live, "compute_sets": views.compute_sets(data.program), "exchanges": ex,
                     "classes": views.CLASSES, "class_colours": plots.CLASS_COLOURS,
                     "steps_all": [st.name for st in data.program.steps],
-                    "page_json": json.dumps(page_data(data, live, ex), sort_keys=True, separators=(",", ":"))
-                    .replace("</", "<\\/"),
-                    "script": (Path(__file__).parent / "templates" / "report.js").read_text(encoding="utf-8")})
+                    "page_json": script_json(page_data(data, live, ex)),
+                    "script": SCRIPT})
         if data.tile_cycles is not None:
             ctx["trace"] = views.trace(data.tile_cycles, v["steps"])
     if v is not None:
@@ -253,7 +276,53 @@ def _environment() -> jinja2.Environment:
 
 
 def render_html(data: ReportData, compare: list[ReportData] = ()) -> str:
-    return _environment().get_template("report.html.j2").render(**context(data, compare))
+    """The page, its Content-Security-Policy naming the hashes of its own script and styles."""
+    ctx = context(data, compare)
+    page = _environment().get_template("report.html.j2").render(**ctx, csp=_CSP_SLOT)
+    return page.replace(_CSP_SLOT, csp(page, ctx.get("script")), 1)
+
+
+# ---- safety of the page ------------------------------------------------------------------
+
+SCRIPT = (Path(__file__).parent / "templates" / "report.js").read_text(encoding="utf-8")
+if "</script" in SCRIPT.lower():                    # (it goes into the page verbatim)
+    raise RuntimeError("templates/report.js must not contain </script")
+_CSP_SLOT = "tileplan-csp-slot"     # filled after rendering: the first occurrence is the meta tag's
+_JSON_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
+                 0x2028: "\\u2028", 0x2029: "\\u2029"}
+_STYLE_ELEMENT = re.compile(r"<style[^>]*>(.*?)</style>", re.S)
+_STYLE_ATTRIBUTE = re.compile(r'\sstyle="([^"]*)"')
+
+
+def script_json(doc) -> str:
+    """``doc`` as JSON safe inside a ``<script>`` element: ``<``, ``>``, ``&`` and the line
+    separators U+2028/9 written as ``\\uXXXX`` escapes (they only occur inside strings), so a name
+    holding ``</script>`` or ``<!--`` cannot end or change the element; the parsed value is the same."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).translate(_JSON_ESCAPES)
+
+
+def _sha(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+def csp(page: str, script: str | None) -> str:
+    """The page's Content-Security-Policy: nothing may load (``default-src 'none'``; images only as
+    ``data:``), the one script that may run is the page's own (by its SHA-256), and the styles
+    that apply are the page's ``<style>`` elements and ``style`` attributes (by their hashes:
+    ours and matplotlib's SVGs).
+
+    Design decision: the page is one self-contained file, so ``'self'`` means nothing and a
+    nonce would have to be random (the page must be byte-deterministic); hashes of the content
+    are both strict and deterministic. The style hashes are collected from the rendered page:
+    names from the model are escaped text there, so they cannot form a ``<style>`` element or a
+    ``style`` attribute; the script's hash is of our script alone."""
+    from html import unescape
+    styles = sorted({_sha(m) for m in _STYLE_ELEMENT.findall(page)})
+    attributes = sorted({_sha(unescape(m)) for m in _STYLE_ATTRIBUTE.findall(page)})
+    script_src = _sha(script) if script is not None else "'none'"
+    style_src = " ".join(styles + (["'unsafe-hashes'"] + attributes if attributes else [])) or "'none'"
+    return (f"default-src 'none'; script-src {script_src}; style-src {style_src}; img-src data:; "
+            f"base-uri 'none'; form-action 'none'")
 
 
 def write_html(data: ReportData, path: str | Path, compare: list[ReportData] = ()) -> Path:

@@ -49,6 +49,7 @@ CLASS_COLOURS = {"parameters": "#8172b2", "activations": "#4c72b0", "partials": 
 RC = {
     "svg.hashsalt": HASHSALT,
     "svg.fonttype": "path",           # glyphs as paths: no font needed in the browser
+    "text.parse_math": False,         # names from the model are text: a "$" is a dollar sign
     "font.family": "DejaVu Sans",     # ships with matplotlib
     "font.size": 10,
     "axes.titlesize": 10,

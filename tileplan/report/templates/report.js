@@ -2,7 +2,8 @@
 // (<script type="application/json" id="page-data">, made by report/html.py: page_data).
 // Views: the tile map (hover a tile for its numbers, click to chart its liveness), liveness
 // per step of the worst and the chosen tile, the BSP execution trace (tiles x steps, zoom with
-// the wheel or the buttons), and the compare selector. No network, no library.
+// the wheel or the buttons), and the compare selector. No network, no library. Names from the
+// model reach the page only as text (textContent, text nodes, attribute values), never as HTML.
 "use strict";
 (function () {
   const D = JSON.parse(document.getElementById("page-data").textContent);
@@ -18,8 +19,15 @@
     if (parent) parent.appendChild(e);
     return e;
   }
-  function showTip(evt, html) {
-    tip.innerHTML = html;
+  // A tooltip: ``title`` in bold, ``rest`` after it on the first line, then each of ``lines`` on
+  // its own line. Built as DOM text nodes, never parsed as HTML: step and op names come from the
+  // model and are shown as the text they are.
+  function showTip(evt, title, rest, lines) {
+    const b = document.createElement("b");
+    b.textContent = title;
+    const parts = [b, document.createTextNode(rest)];
+    for (const line of lines) parts.push(document.createElement("br"), document.createTextNode(line));
+    tip.replaceChildren(...parts);
     tip.style.display = "block";
     tip.style.left = (evt.pageX + 14) + "px";
     tip.style.top = (evt.pageY + 12) + "px";
@@ -60,7 +68,7 @@
   const UNITS = {memory: "B live", cycles: "cycles", sent: "B sent", received: "B received"};
   function drawTileMap() {
     const svg = document.getElementById("tile-map");
-    svg.innerHTML = "";
+    svg.replaceChildren();
     const rows = D.grid[0], cols = D.grid[1], cell = Math.max(6, Math.min(18, Math.floor(900 / cols)));
     svg.setAttribute("viewBox", "0 0 " + cols * cell + " " + rows * cell);
     svg.setAttribute("width", cols * cell);
@@ -75,10 +83,9 @@
                             fill: colour(hi > lo ? (vals[t] - lo) / (hi - lo) : 0.5), "data-tile": t,
                             class: "tile" + (t === chosenTile ? " chosen" : "")}, svg);
       r.addEventListener("mouseenter", (e) => {
-        let extra = "";
-        if (D.trace && st !== "") extra = "<br>step cycles: " + fmt(D.trace[Number(st)][t]);
-        showTip(e, "<b>tile " + t + "</b><br>" + fmt(vals[t]) + " " + UNITS[m] + " (" + stepName + ")" +
-                   "<br>memory peak: " + fmt(D.memory[t]) + " B" + extra);
+        const lines = [fmt(vals[t]) + " " + UNITS[m] + " (" + stepName + ")", "memory peak: " + fmt(D.memory[t]) + " B"];
+        if (D.trace && st !== "") lines.push("step cycles: " + fmt(D.trace[Number(st)][t]));
+        showTip(e, "tile " + t, "", lines);
       });
       r.addEventListener("mousemove", (e) => { tip.style.left = (e.pageX + 14) + "px"; tip.style.top = (e.pageY + 12) + "px"; });
       r.addEventListener("mouseleave", hideTip);
@@ -92,7 +99,7 @@
   // ---- liveness ----------------------------------------------------------------------------
   function liveChart(svgId, tile, title) {
     const svg = document.getElementById(svgId);
-    svg.innerHTML = "";
+    svg.replaceChildren();
     const W = 900, H = 230, L = 70, B = 40, n = D.steps.length;
     svg.setAttribute("viewBox", "0 0 " + W + " " + H);
     let top = 1;
@@ -114,8 +121,8 @@
         base += v;
       });
       const hit = el("rect", {x: L + s * bw, y: 20, width: bw, height: H - B - 20, class: "hit", "data-step": s}, svg);
-      hit.addEventListener("mouseenter", (e) => showTip(e, "<b>" + D.steps[s].name + "</b> (step " + s + ", tile " + tile +
-                                                        ")<br>" + parts.join("<br>") + "<br>total " + fmt(base) + " B"));
+      hit.addEventListener("mouseenter", (e) => showTip(e, D.steps[s].name, " (step " + s + ", tile " + tile + ")",
+                                                        parts.concat(["total " + fmt(base) + " B"])));
       hit.addEventListener("mouseleave", hideTip);
       if (n <= 40 || s % Math.ceil(n / 40) === 0)
         el("text", {x: L + s * bw + bw / 2, y: H - B + 12, class: "axis", "text-anchor": "middle"}, svg).textContent = s;
@@ -138,7 +145,7 @@
   function drawTrace() {
     const svg = document.getElementById("trace");
     if (!svg || !D.trace) return;
-    svg.innerHTML = "";
+    svg.replaceChildren();
     const n = D.steps.length, bins = Math.min(D.tiles, 128), per = Math.ceil(D.tiles / bins);
     const rowsN = Math.ceil(D.tiles / per);
     const len = [], start = [];
@@ -165,9 +172,9 @@
                               fill: kind === "compute" ? "#4c72b0" : "#dd8452", "fill-opacity": 0.35 + 0.65 * (sum / cnt) / mx,
                               class: "cell", "data-step": s, "data-bin": b}, svg);
         const lo = b * per, hi = Math.min(D.tiles, (b + 1) * per) - 1;
-        r.addEventListener("mouseenter", (e) => showTip(e, "<b>" + D.steps[s].name + "</b> (" + kind + ")<br>tiles " + lo +
-          (hi > lo ? "-" + hi : "") + ": slowest " + fmt(mx) + ", mean " + fmt(sum / cnt) + " cycles<br>step: " +
-          fmt(len[s]) + " cycles incl. sync " + fmt(sync) + ", starts at " + fmt(start[s])));
+        r.addEventListener("mouseenter", (e) => showTip(e, D.steps[s].name, " (" + kind + ")", [
+          "tiles " + lo + (hi > lo ? "-" + hi : "") + ": slowest " + fmt(mx) + ", mean " + fmt(sum / cnt) + " cycles",
+          "step: " + fmt(len[s]) + " cycles incl. sync " + fmt(sync) + ", starts at " + fmt(start[s])]));
         r.addEventListener("mouseleave", hideTip);
       }
     }
