@@ -20,7 +20,8 @@ What maps to what:
 - graph inputs -> role ``input``; initializers and ``Constant`` nodes (``value``,
   ``value_float(s)``, ``value_int(s)``) read by a kept op -> role ``parameter``;
   graph outputs -> role ``output``. A 0-d tensor becomes shape ``[1]`` (it
-  broadcasts the same).
+  broadcasts the same); a 0-d graph input, parameter or output keeps its declared shape at the
+  package boundary (``Graph.boundary_shape``: ``validate --inputs`` takes, ``--outputs`` writes a 0-d array).
 - ``MatMul`` -> MatMul (numpy semantics, batched, broadcast batch dimensions;
   either operand an activation or a parameter).
 - ``Gemm`` -> MatMul with ``transA``/``transB`` as its transpose flags, named after
@@ -644,6 +645,10 @@ class _Importer:
         graph = Graph.build(self.name, tensors, ops, outputs=self.outputs or None, target=target)
         if self.cast_bf16:
             graph.imported = {"cast_bf16": self.cast_bf16, "converted_bf16_tensors": self.converted}
+        scalars = sorted(t.name for t in graph.tensors.values()     # 0-d at the boundary, [1] inside
+                         if t.role is not Role.INTERMEDIATE and self._dims(t.name) == [])
+        if scalars:
+            graph.imported["declared_shapes"] = {t: [] for t in scalars}
         return OnnxModel(graph, params)
 
     # -- tensor facts -----------------------------------------------------------
