@@ -16,8 +16,9 @@ interrupted or failed write leaves the destination as it was. They refuse:
   package, and anything under ``/proc`` or ``/sys``.
 
 Every refusal and every OS error (disk full, permission, a path under a file) is
-a ``TileplanError`` naming the path. Temporary names are
-``.<name>.tileplan-tmp-<pid>-<random>``; the temporary is removed on any
+a ``TileplanError`` naming the path (that path only). Temporary names are
+``.<name>.tileplan-tmp-<pid>-<random>`` (a name longer than 200 bytes is cut and given a hash
+there, ``_tmp_stem``, so the temporary's name fits in 255 bytes); the temporary is removed on any
 exception (``KeyboardInterrupt`` and the CLI's SIGTERM exception included).
 One left behind by a killed process (its pid no longer running) is removed by
 the next write to the same destination.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import os
 import re
 import secrets
@@ -97,7 +99,7 @@ def write_folder(path: str | Path, files: "dict[str, bytes] | Callable[[], dict[
         for name, data in sorted(files.items()):
             rel = Path(name)
             if rel.is_absolute() or ".." in rel.parts or name == MARKER:
-                raise TileplanError(f"{where}: refusing to write the member {name!r}")
+                raise _err(where, f"refusing to write the member {name!r}")
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             _create(tmp / rel, data)
         with _signals_held() as held:        # the swap and its clean-up run whole, or not at all
@@ -152,7 +154,7 @@ def _lstat(path: Path):
     except FileNotFoundError:
         return None
     except NotADirectoryError:
-        raise TileplanError(f"{path}: a parent of this path is a file, not a folder") from None
+        raise _err(path, "a parent of this path is a file, not a folder") from None
     except OSError as exc:
         raise _os_error(str(path), "cannot inspect the path", exc) from None
 
@@ -178,39 +180,39 @@ def _check_common(path: Path, folder: bool) -> None:
     real_parent = Path(os.path.realpath(absolute.parent))
     for system in _SYSTEM:
         if real_parent == system or system in real_parent.parents:
-            raise TileplanError(f"{path}: is under {system}, a system filesystem; not writing there")
+            raise _err(path, f"is under {system}, a system filesystem; not writing there")
     for parent in absolute.parents:
         st = _lstat(parent)
         if st is not None and not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-            raise TileplanError(f"{path}: {parent} is a file, not a folder")
+            raise _err(path, f"{parent} is a file, not a folder")
         if folder and is_package(parent):
-            raise TileplanError(f"{path}: is inside the tileplan package {parent}; write it elsewhere")
+            raise _err(path, f"is inside the tileplan package {parent}; write it elsewhere")
 
 
 def _check_file_destination(path: Path) -> None:
     if path.name in ("", ".", ".."):
-        raise TileplanError(f"{path}: names a folder; give a file path")
+        raise _err(path, "names a folder; give a file path")
     _check_common(path, folder=False)
     st = _lstat(path)
     if st is not None and not stat.S_ISREG(st.st_mode):
         hint = "; give a file path" if stat.S_ISDIR(st.st_mode) else "; not replacing it"
-        raise TileplanError(f"{path}: is {_kind(st.st_mode)}{hint}")
+        raise _err(path, f"is {_kind(st.st_mode)}{hint}")
 
 
 def _check_folder_destination(path: Path) -> None:
     absolute = Path(os.path.abspath(path))
     cwd = Path(os.path.abspath(os.getcwd()))
     if absolute == cwd or absolute in cwd.parents:
-        raise TileplanError(f"{path}: is the current folder or one of its parents; "
+        raise _err(path, "is the current folder or one of its parents; "
                             "give the package a folder of its own")
     _check_common(path, folder=True)
     st = _lstat(path)
     if st is None:
         return
     if not stat.S_ISDIR(st.st_mode):
-        raise TileplanError(f"{path}: exists and is {_kind(st.st_mode)}, not a tileplan package; not replacing it")
+        raise _err(path, f"exists and is {_kind(st.st_mode)}, not a tileplan package; not replacing it")
     if not is_package(path) and _has_entries(path):
-        raise TileplanError(f"{path}: exists and is not a tileplan package; not overwriting it "
+        raise _err(path, "exists and is not a tileplan package; not overwriting it "
                             f"(it has no {MARKER} marker)")
 
 
@@ -227,21 +229,42 @@ def _make_parent(path: Path) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise TileplanError(f"{path}: a parent of this path is a file, not a folder") from None
+        raise _err(path, "a parent of this path is a file, not a folder") from None
     except OSError as exc:
         raise _os_error(str(path), "cannot create its folder", exc) from None
 
 
 # ---- temporaries ---------------------------------------------------------------------------
 
+# The longest name part a temporary keeps whole: with ``.``, ``TMP_TAG``, a pid (at most 10
+# digits) and ``-<8 hex>`` a temporary name stays within NAME_MAX (255 bytes on Linux file systems).
+_STEM_MAX = 200
+
+
+def _tmp_stem(name: str) -> str:
+    """The destination name as its temporaries spell it: the name itself, or, when its encoding is
+    longer than ``_STEM_MAX`` bytes, its first bytes, ``~`` and 16 hex digits of its SHA-256.
+
+    Design decision: cut and hash rather than refuse: a destination name of up to 255 bytes is valid
+    and must be writable, and the temporary's name has to leave room for the tag, the pid and the
+    random part. The stem depends on the name alone, so ``_remove_stale`` finds a killed run's
+    leftovers by the same stem, and distinct long names sharing their first bytes still differ."""
+    raw = os.fsencode(name)
+    if len(raw) <= _STEM_MAX:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    return os.fsdecode(raw[:_STEM_MAX - 17]) + "~" + digest
+
+
 def _tmp_name(path: Path) -> str:
-    return f".{Path(os.path.abspath(path)).name}{TMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
+    stem = _tmp_stem(Path(os.path.abspath(path)).name)
+    return f".{stem}{TMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def _remove_stale(path: Path) -> None:
     """Remove temporaries of ``path`` whose writer is no longer running (a killed run)."""
     absolute = Path(os.path.abspath(path))
-    pattern = re.compile(re.escape(f".{absolute.name}{TMP_TAG}") + r"(\d+)-[0-9a-f]{8}")
+    pattern = re.compile(re.escape(f".{_tmp_stem(absolute.name)}{TMP_TAG}") + r"(\d+)-[0-9a-f]{8}")
     try:
         entries = list(os.scandir(absolute.parent))
     except OSError:
@@ -313,7 +336,7 @@ def _swap_in(tmp: Path, path: Path) -> None:
                 raise
         # path is a non-empty folder (perhaps another writer just put its package there)
         if not is_package(path):
-            raise TileplanError(f"{path}: exists and is not a tileplan package; not overwriting it "
+            raise _err(path, "exists and is not a tileplan package; not overwriting it "
                                 f"(it has no {MARKER} marker)")
         if _exchange(tmp, path):
             return
@@ -331,7 +354,7 @@ def _swap_in(tmp: Path, path: Path) -> None:
             continue
         os.rename(aside, tmp)                 # the old package, for the caller to delete
         return
-    raise TileplanError(f"{path}: other processes keep replacing this package; try again")
+    raise _err(path, "other processes keep replacing this package; try again")
 
 
 class _signals_held:
@@ -375,8 +398,14 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
+def _err(path, message: str) -> TileplanError:
+    """An error about the destination ``path``: it names that path only (its ``source``), so a caller
+    that names its own input on errors without a source (the CLI's model file) leaves it alone."""
+    return TileplanError(message, source=str(path))
+
+
 def _os_error(where: str, what: str, exc: OSError) -> TileplanError:
     reason = exc.strerror or str(exc)
     if exc.errno == errno.ENOSPC:
         reason = "the disk is full"
-    return TileplanError(f"{where}: {what} ({reason})")
+    return _err(where, f"{what} ({reason})")

@@ -199,6 +199,7 @@ def show(
 ) -> None:
     """Summarise a model graph: ops, tensors, FLOPs, bytes and the roofline bound."""
     graph, tgt, chosen_by, _ = _load_checked(model, target, cast_bf16)
+    _at("summarising the model")
     roofline = graph.roofline_cycles(tgt)
 
     console = Output(as_json, quiet)
@@ -359,9 +360,11 @@ def plan_command(
     graph, tgt, _ = _model_and_target(model, target, solver, cast_bf16)
     if output is not None:
         check_file(output)                   # before planning, not after
+    _at("planning")
     with _catalogue_progress(quiet) as on_progress, _naming(model):
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
                       pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
+    _at("writing the plan")
     doc = plan_to_json(result)           # once: the report, plan.json and --json print the same document
     if not quiet:                        # (a quiet console would still lay the whole report out)
         print_report(doc, out.console, plan_seconds=result.plan_seconds, verbose=verbose)
@@ -396,16 +399,19 @@ def compile_command(
     import time
 
     from .atomic import check_folder
-    from .lowering.compile import compile_model
+    from .lowering.compile import compile_plan
+    from .planner.plan import plan
 
     weights, qkv = _weights(weights), _qkv(qkv)
     graph, tgt, params = _model_and_target(model, target, solver, cast_bf16)   # one import: a factory runs once
     check_folder(output)                     # before planning, not after
     t0 = time.perf_counter()
     with _catalogue_progress(quiet) as on_progress, _naming(model):
-        p, state, path = compile_model(graph, tgt, output, params=params, jobs=jobs or os.cpu_count() or 1,
-                                       solver=solver, progress=on_progress, pins=_pins(pin, pins_file),
-                                       cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
+        _at("planning")                      # (compile_model's two steps, each with its stage)
+        p = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
+                 pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
+        _at("lowering and packaging")
+        state, path = compile_plan(p, tgt, output, params=params)
     elapsed = time.perf_counter() - t0
     out = Output(quiet=quiet, verbose=verbose)
     est = p.estimate
@@ -446,7 +452,9 @@ def validate_command(
 
     if outputs is not None:
         check_file(outputs)                  # before the run, not after
+    _at("loading the package")
     pkg = load_package(package)
+    _at("validating")
     t0 = time.perf_counter()
     v = validate_package(pkg, inputs_path=inputs, expected_path=expected, atol=atol, rtol=rtol)
     elapsed = time.perf_counter() - t0
@@ -513,8 +521,10 @@ def report_command(
         raise typer.BadParameter("missing the package folder DIR", param_hint="DIR")
     if html is not None:
         check_file(html)
+    _at("loading the package")
     data = load_report_data(package)
     others = [load_report_data(c) for c in compare or ()]
+    _at("rendering the report")
     out.print(render_package(data.plan, data.report, data.validation, verbose=verbose))
     for other in others:
         out.print(compare_table(data, other, verbose=verbose))
@@ -544,6 +554,7 @@ def bench_command(
         where = f" in {rec['stage_at_stop']}" if rec["status"] != "ok" and rec["stage_at_stop"] else ""
         err.print(f"{rec['fixture']}: {rec['status']}{where} ({rec['elapsed_seconds']:.1f} s)")
 
+    _at("benchmarking")
     doc = run_bench(quick=quick, jobs=jobs or os.cpu_count() or 1, only=only, on_result=on_result)
     console = Output(as_json, quiet)
     for table in rich_tables(doc):
@@ -580,6 +591,7 @@ def cache_clear_command(cache: CacheOption = None, quiet: QuietOption = False) -
 def _load_checked(model: Path, target: str | None, cast_bf16: str | None = None):
     """A model, its target, where the target came from, and its parameter values (one import)."""
     from .graph.loaders import check_against_target, load_model_and_params
+    _at("loading the model")
     graph, params = load_model_and_params(model, cast_bf16=cast_bf16)
     tgt, chosen_by = resolve_target(target, graph, model)
     try:
@@ -676,6 +688,25 @@ class _signals_raise:
         return False
 
 
+_stage = "starting"
+
+
+def _at(stage: str) -> None:
+    """Record what the command is doing now (``loading the model``, ``planning``, ...): the one line
+    of an error that is about the machine, not the input (out of memory, a worker process killed),
+    names it."""
+    global _stage
+    _stage = stage
+
+
+def _out_of_memory(exc: BaseException) -> str:
+    """The one line for a ``MemoryError``: the stage and, when the exception says it (numpy's
+    ``Unable to allocate 2.00 GiB for an array with shape (...)``), what was asked for."""
+    asked = " ".join(str(exc).split())[:200]
+    return (f"out of memory while {_stage}" + (f" ({asked})" if asked else "")
+            + "; give the process more memory (a higher ulimit -v) or plan with fewer --jobs")
+
+
 def _fail(message: str, status: int = 2) -> None:
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
     sys.exit(status)
@@ -684,8 +715,12 @@ def _fail(message: str, status: int = 2) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: the one error path. Anything the user caused (a ``TileplanError``; an OS error on
     a path they gave; input nested too deeply) becomes one ``error:`` line on stderr and exit 2;
-    SIGINT and SIGTERM exit 130 and 143 after the clean-up. Other exceptions are bugs in tileplan
+    SIGINT and SIGTERM exit 130 and 143 after the clean-up. Running out of memory (here or in a
+    worker process: the pool re-raises a worker's ``MemoryError``), or a worker process killed
+    outright, is one line naming the stage (``_at``), exit 2. Other exceptions are bugs in tileplan
     and keep their traceback."""
+    from concurrent.futures.process import BrokenProcessPool
+    _at("reading the command line")
     with _signals_raise():
         try:
             app(args=argv, prog_name="tileplan")
@@ -697,6 +732,13 @@ def main(argv: list[str] | None = None) -> None:
             _fail(f"{where}: {reason}")
         except RecursionError:
             _fail("the input is nested too deeply to read")
+        except MemoryError as exc:
+            message = _out_of_memory(exc)
+            del exc                          # (its traceback holds the frames, and their arrays)
+            _fail(message)
+        except BrokenProcessPool:
+            _fail(f"a worker process ended abruptly while {_stage} (killed, perhaps by the system for lack "
+                  "of memory); try fewer --jobs")
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name
             _fail(f"interrupted by {name}; no partial output left", 128 + exc.signum)

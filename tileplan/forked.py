@@ -57,13 +57,15 @@ class Forked:
     def __call__(self):
         if self.proc is None:
             return self.value
+        proc = self.proc
         try:
             ok, value, self.extra = self.conn.recv()
         except EOFError:
-            raise TileplanError(f"{self.what} ended without an answer (its process died)") from None
+            proc.join()
+            raise TileplanError(f"{self.what} ended without an answer ({_death(proc.exitcode)})") from None
         finally:
             self.conn.close()
-            self.proc.join()
+            proc.join()
             self.proc = None
         if not ok:
             raise value
@@ -83,7 +85,26 @@ def _child_main(send, fn, args, after) -> None:
     try:
         value = fn(*args)
         out = (True, value, after(value) if after is not None else None)
-    except BaseException as e:          # (the parent raises it)
+    except BaseException as e:          # (the parent raises it: a MemoryError too, as one line)
         out = (False, e, None)
-    send.send(out)
+    try:
+        send.send(out)
+    except BaseException as e:          # the answer does not pickle, or pickling it runs out of memory:
+        try:                            # the parent gets that error, not a child's traceback on stderr
+            send.send((False, e if isinstance(e, MemoryError) else
+                       TileplanError(f"cannot pass the answer back ({type(e).__name__}: {str(e)[:200]})"), None))
+        except BaseException:
+            pass
     send.close()
+
+
+def _death(code: int | None) -> str:
+    """How a child that sent no answer ended, for the error line."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"its process was killed by {name}" + (", perhaps by the system for lack of memory"
+                                                         if -code == signal.SIGKILL else "")
+    return "its process died" + (f" with status {code}" if code else "")

@@ -10,6 +10,8 @@ file and the problem, before any large allocation:
   file is opened non-blocking (a FIFO never blocks the open), checked with ``fstat`` to be a
   regular file (not a FIFO, device, socket or folder), and read up to ``limit + 1`` bytes, so a
   file that grows while read is still caught.
+- ``read_range(path, offset, length, what)``: exactly ``length`` bytes from ``offset`` of a regular
+  file at least that long (ONNX external data), nothing more read.
 - ``load_json(path_or_bytes, limit, what)``: one JSON document whose numbers are finite (no
   ``NaN``/``Infinity``) and whose integers fit in int64.
 - ``load_npz(path_or_bytes, limit, what)``: the arrays of an ``.npz`` without pickles. Every
@@ -51,6 +53,48 @@ LIMITS = {
 
 _INT64 = 1 << 63
 _NPY_KINDS = "biuf"           # bool, signed, unsigned, float: nothing that can hold an object
+
+
+def read_range(path: str | os.PathLike, offset: int, length: int, what: str = "file",
+               follow: bool = True) -> bytes:
+    """Exactly ``length`` bytes of the regular file ``path`` from ``offset`` (a file shorter than
+    ``offset + length`` is refused, naming both): what a format that points into a larger file
+    (ONNX external data) needs, without reading the rest. ``follow=False``: a symbolic link at
+    ``path`` is refused."""
+    where = str(path)
+    if offset < 0 or length < 0:
+        raise TileplanError(f"{where}: a negative offset or length ({offset}, {length}) into the {what}")
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(where, flags)
+    except FileNotFoundError:
+        raise TileplanError(f"{where}: no such {what}") from None
+    except OSError as exc:
+        if not follow and os.path.islink(where):
+            raise TileplanError(f"{where}: is a symbolic link; refusing to read the {what} through it") from None
+        raise TileplanError(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise TileplanError(f"{where}: is a folder, not a {what}")
+        if not stat.S_ISREG(st.st_mode):
+            raise TileplanError(f"{where}: is a {_kind(st.st_mode)}, not a regular file; refusing to read the {what}")
+        if st.st_size < offset + length:
+            raise TileplanError(f"{where}: the {what} is {st.st_size:,} bytes, too short for {length:,} bytes "
+                                f"at offset {offset:,}")
+        os.set_blocking(fd, True)
+        chunks, got = [], 0
+        while got < length:
+            chunk = os.pread(fd, min(length - got, 16 * MiB), offset + got)
+            if not chunk:
+                raise TileplanError(f"{where}: the {what} shrank while read ({offset + got:,} bytes)")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise TileplanError(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
 
 
 def read_file(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:

@@ -17,8 +17,9 @@ Rules, applied by the harness and listed, never silent:
   tensors (out of scope), sequences or optionals (not tensors), or another float format than FLOAT, FLOAT16 and
   FLOAT8E4M3FNUZ (DOUBLE, BFLOAT16, the other FP8 and FP4 formats: tileplan's
   IPU has none of them). ``excluded()`` lists them with the rule.
-- 0-d inputs and outputs are fed and compared as ``[1]`` (tileplan's form of a
-  scalar, which broadcasts the same).
+- Inputs are fed and outputs compared in the shapes the case declares, 0-d ones
+  too: the package keeps a graph's declared shapes at its boundary
+  (``Graph.boundary_shape``), though a 0-d tensor is ``[1]`` inside.
 
 ``python tests/conformance/onnx_backend.py`` prints the per-op table the README
 carries (cases, excluded, passed, failed and why).
@@ -162,10 +163,10 @@ def run(case: Case, workdir: Path) -> Outcome:
         _, _, path = compile_model(graph, target, workdir / "pkg", params=model.params, jobs=1)
         pkg = load_package(path)
         by_name = dict(zip([vi.name for vi in case.model.graph.input], case.inputs))
-        inputs = {t.name: _as(by_name[t.name], t.shape) for t in graph.by_role(Role.INPUT)}
+        inputs = {t.name: _as(by_name[t.name], graph.boundary_shape(t.name)) for t in graph.by_role(Role.INPUT)}
         want = dict(zip([vi.name for vi in case.model.graph.output], case.outputs))
         outs = graph.by_role(Role.OUTPUT)
-        expected = {t.name: _as(want[t.name], t.shape) for t in outs}
+        expected = {t.name: _as(want[t.name], graph.boundary_shape(t.name)) for t in outs}
         np.savez(workdir / "inputs.npz", **inputs)
         np.savez(workdir / "expected.npz", **expected)
         worst = {}
@@ -185,14 +186,14 @@ def run(case: Case, workdir: Path) -> Outcome:
 
 
 def _as(array, shape) -> np.ndarray:
-    """A case's array as float64 in tileplan's shape for it (a 0-d array is [1])."""
+    """A case's array as float64, which must have the shape the package declares for it."""
     from onnx import TensorProto, numpy_helper
     if isinstance(array, TensorProto):
         array = numpy_helper.to_array(array)
     a = np.asarray(array).astype(np.float64)
-    if a.size != int(np.prod(shape)):
-        raise ValueError(f"array of shape {a.shape} does not fit tensor shape {shape}")
-    return a.reshape(shape)
+    if a.shape != tuple(shape):
+        raise ValueError(f"array of shape {a.shape} is not the package's declared shape {tuple(shape)}")
+    return a
 
 
 def table(cases: list[Case]) -> str:

@@ -796,6 +796,15 @@ class Graph:
         t = self.tensors[name]
         return quantise(np.full(t.shape, self.folded[name]), t.dtype, t.scale)
 
+    def boundary_shape(self, name: str) -> tuple[int, ...]:
+        """A graph input's, parameter's or output's shape as the model file declared it, which is the
+        shape the package's users give and get (``validate --inputs``, ``--expected``, ``--outputs``).
+        Design decision: an importer's 0-d tensor is ``[1]`` inside (it broadcasts the same, and every
+        op and layout takes rank >= 1), recorded in ``imported["declared_shapes"]`` so the boundary
+        keeps the declared rank; for every other tensor it is the tensor's own shape."""
+        declared = self.imported.get("declared_shapes", {})
+        return tuple(declared[name]) if name in declared else self.tensors[name].shape
+
     def by_role(self, role: Role) -> list[Tensor]:
         return [t for t in self.tensors.values() if t.role is role]
 

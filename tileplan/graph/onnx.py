@@ -20,7 +20,8 @@ What maps to what:
 - graph inputs -> role ``input``; initializers and ``Constant`` nodes (``value``,
   ``value_float(s)``, ``value_int(s)``) read by a kept op -> role ``parameter``;
   graph outputs -> role ``output``. A 0-d tensor becomes shape ``[1]`` (it
-  broadcasts the same).
+  broadcasts the same); a 0-d graph input, parameter or output keeps its declared shape at the
+  package boundary (``Graph.boundary_shape``: ``validate --inputs`` takes, ``--outputs`` writes a 0-d array).
 - ``MatMul`` -> MatMul (numpy semantics, batched, broadcast batch dimensions;
   either operand an activation or a parameter).
 - ``Gemm`` -> MatMul with ``transA``/``transB`` as its transpose flags, named after
@@ -89,6 +90,7 @@ ONNX graph's name.
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,13 +164,18 @@ def _read(path_or_model: Any):
         if not path.is_file():
             raise TileplanError("no such ONNX file", source=source)
         try:
-            model = onnx.load(str(path))
-        except Exception as exc:   # protobuf DecodeError, external-data errors, ...
+            model = onnx.load(str(path), load_external_data=False)    # (read below: _load_external_data)
+        except Exception as exc:   # protobuf DecodeError, ...
             raise TileplanError(f"not a readable ONNX model ({type(exc).__name__}: {exc})",
                                 source=source) from None
         default_name = path.stem
     if not model.HasField("graph") or not model.graph.node:
         raise TileplanError("not an ONNX model: it has no graph nodes", source=source)
+    try:
+        _check_opset(model)
+        _load_external_data(model, None if isinstance(path_or_model, onnx.ModelProto) else Path(path_or_model).parent)
+    except TileplanError as exc:
+        raise exc.with_source(source) from None
     try:
         onnx.checker.check_model(model)
     except Exception as exc:
@@ -179,6 +186,109 @@ def _read(path_or_model: Any):
     except Exception as exc:
         raise TileplanError(f"ONNX shape inference failed: {exc}", source=source) from None
     return model, source, default_name
+
+
+def _check_opset(model) -> None:
+    """Refuse a default-domain opset newer than the installed ``onnx`` knows.
+
+    Design decision: refuse rather than read the model as the newest known opset with a warning.
+    An op's inputs, attributes and defaults are defined per opset (Softmax's axis, Split's sizes and
+    the reductions' axes all moved between opsets); a model written for an opset the importer and
+    ONNX's shape inference do not know might mean something else than what its nodes say under
+    the newest known one, and a warning on stderr would not stop the package being built from a
+    silently different model. An exporter can always write an older opset."""
+    newest = _onnx().defs.onnx_opset_version()
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version > newest:
+            raise TileplanError(f"the model imports opset {o.version} of the default ONNX domain, newer than this "
+                                f"importer knows (at most {newest}, onnx {_onnx().__version__}); export it at "
+                                f"opset {newest} or lower")
+
+
+def _tensors_of(graph):
+    """Every TensorProto of a graph (initializers, sparse initializers, node attributes), subgraphs too."""
+    for t in graph.initializer:
+        yield t
+    for sp in graph.sparse_initializer:
+        yield sp.values
+        yield sp.indices
+    for n in graph.node:
+        for a in n.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("sparse_tensor"):
+                yield a.sparse_tensor.values
+                yield a.sparse_tensor.indices
+            if a.HasField("g"):
+                yield from _tensors_of(a.g)
+            for sub in a.graphs:
+                yield from _tensors_of(sub)
+
+
+_PACKED_4BIT = {"INT4", "UINT4", "FLOAT4E2M1"}
+
+
+def _external_nbytes(onnx, tensor, what: str) -> int:
+    """The bytes a tensor's shape and element type need (what its external data must hold)."""
+    count = math.prod(int(d) for d in tensor.dims)
+    label = onnx.TensorProto.DataType.Name(tensor.data_type) if tensor.data_type in \
+        onnx.TensorProto.DataType.values() else str(tensor.data_type)
+    if any(d < 0 for d in tensor.dims):
+        raise TileplanError(f"{what} has a negative dimension ({list(tensor.dims)})")
+    if label in _PACKED_4BIT:
+        return (count + 1) // 2
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    except Exception:
+        dtype = None
+    if dtype is None or dtype.kind not in "biufcV":
+        raise TileplanError(f"{what} has element type {label}; {_DTYPE_HELP}")
+    return count * dtype.itemsize
+
+
+def _load_external_data(model, folder: Path | None) -> None:
+    """Read each tensor's external data: exactly the bytes its shape and element type need
+    (``offset`` + that many; a ``length`` that differs is an error, and so is a backing file too
+    short), from a regular file inside the model's folder (a relative path, no ``..`` out of it,
+    no symbolic link). Design decision: tileplan reads it rather than ``onnx.load``, which reads
+    the whole backing file when a tensor gives no ``length`` (a 1 GiB file for a 64-byte tensor)."""
+    from ..safeio import LIMITS, read_range
+    onnx = _onnx()
+    total = 0
+    for tensor in _tensors_of(model.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        what = f"tensor {tensor.name!r} (external data)"
+        if folder is None:
+            raise TileplanError(f"{what}: a model given in memory has no folder to read its external data from; "
+                                "load it from its file")
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        rel = Path(location)
+        if not location or rel.is_absolute() or ".." in rel.parts or "\0" in location:
+            raise TileplanError(f"{what}: location {location!r} must be a relative path inside the model's folder")
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise TileplanError(f"{what}: offset {info.get('offset')!r} or length {info.get('length')!r} "
+                                "is not an integer") from None
+        nbytes = _external_nbytes(onnx, tensor, what)
+        if length is not None and length != nbytes:
+            raise TileplanError(f"{what}: length {length:,} bytes, but its shape {list(tensor.dims)} and type need "
+                                f"{nbytes:,}")
+        total += nbytes
+        if total > LIMITS["npz"]:
+            raise TileplanError(f"{what}: the external data add up to more than {LIMITS['npz']:,} bytes")
+        backing = folder / rel
+        inside = os.path.realpath(folder)
+        if os.path.commonpath([inside, os.path.realpath(backing)]) != inside:
+            raise TileplanError(f"{what}: {location!r} leads outside the model's folder")
+        tensor.raw_data = read_range(backing, offset, nbytes, f"external data of tensor {tensor.name!r}",
+                                     follow=False)
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
 
 
 # ---- the importer ------------------------------------------------------------
@@ -535,6 +645,10 @@ class _Importer:
         graph = Graph.build(self.name, tensors, ops, outputs=self.outputs or None, target=target)
         if self.cast_bf16:
             graph.imported = {"cast_bf16": self.cast_bf16, "converted_bf16_tensors": self.converted}
+        scalars = sorted(t.name for t in graph.tensors.values()     # 0-d at the boundary, [1] inside
+                         if t.role is not Role.INTERMEDIATE and self._dims(t.name) == [])
+        if scalars:
+            graph.imported["declared_shapes"] = {t: [] for t in scalars}
         return OnnxModel(graph, params)
 
     # -- tensor facts -----------------------------------------------------------

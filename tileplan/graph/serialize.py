@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..errors import TileplanError
 from .core import OP_KINDS, Graph, Role, Tensor
@@ -24,6 +25,8 @@ def graph_to_dict(g: Graph) -> dict:
         ops.append(d)
     d = {"name": g.name, "target": g.target, "tensors": tensors, "ops": ops,
          "outputs": [t.name for t in g.by_role(Role.OUTPUT)]}
+    if g.imported:         # what the importer converted (``Graph.boundary_shape`` reads declared shapes here)
+        d["imported"] = g.imported
     if g.folded:           # values as repr strings: -inf and NaN are not JSON numbers
         d["folded"] = {k: repr(v) for k, v in sorted(g.folded.items())}
     unread = sorted(n for n, t in g.tensors.items() if t.role in (Role.INPUT, Role.PARAMETER) and t.size
@@ -45,7 +48,30 @@ def graph_from_dict(d: dict) -> Graph:
             extra = {k: v for k, v in o.items() if k not in ("name", "kind", "inputs", "output")}
             ops.append(cls(o["name"], tuple(o["inputs"]), o["output"], **extra))
         folded = {k: float(v) for k, v in d.get("folded", {}).items()}
-        return Graph.build(d["name"], tensors, ops, outputs=d["outputs"], target=d.get("target"), folded=folded,
-                           unread=frozenset(d.get("unread", ())))
+        g = Graph.build(d["name"], tensors, ops, outputs=d["outputs"], target=d.get("target"), folded=folded,
+                        unread=frozenset(d.get("unread", ())))
+        g.imported = _imported(d.get("imported", {}), g)
+        return g
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TileplanError(f"the package's model.json is damaged: {exc}") from None
+
+
+def _imported(d, g: Graph) -> dict:
+    """model.json's ``imported``, its declared shapes checked: each holds as many elements as its graph
+    tensor (a reshape at the package boundary, never a resize); a name the graph lacks (a tensor the
+    planner folded away) names nothing a user can give, and is dropped."""
+    if not isinstance(d, dict):
+        raise TypeError("'imported' is not an object")
+    shapes = d.get("declared_shapes", {})
+    if not isinstance(shapes, dict):
+        raise TypeError("'imported.declared_shapes' is not an object")
+    kept = {}
+    for name, shape in shapes.items():
+        t = g.tensors.get(name)
+        if t is None:
+            continue
+        if not isinstance(shape, list) or not all(type(x) is int and x >= 0 for x in shape) \
+                or len(shape) > 64 or math.prod(shape) != t.size:
+            raise ValueError(f"declared shape {shape!r} of {name!r} does not fit the graph's tensor")
+        kept[name] = shape
+    return {**d, "declared_shapes": kept} if kept else {k: v for k, v in d.items() if k != "declared_shapes"}

@@ -136,9 +136,10 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
             t = graph.tensors.get(name)
             if t is None or t.role not in (Role.INPUT, Role.PARAMETER):
                 raise TileplanError(f"{inputs_path}: {name!r} is not an input or parameter of model {graph.name!r}")
-            if tuple(arr.shape) != t.shape:
-                raise TileplanError(f"{inputs_path}: {name!r} has shape {list(arr.shape)}, the model's is {list(t.shape)}")
-            stored[name] = quantise(np.asarray(arr, dtype=np.float64), t.dtype, t.scale)
+            if tuple(arr.shape) != graph.boundary_shape(name):
+                raise TileplanError(f"{inputs_path}: {name!r} has shape {list(arr.shape)}, the model's is "
+                                    f"{list(graph.boundary_shape(name))}")
+            stored[name] = quantise(np.asarray(arr, dtype=np.float64).reshape(t.shape), t.dtype, t.scale)
             given.add(name)
         missing = [t.name for t in graph.tensors.values() if t.role is Role.INPUT and t.name not in given]
         if missing:
@@ -151,8 +152,10 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
             t = graph.tensors.get(name)
             if t is None or t.role is not Role.OUTPUT:
                 raise TileplanError(f"{expected_path}: {name!r} is not an output of model {graph.name!r}")
-            if tuple(arr.shape) != t.shape:
-                raise TileplanError(f"{expected_path}: {name!r} has shape {list(arr.shape)}, the model's is {list(t.shape)}")
+            if tuple(arr.shape) != graph.boundary_shape(name):
+                raise TileplanError(f"{expected_path}: {name!r} has shape {list(arr.shape)}, the model's is "
+                                    f"{list(graph.boundary_shape(name))}")
+            expected[name] = arr.reshape(t.shape)        # (a declared 0-d output is [1] inside)
         missing = [t.name for t in outs if t.name not in expected]
         if missing:       # an output left out would pass without a comparison
             what = "holds no arrays; expected values of the outputs" if not expected else \
@@ -188,7 +191,7 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
         got = dequantise(raw, t.dtype, t.scale).reshape(t.shape)
         want = expected[t.name] if expected is not None and t.name in expected else \
             (ref[t.name] if ref is not None else None)
-        values[t.name] = got
+        values[t.name] = got.reshape(graph.boundary_shape(t.name))
         if want is None:
             continue
         fig = compare(got, want)
