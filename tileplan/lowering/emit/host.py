@@ -89,10 +89,10 @@ runs            slot (the variable: see bindings), begin, elements, count, strid
                 the ``count`` slices ``[begin + c * stride, begin + c * stride + elements)``
 operands        first run, runs (an operand concatenates its runs' slices)
 bindings        variable (a scope's slot ``i`` is row ``first binding + i``)
-host_tensors    role (0 parameter, 1 input, 2 output), name (stream handle and
-                file name), element type, elements, operand (row-major order,
-                replica 0), first replica copy, replica copies, first binding,
-                bindings
+host_tensors    role (0 parameter, 1 input, 2 output), name (stream handle),
+                element type, elements, operand (row-major order, replica 0),
+                first replica copy, replica copies, first binding, bindings,
+                data file (``cpp.data_file``: ``t<row>_<letters of the name>.bin``)
 host_copies     source operand, destination operand (fill further replicas)
 steps           kind (0 compute, 1 exchange), name, first group, groups,
                 first copy, copies, first binding, bindings (a compute step
@@ -107,15 +107,22 @@ vertices        tile
 copies          source operand, destination operand (one ``Copy`` each)
 ==============  =================================================================
 
-Host I/O: ``DATA_DIR/<tensor>.bin`` holds each input and parameter as raw
+Host I/O: ``DATA_DIR/<file>`` holds each input and parameter as raw
 row-major elements of its type (FP16 as IEEE half, FP8 as F143 bytes already
 divided by the tensor's power-of-two scale); program 0 streams the parameters
 in, program 1 streams the inputs in, runs every step and streams the outputs
-to ``DATA_DIR/<tensor>.bin``. Outputs the planner folded at plan time (``Graph.folded``: a
-zero-size result, a reduction over an empty axis) live on no tile: ``kFolded`` in host.cpp holds
-each one's element count and the bytes of its one element, and the host writes
-``DATA_DIR/<tensor>.bin`` from them after the run (``writeFolded``; with ``-DTILEPLAN_DUMP_TABLES``,
-``./dump TABLES DIR`` writes them too).
+to ``DATA_DIR/<file>``. ``<file>`` is the host tensor's data file column, never its name
+(``cpp.data_file``: a tensor named ``../x`` stays inside DATA_DIR), and host.cpp refuses a data
+file name that is not a plain name in DATA_DIR (a damaged table). Outputs the planner folded at
+plan time (``Graph.folded``: a zero-size result, a reduction over an empty axis) live on no tile:
+``kFolded`` in host.cpp holds each one's data file (numbered after the host tensors), element
+count and the bytes of its one element, and the host writes ``DATA_DIR/<file>`` from them after
+the run (``writeFolded``; with ``-DTILEPLAN_DUMP_TABLES``, ``./dump TABLES DIR`` writes them too,
+and prints each host tensor's and folded output's data file).
+
+Every name in host.cpp (the model's, the target's, a folded output's, a file's) is written by
+``cpp.cpp_string`` or ``cpp.cpp_comment``: host.cpp is printable ASCII whatever the names hold.
+The tables hold names as their UTF-8 bytes (Poplar's debug names and stream handles).
 """
 
 from __future__ import annotations
@@ -132,6 +139,7 @@ from ...graph.dtypes import DType
 from ...layout.panels import row_segments
 from ..tile_program import ComputeSet, Exchange, TileProgram, exchange_shape
 from .codelets import emit_codelets, group_codelet
+from .cpp import cpp_comment, cpp_string, data_file
 
 CTYPES = ("unsigned char", "half", "float")              # element type codes 0 (U8), 1 (F16), 2 (F32)
 TYPE_CODE = {c: i for i, c in enumerate(CTYPES)}
@@ -144,7 +152,7 @@ TABLES_FILE = "host/tables.bin"
 MAGIC = b"TPHOST2\0"
 ROLE = {"parameter": 0, "input": 1, "output": 2}
 SECTIONS = (("strings", 1), ("variables", 4), ("pieces", 2), ("runs", 5), ("operands", 2), ("bindings", 1),
-            ("host_tensors", 9), ("host_copies", 2), ("steps", 8), ("groups", 8), ("fields", 1), ("params", 3),
+            ("host_tensors", 10), ("host_copies", 2), ("steps", 8), ("groups", 8), ("fields", 1), ("params", 3),
             ("vertices", 1), ("copies", 2))
 
 
@@ -610,7 +618,7 @@ class Tables:
             "runs": runs,
             "operands": np.stack([np.cumsum(op_runs) - op_runs, op_runs], axis=1),
             "bindings": (np.concatenate(self._bindings) if self._bindings else np.zeros(0, np.int64))[:, None],
-            "host_tensors": table(self.host_tensors, 9),
+            "host_tensors": table(self.host_tensors, 10),
             "host_copies": table(self.host_copies, 2),
             "steps": table(self.steps, 8),
             "groups": table(self.groups, 8),
@@ -966,7 +974,8 @@ class Replay:
         rel = operand - t.scope_first_operand
         first_op, _, _, _, _, first_copy, copies, first_binding = t.close_scope()
         t.host_tensors.append([role, t.string(tensor), code, elements, first_op + rel, first_copy, copies,
-                               first_binding, t.binding_count(first_binding)])
+                               first_binding, t.binding_count(first_binding),
+                               t.string(data_file(len(t.host_tensors), tensor))])
 
     def _host_read(self, tensor: str, b: int) -> None:
         t = self.tables
@@ -1183,14 +1192,6 @@ class Replay:
 
 # ---- host.cpp --------------------------------------------------------------------------------
 
-def _str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _comment(s: str) -> str:
-    return " ".join(s.replace("*/", "* /").split())
-
-
 INCLUDES_CPP = r"""#include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -1239,7 +1240,7 @@ struct Tables {
   Table operands;     // first run, runs: an operand concatenates its runs' slices
   Table bindings;     // variable: a scope's (step's, host tensor's) runs name bindings[first + variable]
   Table hostTensors;  // role (0 parameter, 1 input, 2 output), name, element type, elements, operand,
-                      // first replica copy, replica copies, first binding, bindings
+                      // first replica copy, replica copies, first binding, bindings, data file
   Table hostCopies;   // source operand, destination operand
   Table steps;        // kind (0 compute, 1 exchange), name, first group, groups, first copy, copies,
                       // first binding, bindings
@@ -1256,6 +1257,19 @@ struct Tables {
     return strings.data() + offset;
   }
 };
+
+// A data file name from the tables or kFolded: a plain name in the data folder ([A-Za-z0-9_.-],
+// ending in .bin, not starting with '.', no ".."), never a path, whatever a damaged table holds.
+std::string dataFile(const char *file) {
+  const std::string name(file);
+  bool plain = name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0 && name[0] != '.' &&
+               name.find("..") == std::string::npos;
+  for (char c : name)
+    plain = plain && ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+                      c == '-' || c == '.');
+  if (!plain) throw std::runtime_error("a data file name in the tables is not a plain file name");
+  return name;
+}
 
 template <typename T> T readLittleEndian(std::ifstream &in, const std::string &path) {
   unsigned char bytes[sizeof(T)];
@@ -1311,7 +1325,7 @@ Tables readTables(const std::string &path) {
   t.runs = take("runs", 5);
   t.operands = take("operands", 2);
   t.bindings = take("bindings", 1);
-  t.hostTensors = take("host_tensors", 9);
+  t.hostTensors = take("host_tensors", 10);
   t.hostCopies = take("host_copies", 2);
   t.steps = take("steps", 8);
   t.groups = take("groups", 8);
@@ -1336,7 +1350,7 @@ void writeFolded(const std::string &dir) {
   for (const FoldedOutput &f : kFolded) {
     std::vector<char> data(f.elements * f.elementBytes);
     for (std::size_t i = 0; i < data.size(); ++i) data[i] = f.element[i % f.elementBytes];
-    writeFile(dir + "/" + f.name + ".bin", data);
+    writeFile(dir + "/" + dataFile(f.file), data);
   }
 }
 """
@@ -1510,14 +1524,15 @@ int main(int argc, char **argv) {
     std::vector<std::vector<char>> buffers(t.hostTensors.rows);
     for (std::size_t h = 0; h < t.hostTensors.rows; ++h) {
       const std::string name = t.string(t.hostTensors(h, 1));
+      const std::string file = dir + "/" + dataFile(t.string(t.hostTensors(h, 9)));
       const std::size_t bytes = static_cast<std::size_t>(t.hostTensors(h, 3)) * elementBytes(t.hostTensors(h, 2));
-      buffers[h] = t.hostTensors(h, 0) == 2 ? std::vector<char>(bytes) : readFile(dir + "/" + name + ".bin", bytes);
+      buffers[h] = t.hostTensors(h, 0) == 2 ? std::vector<char>(bytes) : readFile(file, bytes);
       engine.connectStream(name, buffers[h].data());
     }
     engine.run(0);   // parameters
     engine.run(1);   // inputs, every step, outputs
     for (std::size_t h = 0; h < t.hostTensors.rows; ++h)
-      if (t.hostTensors(h, 0) == 2) writeFile(dir + "/" + t.string(t.hostTensors(h, 1)) + ".bin", buffers[h]);
+      if (t.hostTensors(h, 0) == 2) writeFile(dir + "/" + dataFile(t.string(t.hostTensors(h, 9))), buffers[h]);
     writeFolded(dir);
   } catch (const std::exception &e) {
     std::fprintf(stderr, "host: %s\n", e.what());
@@ -1555,6 +1570,9 @@ int main(int argc, char **argv) {
     }
     for (std::size_t v = 0; v < t.variables.rows; ++v) std::printf("%s\n", t.string(t.variables(v, 0)));
     std::printf("folded %zu\n", kFolded.size());
+    for (std::size_t h = 0; h < t.hostTensors.rows; ++h)
+      std::printf("file %s\n", dataFile(t.string(t.hostTensors(h, 9))).c_str());
+    for (const FoldedOutput &f : kFolded) std::printf("file %s\n", dataFile(f.file).c_str());
     if (argc > 2) writeFolded(argv[2]);
   } catch (const std::exception &e) {
     std::fprintf(stderr, "host: %s\n", e.what());
@@ -1570,7 +1588,7 @@ def render(replay: Replay, tp: TileProgram, target, model_name: str, codelet_fil
     rows = {name: (len(a) if name == "strings" else int(np.asarray(a).shape[0])) for name, a in sections.items()}
     header = (
         f"// Generated by tileplan.lowering.emit.host; do not edit.\n"
-        f"// Model {_comment(model_name)} on target {_comment(target.name)} ({tp.tiles} tiles): "
+        f"// Model {cpp_comment(model_name)} on target {cpp_comment(target.name)} ({tp.tiles} tiles): "
         f"{len(tp.steps)} steps, {replay.summary['vertices']} vertices, {replay.summary['transfers']} transfer "
         f"rows, {rows['variables']} variables.\n"
         f"//\n"
@@ -1583,34 +1601,39 @@ def render(replay: Replay, tp: TileProgram, target, model_name: str, codelet_fil
         f"// Build and run with the Poplar SDK, from the package folder:\n"
         f"//   g++ -std=c++17 host.cpp -lpoplar -o host          (add -DTILEPLAN_HARDWARE for an IPU)\n"
         f"//   ./host DATA_DIR [TABLES]                         (TABLES defaults to {TABLES_FILE})\n"
-        f"// DATA_DIR/<tensor>.bin holds every input and parameter as raw row-major elements (FP16 as\n"
+        f"// DATA_DIR/<file> holds every input and parameter as raw row-major elements (FP16 as\n"
         f"// IEEE half, FP8 as F143 bytes divided by the tensor's power-of-two scale); the outputs are\n"
-        f"// written to DATA_DIR/<tensor>.bin the same way.\n"
+        f"// written to DATA_DIR/<file> the same way. <file> is t<row>_<the name's letters>.bin (row:\n"
+        f"// the host tensor's, then the folded outputs'), never the name itself; the\n"
+        f"// -DTILEPLAN_DUMP_TABLES build lists them.\n"
         f"// g++ -std=c++17 -DTILEPLAN_DUMP_TABLES host.cpp (no Poplar needed) prints the tables instead.\n"
         f"//\n"
         f"// Table rows: " + ", ".join(f"{n} {rows[n]}" for n, _ in SECTIONS) + ".\n")
     consts = (f"constexpr unsigned kTiles = {tp.tiles};\n"
-              f"constexpr const char *kIpuVersion = {_str(target.family)};   // IPUModel architecture\n"
-              f"constexpr const char *kTablesFile = {_str(TABLES_FILE)};\n"
-              "const std::vector<const char *> kCodelets = {\n" + "".join(f"    {_str(f)},\n" for f in codelet_files)
-              + "};\n" + _folded_rows(folded))
+              f"constexpr const char *kIpuVersion = {cpp_string(target.family)};   // IPUModel architecture\n"
+              f"constexpr const char *kTablesFile = {cpp_string(TABLES_FILE)};\n"
+              "const std::vector<const char *> kCodelets = {\n"
+              + "".join(f"    {cpp_string(f)},\n" for f in codelet_files)
+              + "};\n" + _folded_rows(folded, rows["host_tensors"]))
     return "\n".join([header, INCLUDES_CPP, POPLAR_INCLUDES, "namespace {\n", consts, TABLES_CPP, FOLDED_CPP,
                       "#ifdef TILEPLAN_DUMP_TABLES", DUMP_CPP, "#else", POPLAR_CPP,
                       "#endif  // TILEPLAN_DUMP_TABLES\n"])
 
 
-def _folded_rows(folded) -> str:
-    """``kFolded``: per folded output (name, stored values), its element count and the bytes of its
-    one element as an octal-escaped string literal."""
+def _folded_rows(folded, first_row: int) -> str:
+    """``kFolded``: per folded output (name, stored values), its name, its data file (numbered from
+    ``first_row``, after the host tensors), its element count and the bytes of its one element as an
+    octal-escaped string literal."""
     rows = []
-    for name, values in folded:
+    for k, (name, values) in enumerate(folded):
         v = np.ascontiguousarray(values)
         one = np.full(1, v.flat[0] if v.size else 0, v.dtype).tobytes()
         literal = '"' + "".join(f"\\{b:03o}" for b in one) + '"'
-        rows.append(f"    {{{_str(name)}, {v.size}, {len(one)}, {literal}}},\n")
-    return ("struct FoldedOutput { const char *name; std::size_t elements; std::size_t elementBytes; "
-            "const char *element; };\n"
-            "// Outputs folded at plan time: name, elements, bytes of the one element, the element.\n"
+        rows.append(f"    {{{cpp_string(name)}, {cpp_string(data_file(first_row + k, name))}, {v.size}, "
+                    f"{len(one)}, {literal}}},\n")
+    return ("struct FoldedOutput { const char *name; const char *file; std::size_t elements; "
+            "std::size_t elementBytes; const char *element; };\n"
+            "// Outputs folded at plan time: name, data file, elements, bytes of the one element, the element.\n"
             "const std::vector<FoldedOutput> kFolded = {\n" + "".join(rows) + "};\n")
 
 
