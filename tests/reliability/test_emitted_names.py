@@ -279,3 +279,14 @@ def test_data_file_names_are_plain_and_keep_the_name_s_letters(name):
     assert PLAIN.match(f) and ".." not in f and not f.startswith(".") and is_data_file(f), f
     assert f.startswith("t0007") and len(f) <= len("t0007_") + 40 + len(".bin")
     assert data_file(8, name) != f
+
+
+@pytest.mark.parametrize("key, field, doc", [("../x", "a", "doc"), ("k", "a b", "doc"), ("k", "a", "d\u202e"),
+                                             ("k", "a", "d */ x"), ("k", "a", "two\nlines")])
+def test_a_codelet_key_field_or_doc_that_cannot_be_emitted_as_is_is_refused(key, field, doc):
+    """Codelet keys become file and class names as they are: they are checked, not escaped."""
+    from tileplan.errors import TileplanError
+    from tileplan.kernels.codelets import _param, render
+    with pytest.raises(TileplanError, match="codelet"):
+        render(key, "", (_param(field, 1),), doc)
+    assert render("k", "", (_param("a", 1),), "doc").vertex == "K"
