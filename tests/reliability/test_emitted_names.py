@@ -290,3 +290,13 @@ def test_a_codelet_key_field_or_doc_that_cannot_be_emitted_as_is_is_refused(key,
     with pytest.raises(TileplanError, match="codelet"):
         render(key, "", (_param(field, 1),), doc)
     assert render("k", "", (_param("a", 1),), "doc").vertex == "K"
+
+
+def test_the_host_template_refuses_a_value_it_would_write_unescaped():
+    """host.cpp.j2's environment lets only printable ASCII through: a name without its filter is an error."""
+    from tileplan.errors import TileplanError
+    from tileplan.lowering.emit.host import _template
+    env = _template().environment
+    assert env.from_string("{{ x | cpp_string }}").render(x="\u202e") == '"\\342\\200\\256"'
+    with pytest.raises(TileplanError, match="unescaped"):
+        env.from_string("// {{ x }}").render(x="a\u202eb")
