@@ -150,9 +150,11 @@ def test_the_host_program_of_a_folded_package_compiles_and_writes_the_folded_out
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "folded 2" in run.stdout
-    reduced = np.frombuffer((tmp_path / "data" / "reduced.bin").read_bytes(), np.float16)
+    files = sorted(p.name for p in (tmp_path / "data").iterdir())   # data files: t<row>_<name>.bin
+    assert len(files) == 2 and files[0].endswith("_reduced.bin") and files[1].endswith("_reshaped.bin")
+    reduced = np.frombuffer((tmp_path / "data" / files[0]).read_bytes(), np.float16)
     assert reduced.shape == (8,) and np.all(reduced == -np.inf)
-    assert (tmp_path / "data" / "reshaped.bin").read_bytes() == b""
+    assert (tmp_path / "data" / files[1]).read_bytes() == b""
 
 
 # ---- what stays an error ------------------------------------------------------------------------

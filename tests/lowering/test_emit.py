@@ -147,6 +147,7 @@ def test_host_cpp_reads_the_tables_emission_wrote(smoke, tmp_path):
         want += [" ".join(str(x) for x in row) for row in a.tolist()]
     want += [tables.string(o) for o in tables["variables"][:, 0].tolist()]
     want.append("folded 0")                         # kFolded: outputs folded at plan time (none here)
+    want += [f"file {tables.string(o)}" for o in tables["host_tensors"][:, 9].tolist()]   # data files
     assert run.stdout.splitlines() == want
     (tmp_path / "host/tables.bin").write_bytes(files["host/tables.bin"][:-3])
     run = subprocess.run(["./dump"], cwd=tmp_path, capture_output=True, text=True)

@@ -22,9 +22,11 @@ encoded by bit manipulation, rounding to nearest even and saturating.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import TileplanError
 from ..graph.dtypes import DType
 
 
@@ -157,7 +159,22 @@ def _param(name: str, value: int, ctype: str = "unsigned") -> Field:
     return Field(name, "param", ctype, value=value)
 
 
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def render(key: str, body: str, fields: tuple[Field, ...], doc: str) -> CodeletSource:
+    """The codelet of ``key``: its file ``codelets/<key>.cpp``, its vertex class ``camel(key)``.
+
+    Design decision: the key, the field names and the doc line are made from variant names and a
+    call's types, formats and modes, never from a model's names; they become a file name, C++
+    identifiers and a comment as they are. So they are checked, not escaped (an escaped key would
+    name another file and class): a key or field name that is not a C++ identifier, or a doc that
+    is not one line of printable ASCII, is refused."""
+    for what, text in [("key", key)] + [("field", f.name) for f in fields]:
+        if not _IDENTIFIER.match(text):
+            raise TileplanError(f"codelet {key!r}: {what} {text!r} is not a C++ identifier")
+    if not all(32 <= ord(ch) < 127 for ch in doc) or "*/" in doc:
+        raise TileplanError(f"codelet {key!r}: its description {doc!r} is not one line of printable ASCII")
     decls = []
     for f in fields:
         if f.is_vector:

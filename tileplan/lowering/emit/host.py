@@ -89,10 +89,10 @@ runs            slot (the variable: see bindings), begin, elements, count, strid
                 the ``count`` slices ``[begin + c * stride, begin + c * stride + elements)``
 operands        first run, runs (an operand concatenates its runs' slices)
 bindings        variable (a scope's slot ``i`` is row ``first binding + i``)
-host_tensors    role (0 parameter, 1 input, 2 output), name (stream handle and
-                file name), element type, elements, operand (row-major order,
-                replica 0), first replica copy, replica copies, first binding,
-                bindings
+host_tensors    role (0 parameter, 1 input, 2 output), name (stream handle),
+                element type, elements, operand (row-major order, replica 0),
+                first replica copy, replica copies, first binding, bindings,
+                data file (``cpp.data_file``: ``t<row>_<letters of the name>.bin``)
 host_copies     source operand, destination operand (fill further replicas)
 steps           kind (0 compute, 1 exchange), name, first group, groups,
                 first copy, copies, first binding, bindings (a compute step
@@ -107,24 +107,33 @@ vertices        tile
 copies          source operand, destination operand (one ``Copy`` each)
 ==============  =================================================================
 
-Host I/O: ``DATA_DIR/<tensor>.bin`` holds each input and parameter as raw
+Host I/O: ``DATA_DIR/<file>`` holds each input and parameter as raw
 row-major elements of its type (FP16 as IEEE half, FP8 as F143 bytes already
 divided by the tensor's power-of-two scale); program 0 streams the parameters
 in, program 1 streams the inputs in, runs every step and streams the outputs
-to ``DATA_DIR/<tensor>.bin``. Outputs the planner folded at plan time (``Graph.folded``: a
-zero-size result, a reduction over an empty axis) live on no tile: ``kFolded`` in host.cpp holds
-each one's element count and the bytes of its one element, and the host writes
-``DATA_DIR/<tensor>.bin`` from them after the run (``writeFolded``; with ``-DTILEPLAN_DUMP_TABLES``,
-``./dump TABLES DIR`` writes them too).
+to ``DATA_DIR/<file>``. ``<file>`` is the host tensor's data file column, never its name
+(``cpp.data_file``: a tensor named ``../x`` stays inside DATA_DIR), and host.cpp refuses a data
+file name that is not a plain name in DATA_DIR (a damaged table). Outputs the planner folded at
+plan time (``Graph.folded``: a zero-size result, a reduction over an empty axis) live on no tile:
+``kFolded`` in host.cpp holds each one's data file (numbered after the host tensors), element
+count and the bytes of its one element, and the host writes ``DATA_DIR/<file>`` from them after
+the run (``writeFolded``; with ``-DTILEPLAN_DUMP_TABLES``, ``./dump TABLES DIR`` writes them too,
+and prints each host tensor's and folded output's data file).
+
+Every name in host.cpp (the model's, the target's, a folded output's, a file's) is written by
+``cpp.cpp_string`` or ``cpp.cpp_comment``: host.cpp is printable ASCII whatever the names hold.
+The tables hold names as their UTF-8 bytes (Poplar's debug names and stream handles).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import struct
 from collections import defaultdict
 from dataclasses import dataclass
 
+import jinja2
 import numpy as np
 
 from ...errors import TileplanError
@@ -132,6 +141,7 @@ from ...graph.dtypes import DType
 from ...layout.panels import row_segments
 from ..tile_program import ComputeSet, Exchange, TileProgram, exchange_shape
 from .codelets import emit_codelets, group_codelet
+from .cpp import cpp_comment, cpp_string, data_file
 
 CTYPES = ("unsigned char", "half", "float")              # element type codes 0 (U8), 1 (F16), 2 (F32)
 TYPE_CODE = {c: i for i, c in enumerate(CTYPES)}
@@ -144,7 +154,7 @@ TABLES_FILE = "host/tables.bin"
 MAGIC = b"TPHOST2\0"
 ROLE = {"parameter": 0, "input": 1, "output": 2}
 SECTIONS = (("strings", 1), ("variables", 4), ("pieces", 2), ("runs", 5), ("operands", 2), ("bindings", 1),
-            ("host_tensors", 9), ("host_copies", 2), ("steps", 8), ("groups", 8), ("fields", 1), ("params", 3),
+            ("host_tensors", 10), ("host_copies", 2), ("steps", 8), ("groups", 8), ("fields", 1), ("params", 3),
             ("vertices", 1), ("copies", 2))
 
 
@@ -610,7 +620,7 @@ class Tables:
             "runs": runs,
             "operands": np.stack([np.cumsum(op_runs) - op_runs, op_runs], axis=1),
             "bindings": (np.concatenate(self._bindings) if self._bindings else np.zeros(0, np.int64))[:, None],
-            "host_tensors": table(self.host_tensors, 9),
+            "host_tensors": table(self.host_tensors, 10),
             "host_copies": table(self.host_copies, 2),
             "steps": table(self.steps, 8),
             "groups": table(self.groups, 8),
@@ -966,7 +976,8 @@ class Replay:
         rel = operand - t.scope_first_operand
         first_op, _, _, _, _, first_copy, copies, first_binding = t.close_scope()
         t.host_tensors.append([role, t.string(tensor), code, elements, first_op + rel, first_copy, copies,
-                               first_binding, t.binding_count(first_binding)])
+                               first_binding, t.binding_count(first_binding),
+                               t.string(data_file(len(t.host_tensors), tensor))])
 
     def _host_read(self, tensor: str, b: int) -> None:
         t = self.tables
@@ -1183,435 +1194,54 @@ class Replay:
 
 # ---- host.cpp --------------------------------------------------------------------------------
 
-def _str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def _printable(value) -> str:
+    """The template's ``finalize``: every value host.cpp.j2 interpolates must come out printable
+    ASCII (a name reaches it only through ``cpp_string`` or ``cpp_comment``)."""
+    text = str(value)
+    if not all(32 <= ord(ch) < 127 for ch in text):
+        raise TileplanError(f"host.cpp: {text!r} would be written unescaped")
+    return text
 
 
-def _comment(s: str) -> str:
-    return " ".join(s.replace("*/", "* /").split())
+@functools.cache
+def _template() -> jinja2.Template:
+    """``templates/host.cpp.j2``: the fixed C++ of host.cpp, with the program's figures and names.
 
-
-INCLUDES_CPP = r"""#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <map>
-#include <stdexcept>
-#include <string>
-#include <utility>
-#include <vector>
-"""
-
-TABLES_CPP = r"""
-// ---- the tables (host/tables.bin) ------------------------------------------
-// Little-endian: char magic[8] = "TPHOST2\0", uint32 sections, then per
-// section: char name[16] (NUL-padded), uint32 elementBytes (1 for "strings",
-// 4 for every other section: int32), uint32 columns, uint64 rows, and
-// rows * columns * elementBytes bytes, row-major. Names are byte offsets into
-// "strings" (NUL-terminated). What each section's columns mean: see the
-// Tables struct below and tileplan/lowering/emit/host.py.
-
-enum ElementType : unsigned { U8 = 0, F16 = 1, F32 = 2 };
-
-struct Table {
-  std::string name;
-  unsigned columns = 0;
-  std::size_t rows = 0;
-  std::vector<unsigned char> data;   // rows * columns little-endian int32
-
-  std::int32_t operator()(std::size_t row, unsigned column) const {
-    if (row >= rows || column >= columns)
-      throw std::out_of_range("table " + name + ": no row " + std::to_string(row) + " column " +
-                              std::to_string(column));
-    const unsigned char *p = data.data() + 4 * (row * columns + column);
-    return static_cast<std::int32_t>(static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
-                                     static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24);
-  }
-};
-
-struct Tables {
-  std::vector<char> strings;   // NUL-terminated names
-  Table variables;    // name, element type, first piece, pieces
-  Table pieces;       // tile, elements: a variable is its pieces in order, each mapped to its tile
-  Table runs;         // slot, begin, elements, count, stride: the count slices
-                      // [begin + c * stride, begin + c * stride + elements)
-  Table operands;     // first run, runs: an operand concatenates its runs' slices
-  Table bindings;     // variable: a scope's (step's, host tensor's) runs name bindings[first + variable]
-  Table hostTensors;  // role (0 parameter, 1 input, 2 output), name, element type, elements, operand,
-                      // first replica copy, replica copies, first binding, bindings
-  Table hostCopies;   // source operand, destination operand
-  Table steps;        // kind (0 compute, 1 exchange), name, first group, groups, first copy, copies,
-                      // first binding, bindings
-  Table groups;       // vertex class, first field, fields, first param, params, first vertex, vertices,
-                      // first operand (vertex i's field j: operand firstOperand + i * fields + j)
-  Table fields;       // name
-  Table params;       // name, unsigned (1), int (0) or float (2: value holds its bits), value
-  Table vertices;     // tile
-  Table copies;       // source operand, destination operand
-
-  const char *string(std::int32_t offset) const {
-    if (offset < 0 || static_cast<std::size_t>(offset) >= strings.size())
-      throw std::out_of_range("no string at offset " + std::to_string(offset));
-    return strings.data() + offset;
-  }
-};
-
-template <typename T> T readLittleEndian(std::ifstream &in, const std::string &path) {
-  unsigned char bytes[sizeof(T)];
-  if (!in.read(reinterpret_cast<char *>(bytes), sizeof(T))) throw std::runtime_error(path + ": truncated");
-  T value = 0;
-  for (std::size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(bytes[i]) << (8 * i);
-  return value;
-}
-
-Tables readTables(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  char magic[8];
-  if (!in.read(magic, 8) || std::memcmp(magic, "TPHOST2", 8) != 0)
-    throw std::runtime_error(path + ": not a tileplan host table file");
-  std::map<std::string, Table> byName;
-  std::vector<char> strings;
-  const std::uint32_t sections = readLittleEndian<std::uint32_t>(in, path);
-  for (std::uint32_t s = 0; s < sections; ++s) {
-    char name[17] = {};
-    if (!in.read(name, 16)) throw std::runtime_error(path + ": truncated");
-    Table table;
-    table.name = name;
-    const std::uint32_t elementBytes = readLittleEndian<std::uint32_t>(in, path);
-    table.columns = readLittleEndian<std::uint32_t>(in, path);
-    table.rows = static_cast<std::size_t>(readLittleEndian<std::uint64_t>(in, path));
-    const std::size_t bytes = table.rows * table.columns * elementBytes;
-    if (table.name == "strings") {
-      strings.resize(bytes);
-      if (bytes && !in.read(strings.data(), static_cast<std::streamsize>(bytes)))
-        throw std::runtime_error(path + ": truncated in strings");
-      if (!strings.empty() && strings.back() != '\0') throw std::runtime_error(path + ": unterminated strings");
-      continue;
-    }
-    if (elementBytes != 4) throw std::runtime_error(path + ": section " + table.name + " is not int32");
-    table.data.resize(bytes);
-    if (bytes && !in.read(reinterpret_cast<char *>(table.data.data()), static_cast<std::streamsize>(bytes)))
-      throw std::runtime_error(path + ": truncated in " + table.name);
-    byName[table.name] = std::move(table);
-  }
-  auto take = [&](const char *name, unsigned columns) {
-    auto it = byName.find(name);
-    if (it == byName.end()) throw std::runtime_error(path + ": no section " + name);
-    if (it->second.columns != columns)
-      throw std::runtime_error(path + ": section " + name + " has " + std::to_string(it->second.columns) +
-                               " columns, expected " + std::to_string(columns));
-    return std::move(it->second);
-  };
-  Tables t;
-  t.strings = std::move(strings);
-  t.variables = take("variables", 4);
-  t.pieces = take("pieces", 2);
-  t.runs = take("runs", 5);
-  t.operands = take("operands", 2);
-  t.bindings = take("bindings", 1);
-  t.hostTensors = take("host_tensors", 9);
-  t.hostCopies = take("host_copies", 2);
-  t.steps = take("steps", 8);
-  t.groups = take("groups", 8);
-  t.fields = take("fields", 1);
-  t.params = take("params", 3);
-  t.vertices = take("vertices", 1);
-  t.copies = take("copies", 2);
-  return t;
-}
-"""
-
-FOLDED_CPP = r"""
-// ---- outputs folded at plan time (kFolded) ---------------------------------
-void writeFile(const std::string &path, const std::vector<char> &data) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out.write(data.data(), static_cast<std::streamsize>(data.size())))
-    throw std::runtime_error("cannot write " + path);
-}
-
-// No tile holds them: the host writes every element of each (the one value the planner folded).
-void writeFolded(const std::string &dir) {
-  for (const FoldedOutput &f : kFolded) {
-    std::vector<char> data(f.elements * f.elementBytes);
-    for (std::size_t i = 0; i < data.size(); ++i) data[i] = f.element[i % f.elementBytes];
-    writeFile(dir + "/" + f.name + ".bin", data);
-  }
-}
-"""
-
-POPLAR_CPP = r"""
-// ---- building the graph ----------------------------------------------------
-
-float floatBits(std::int32_t bits) {   // a float vertex parameter travels as its IEEE bits
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-poplar::Type elementType(std::int32_t type) {
-  switch (type) {
-    case U8: return poplar::UNSIGNED_CHAR;   // FP8 (F143 bytes) travels as bytes
-    case F16: return poplar::HALF;
-    default: return poplar::FLOAT;
-  }
-}
-
-std::size_t elementBytes(std::int32_t type) { return type == U8 ? 1 : type == F16 ? 2 : 4; }
-
-std::vector<poplar::Tensor> addVariables(poplar::Graph &graph, const Tables &t) {
-  std::vector<poplar::Tensor> vars;
-  vars.reserve(t.variables.rows);
-  for (std::size_t v = 0; v < t.variables.rows; ++v) {
-    const std::size_t first = t.variables(v, 2), count = t.variables(v, 3);
-    std::size_t total = 0;
-    for (std::size_t p = first; p < first + count; ++p) total += t.pieces(p, 1);
-    poplar::Tensor var = graph.addVariable(elementType(t.variables(v, 1)), {total}, t.string(t.variables(v, 0)));
-    std::size_t at = 0;
-    for (std::size_t p = first; p < first + count; ++p) {
-      const std::size_t elements = t.pieces(p, 1);
-      graph.setTileMapping(var.slice(at, at + elements), static_cast<unsigned>(t.pieces(p, 0)));
-      at += elements;
-    }
-    vars.push_back(var);
-  }
-  return vars;
-}
-
-// The variables a step or host tensor names: slot i of its runs is variable bindings[first + i].
-struct Scope {
-  std::size_t first = 0, count = 0;
-};
-
-poplar::Tensor operand(const Tables &t, const std::vector<poplar::Tensor> &vars, Scope scope, std::size_t id) {
-  std::vector<poplar::Tensor> parts;
-  const std::size_t first = t.operands(id, 0), count = t.operands(id, 1);
-  for (std::size_t r = first; r < first + count; ++r) {
-    const std::size_t slot = static_cast<std::size_t>(t.runs(r, 0));
-    if (slot >= scope.count) throw std::out_of_range("run " + std::to_string(r) + " names no bound variable");
-    const poplar::Tensor &var = vars.at(t.bindings(scope.first + slot, 0));
-    const std::int64_t begin = t.runs(r, 1), elements = t.runs(r, 2), stride = t.runs(r, 4);
-    for (std::int64_t c = 0; c < t.runs(r, 3); ++c)
-      parts.push_back(var.slice(begin + c * stride, begin + c * stride + elements));
-  }
-  return parts.size() == 1 ? parts.front() : poplar::concat(parts);
-}
-
-poplar::program::Copy copy(const Tables &t, const std::vector<poplar::Tensor> &vars, Scope scope, std::size_t src,
-                           std::size_t dst) {
-  return poplar::program::Copy(operand(t, vars, scope, src), operand(t, vars, scope, dst));
-}
-
-// Streams the host tensors of one role in (0 parameters, 1 inputs), then fills their further replicas.
-void streamIn(poplar::Graph &graph, const Tables &t, const std::vector<poplar::Tensor> &vars, std::int32_t role,
-              poplar::program::Sequence &prog) {
-  for (std::size_t h = 0; h < t.hostTensors.rows; ++h) {
-    if (t.hostTensors(h, 0) != role) continue;
-    const Scope scope{static_cast<std::size_t>(t.hostTensors(h, 7)), static_cast<std::size_t>(t.hostTensors(h, 8))};
-    poplar::DataStream stream = graph.addHostToDeviceFIFO(t.string(t.hostTensors(h, 1)),
-                                                          elementType(t.hostTensors(h, 2)), t.hostTensors(h, 3));
-    prog.add(poplar::program::Copy(stream, operand(t, vars, scope, t.hostTensors(h, 4))));
-    const std::size_t first = t.hostTensors(h, 5), count = t.hostTensors(h, 6);
-    for (std::size_t c = first; c < first + count; ++c)
-      prog.add(copy(t, vars, scope, t.hostCopies(c, 0), t.hostCopies(c, 1)));
-  }
-}
-
-// Program 1: stream the inputs in, run every step in order, stream the outputs out.
-poplar::program::Sequence buildRun(poplar::Graph &graph, const Tables &t, const std::vector<poplar::Tensor> &vars) {
-  poplar::program::Sequence run;
-  streamIn(graph, t, vars, 1, run);
-  for (std::size_t s = 0; s < t.steps.rows; ++s) {
-    const std::size_t firstGroup = t.steps(s, 2), groups = t.steps(s, 3);
-    const Scope scope{static_cast<std::size_t>(t.steps(s, 6)), static_cast<std::size_t>(t.steps(s, 7))};
-    if (groups > 0) {
-      poplar::ComputeSet cs = graph.addComputeSet(t.string(t.steps(s, 1)));
-      for (std::size_t g = firstGroup; g < firstGroup + groups; ++g) {
-        const char *vertexClass = t.string(t.groups(g, 0));
-        const std::size_t firstField = t.groups(g, 1), fields = t.groups(g, 2);
-        const std::size_t firstParam = t.groups(g, 3), params = t.groups(g, 4);
-        const std::size_t firstVertex = t.groups(g, 5), vertices = t.groups(g, 6);
-        const std::size_t firstOperand = t.groups(g, 7);
-        for (std::size_t i = 0; i < vertices; ++i) {
-          poplar::VertexRef v = graph.addVertex(cs, vertexClass);
-          for (std::size_t j = 0; j < fields; ++j)
-            graph.connect(v[t.string(t.fields(firstField + j, 0))],
-                          operand(t, vars, scope, firstOperand + i * fields + j));
-          for (std::size_t p = firstParam; p < firstParam + params; ++p) {
-            const char *name = t.string(t.params(p, 0));
-            if (t.params(p, 1) == 1) graph.setInitialValue(v[name], static_cast<unsigned>(t.params(p, 2)));
-            else if (t.params(p, 1) == 2) graph.setInitialValue(v[name], floatBits(t.params(p, 2)));
-            else graph.setInitialValue(v[name], static_cast<int>(t.params(p, 2)));
-          }
-          graph.setTileMapping(v, static_cast<unsigned>(t.vertices(firstVertex + i, 0)));
-        }
-      }
-      run.add(poplar::program::Execute(cs));
-    }
-    const std::size_t firstCopy = t.steps(s, 4), copies = t.steps(s, 5);
-    for (std::size_t c = firstCopy; c < firstCopy + copies; ++c)
-      run.add(copy(t, vars, scope, t.copies(c, 0), t.copies(c, 1)));
-  }
-  for (std::size_t h = 0; h < t.hostTensors.rows; ++h) {
-    if (t.hostTensors(h, 0) != 2) continue;
-    const Scope scope{static_cast<std::size_t>(t.hostTensors(h, 7)), static_cast<std::size_t>(t.hostTensors(h, 8))};
-    poplar::DataStream stream = graph.addDeviceToHostFIFO(t.string(t.hostTensors(h, 1)),
-                                                          elementType(t.hostTensors(h, 2)), t.hostTensors(h, 3));
-    run.add(poplar::program::Copy(operand(t, vars, scope, t.hostTensors(h, 4)), stream));
-  }
-  return run;
-}
-
-std::vector<char> readFile(const std::string &path, std::size_t bytes) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> data(bytes);
-  if (!in.read(data.data(), static_cast<std::streamsize>(bytes)))
-    throw std::runtime_error("cannot read " + std::to_string(bytes) + " bytes from " + path);
-  return data;
-}
-
-// The device: an IPUModel of the target by default; with -DTILEPLAN_HARDWARE,
-// the first IPU that can be attached.
-poplar::Device attachDevice() {
-#ifdef TILEPLAN_HARDWARE
-  // The graph uses tiles [0, kTiles) of the IPU, however many it has.
-  poplar::DeviceManager manager = poplar::DeviceManager::createDeviceManager();
-  for (poplar::Device &device : manager.getDevices(poplar::TargetType::IPU, 1)) {
-    if (device.attach()) return std::move(device);
-  }
-  throw std::runtime_error("no IPU could be attached");
-#else
-  poplar::IPUModel model(kIpuVersion);
-  model.numIPUs = 1;
-  model.tilesPerIPU = kTiles;
-  return model.createDevice({}, /*accurateHalf=*/true);
-#endif
-}
-
-}  // namespace
-
-int main(int argc, char **argv) {
-  const std::string dir = argc > 1 ? argv[1] : ".";
-  const std::string tablesPath = argc > 2 ? argv[2] : kTablesFile;
-  try {
-    const Tables t = readTables(tablesPath);
-    poplar::Device device = attachDevice();
-    poplar::Graph graph(device.getTarget());
-    for (const char *file : kCodelets) graph.addCodelets(file);
-    const std::vector<poplar::Tensor> vars = addVariables(graph, t);
-
-    poplar::program::Sequence parameters;   // program 0
-    streamIn(graph, t, vars, 0, parameters);
-    poplar::program::Sequence run = buildRun(graph, t, vars);
-
-    poplar::Engine engine(graph, {parameters, run});
-    engine.load(device);
-    std::vector<std::vector<char>> buffers(t.hostTensors.rows);
-    for (std::size_t h = 0; h < t.hostTensors.rows; ++h) {
-      const std::string name = t.string(t.hostTensors(h, 1));
-      const std::size_t bytes = static_cast<std::size_t>(t.hostTensors(h, 3)) * elementBytes(t.hostTensors(h, 2));
-      buffers[h] = t.hostTensors(h, 0) == 2 ? std::vector<char>(bytes) : readFile(dir + "/" + name + ".bin", bytes);
-      engine.connectStream(name, buffers[h].data());
-    }
-    engine.run(0);   // parameters
-    engine.run(1);   // inputs, every step, outputs
-    for (std::size_t h = 0; h < t.hostTensors.rows; ++h)
-      if (t.hostTensors(h, 0) == 2) writeFile(dir + "/" + t.string(t.hostTensors(h, 1)) + ".bin", buffers[h]);
-    writeFolded(dir);
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "host: %s\n", e.what());
-    return 1;
-  }
-  return 0;
-}
-"""
-
-POPLAR_INCLUDES = """#ifndef TILEPLAN_DUMP_TABLES
-#include <poplar/DeviceManager.hpp>
-#include <poplar/Engine.hpp>
-#include <poplar/Graph.hpp>
-#include <poplar/IPUModel.hpp>
-#include <poplar/Program.hpp>
-#endif
-"""
-
-# With -DTILEPLAN_DUMP_TABLES (no Poplar needed): print every section of a table file as text, so that tests
-# can check that host.cpp reads what emission wrote.
-DUMP_CPP = r"""
-}  // namespace
-
-int main(int argc, char **argv) {
-  try {
-    const Tables t = readTables(argc > 1 ? argv[1] : kTablesFile);
-    std::printf("strings %zu\n", t.strings.size());
-    const Table *tables[] = {&t.variables, &t.pieces, &t.runs, &t.operands, &t.bindings, &t.hostTensors,
-                             &t.hostCopies, &t.steps, &t.groups, &t.fields, &t.params, &t.vertices, &t.copies};
-    for (const Table *table : tables) {
-      std::printf("%s %zu %u\n", table->name.c_str(), table->rows, table->columns);
-      for (std::size_t r = 0; r < table->rows; ++r)
-        for (unsigned c = 0; c < table->columns; ++c)
-          std::printf("%d%c", (*table)(r, c), c + 1 < table->columns ? ' ' : '\n');
-    }
-    for (std::size_t v = 0; v < t.variables.rows; ++v) std::printf("%s\n", t.string(t.variables(v, 0)));
-    std::printf("folded %zu\n", kFolded.size());
-    if (argc > 2) writeFolded(argv[2]);
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "host: %s\n", e.what());
-    return 1;
-  }
-  return 0;
-}
-"""
+    Design decision: no autoescaping (the output is C++, not HTML); instead the names go through the
+    ``cpp_string`` and ``cpp_comment`` filters where the template uses them, and ``finalize``
+    refuses any value that comes out with a character outside printable ASCII, so a name the
+    template forgot to escape is an error, not a bidi character in host.cpp. With
+    ``-DTILEPLAN_DUMP_TABLES`` (no Poplar needed) the program prints every section of a table file
+    as text and the data files, so that tests can check that host.cpp reads what emission wrote."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("tileplan.lowering.emit", "templates"),
+                             autoescape=False, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True, finalize=_printable)
+    env.filters["cpp_string"] = cpp_string
+    env.filters["cpp_comment"] = cpp_comment
+    return env.get_template("host.cpp.j2")
 
 
 def render(replay: Replay, tp: TileProgram, target, model_name: str, codelet_files: list[str],
            sections: dict[str, np.ndarray], folded=()) -> str:
     rows = {name: (len(a) if name == "strings" else int(np.asarray(a).shape[0])) for name, a in sections.items()}
-    header = (
-        f"// Generated by tileplan.lowering.emit.host; do not edit.\n"
-        f"// Model {_comment(model_name)} on target {_comment(target.name)} ({tp.tiles} tiles): "
-        f"{len(tp.steps)} steps, {replay.summary['vertices']} vertices, {replay.summary['transfers']} transfer "
-        f"rows, {rows['variables']} variables.\n"
-        f"//\n"
-        f"// The tile program of the package, built with the Poplar host API: every vertex on the\n"
-        f"// tile the program puts it, every value mapped to the tiles that hold it, every exchange\n"
-        f"// a Copy of the same elements between the same tiles, in step order. Poplar chooses the\n"
-        f"// byte addresses (see tileplan/lowering/emit/host.py for how ours map to variables).\n"
-        f"// The program itself is data: {TABLES_FILE} (its layout is described below), read at startup.\n"
-        f"//\n"
-        f"// Build and run with the Poplar SDK, from the package folder:\n"
-        f"//   g++ -std=c++17 host.cpp -lpoplar -o host          (add -DTILEPLAN_HARDWARE for an IPU)\n"
-        f"//   ./host DATA_DIR [TABLES]                         (TABLES defaults to {TABLES_FILE})\n"
-        f"// DATA_DIR/<tensor>.bin holds every input and parameter as raw row-major elements (FP16 as\n"
-        f"// IEEE half, FP8 as F143 bytes divided by the tensor's power-of-two scale); the outputs are\n"
-        f"// written to DATA_DIR/<tensor>.bin the same way.\n"
-        f"// g++ -std=c++17 -DTILEPLAN_DUMP_TABLES host.cpp (no Poplar needed) prints the tables instead.\n"
-        f"//\n"
-        f"// Table rows: " + ", ".join(f"{n} {rows[n]}" for n, _ in SECTIONS) + ".\n")
-    consts = (f"constexpr unsigned kTiles = {tp.tiles};\n"
-              f"constexpr const char *kIpuVersion = {_str(target.family)};   // IPUModel architecture\n"
-              f"constexpr const char *kTablesFile = {_str(TABLES_FILE)};\n"
-              "const std::vector<const char *> kCodelets = {\n" + "".join(f"    {_str(f)},\n" for f in codelet_files)
-              + "};\n" + _folded_rows(folded))
-    return "\n".join([header, INCLUDES_CPP, POPLAR_INCLUDES, "namespace {\n", consts, TABLES_CPP, FOLDED_CPP,
-                      "#ifdef TILEPLAN_DUMP_TABLES", DUMP_CPP, "#else", POPLAR_CPP,
-                      "#endif  // TILEPLAN_DUMP_TABLES\n"])
+    return _template().render(
+        model_name=model_name, target_name=target.name, ipu_version=target.family, tiles=tp.tiles,
+        steps=len(tp.steps), vertices=replay.summary["vertices"], transfers=replay.summary["transfers"],
+        variables=rows["variables"], table_rows=", ".join(f"{n} {rows[n]}" for n, _ in SECTIONS),
+        tables_file=TABLES_FILE, codelet_files=codelet_files, folded=_folded_rows(folded, rows["host_tensors"]))
 
 
-def _folded_rows(folded) -> str:
-    """``kFolded``: per folded output (name, stored values), its element count and the bytes of its
-    one element as an octal-escaped string literal."""
+def _folded_rows(folded, first_row: int) -> list[dict]:
+    """``kFolded``'s rows: per folded output (name, stored values), its name, its data file (numbered
+    from ``first_row``, after the host tensors), its element count and the bytes of its one element
+    as an octal-escaped string literal."""
     rows = []
-    for name, values in folded:
+    for k, (name, values) in enumerate(folded):
         v = np.ascontiguousarray(values)
         one = np.full(1, v.flat[0] if v.size else 0, v.dtype).tobytes()
-        literal = '"' + "".join(f"\\{b:03o}" for b in one) + '"'
-        rows.append(f"    {{{_str(name)}, {v.size}, {len(one)}, {literal}}},\n")
-    return ("struct FoldedOutput { const char *name; std::size_t elements; std::size_t elementBytes; "
-            "const char *element; };\n"
-            "// Outputs folded at plan time: name, elements, bytes of the one element, the element.\n"
-            "const std::vector<FoldedOutput> kFolded = {\n" + "".join(rows) + "};\n")
+        rows.append({"name": name, "file": data_file(first_row + k, name), "elements": v.size,
+                     "element_bytes": len(one), "element": '"' + "".join(f"\\{b:03o}" for b in one) + '"'})
+    return rows
 
 
 def emit_host(tile_program: TileProgram, target, model_name: str, registry=None, folded=()) -> dict[str, bytes]:
