@@ -1,5 +1,9 @@
-"""The HTML report in a real browser: playwright driving Debian's chromium (/usr/bin/chromium, installed
-by .ci/run; playwright never downloads a browser here).
+"""The HTML report in a real browser: playwright driving a Chromium it does not download.
+
+The browser is found through ``TILEPLAN_CHROMIUM`` (a path; when set it must exist, so a CI that
+names its browser cannot silently skip), then playwright's own Chromium where ``playwright
+install`` put one, then Debian's ``/usr/bin/chromium`` (what .ci/run installs and names). With
+none of them the tests are skipped, saying so.
 
 Console errors are collected from the page's ``console`` events of type error and its uncaught
 exceptions (``pageerror``); `test_the_error_check_catches_a_page_with_a_js_error` is the negative
@@ -18,7 +22,7 @@ import tileplan
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures"
-CHROMIUM = "/usr/bin/chromium"
+DEBIAN_CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 
@@ -26,12 +30,29 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 @pytest.fixture(scope="session")
 def browser():
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian's chromium is needed at /usr/bin/chromium (apt-get install chromium, as .ci/run does)")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        b = p.chromium.launch(executable_path=_chromium(p), args=ARGS)
         yield b
         b.close()
+
+
+def _chromium(playwright) -> str:
+    """The Chromium to drive (see the module docstring), or a skip naming what was looked for."""
+    import os
+    named = os.environ.get("TILEPLAN_CHROMIUM")
+    if named:
+        if not Path(named).is_file():
+            pytest.fail(f"TILEPLAN_CHROMIUM={named} names no file")
+        return named
+    try:
+        own = playwright.chromium.executable_path
+    except Exception:                       # noqa: BLE001  (playwright without a browser of its own)
+        own = None
+    for path in (own, DEBIAN_CHROMIUM):
+        if path and Path(path).is_file():
+            return path
+    pytest.skip("no Chromium: set TILEPLAN_CHROMIUM, run `playwright install chromium`, or install Debian's "
+                "chromium (/usr/bin/chromium)")
 
 
 class Page:
