@@ -29,7 +29,7 @@ intervals or explicit ranges that a row-wise op reads (it needs whole rows: such
 pinned to rows instead); bf16; FP8 operands of pointwise ops.
 
 Run ``python tests/fuzz/dags.py SEED`` to print a case's model file (``--target`` for its target);
-``python tests/fuzz/dags.py fanout WIDTH`` prints the fan-out model of ``fanout(WIDTH)``.
+``python tests/fuzz/dags.py fanout WIDTH [--gather]`` prints the fan-out model of ``fanout(WIDTH)``.
 """
 
 from __future__ import annotations
@@ -625,15 +625,18 @@ def _batch_of(a: list[int], b: list[int]) -> tuple[int, ...]:
     return tuple(int(d) for d in np.broadcast_shapes(tuple(a), tuple(b)))
 
 
-def fanout(width: int, shape: tuple[int, ...] = (24, 40), tiles: int = 64, solver: str = "dp") -> Case:
+def fanout(width: int, shape: tuple[int, ...] = (24, 40), tiles: int = 64, solver: str = "dp",
+           gather: bool = False) -> Case:
     """One FP16 input read by ``width`` pointwise ops, each result a graph output: in turn an Add of
     its own parameter, a GeLU and a Cast to FP32. The graph is as wide as it is long: its selection
-    holds ``width`` live outputs at the end (what ``select.solve_dp``'s state must not multiply)."""
+    holds ``width`` live outputs at the end (what ``select.solve_dp``'s state must not multiply).
+    With ``gather`` (Adds and GeLUs only) the results are not outputs but summed in a chain of
+    Adds, the last sum the one output: ``width`` values live at once that later ops read."""
     rows = [f'x = {{ shape = {_toml(list(shape))}, dtype = "fp16", role = "input" }}']
     ops, outputs = [], []
     kinds: Counter = Counter()
     for k in range(width):
-        kind = ("add", "gelu", "cast")[k % 3]
+        kind = ("add", "gelu")[k % 2] if gather else ("add", "gelu", "cast")[k % 3]
         out = f"y{k}"
         ins = ["x"]
         extra = ""
@@ -645,13 +648,20 @@ def fanout(width: int, shape: tuple[int, ...] = (24, 40), tiles: int = 64, solve
         ops.append(f'[[ops]]\nname = "{kind}_{k}"\nop = "{kind}"\ninputs = {_toml(ins)}\noutput = "{out}"{extra}\n')
         outputs.append(out)
         kinds[kind] += 1
-    model = "\n".join(["[model]", f'name = "fanout_{width}"',
+    if gather:
+        acc = outputs[0]
+        for k, o in enumerate(outputs[1:]):
+            ops.append(f'[[ops]]\nname = "sum_{k}"\nop = "add"\ninputs = ["{acc}", "{o}"]\noutput = "s{k}"\n')
+            acc = f"s{k}"
+        outputs = [acc]
+    model = "\n".join(["[model]", f'name = "fanout_{width}{"_gather" if gather else ""}"',
                        f'description = "tests/fuzz/dags.py fanout: one tensor read by {width} ops, each an output"',
                        f"outputs = {_toml(outputs)}", "", "[tensors]", *rows, "", *ops])
     target = (f'inherits = "ipu21"\nname = "fuzz{tiles}"\ndescription = "a {tiles}-tile slice of the C600 '
               f'(the fuzz test)"\ntiles = {tiles}\n')
     features = Counter({"fan-out tensors": 1, "inputs": 1, "outputs": width, "max rank": len(shape)})
-    return Case(-width, model, target, tiles, solver, kinds, features, f"fanout_{width}")
+    stem = f"fanout_{width}" + ("_gather" if gather else "")
+    return Case(-width, model, target, tiles, solver, kinds, features, stem)
 
 
 def generate(seed: int) -> Case:
@@ -661,5 +671,5 @@ def generate(seed: int) -> Case:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    case = fanout(int(args[1])) if args[0] == "fanout" else generate(int(args[0]))
+    case = fanout(int(args[1]), gather="--gather" in args) if args[0] == "fanout" else generate(int(args[0]))
     print(case.target if "--target" in args else case.model, end="")
