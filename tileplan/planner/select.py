@@ -21,7 +21,8 @@ op i's interleaved transients, at every op, every tile.
 
 Solvers:
 - ``solve_dp``: a DP over the op order whose state is the layouts of the live
-  values, keeping per state at most ``paths`` (cycles, peak) Pareto paths
+  values some later op reads (a graph output no later op reads is retired from
+  the state: each path carries its bytes per tile), keeping per state at most ``paths`` (cycles, peak) Pareto paths
   (dominance pruning: the fastest, the one with the least peak and, when choices
   hold storage over the whole program, the one holding the least); exact when
   ``paths`` is None (unbounded). Repeated blocks of ops (``Problem.blocks``: a
