@@ -120,6 +120,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("siglip_layer_fp8_b1", "ipu21", False, (150, 3600), quick_stages=("plan", "quality")),
     Benchmark("siglip_layer_fp16_b1", "ipu21", False, (150, 3600), quick_stages=("plan",)),
     Benchmark("siglip_layer_fp8_b4", "ipu21", False, (300, 3600), quick_stages=("plan",)),
+    # One tensor read by 200 pointwise ops, each a graph output (tests/fuzz/dags.py fanout 200): the
+    # selection's width, planned only (its time and peak RSS; targets: under 10 s and 1 GB).
+    Benchmark("fanout_200", "ipu21-64", True, (60, 300), quick_stages=("plan",), reported=False,
+              compact=PLANNED_TWICE),
     # The 27-layer SigLIP tower: repeated layers costed once, a plan cache (cold, then warm repeats).
     Benchmark("siglip_tower_fp8_b1", "ipu21", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
               in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE),

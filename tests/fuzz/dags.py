@@ -28,7 +28,8 @@ to rearrange; a Transpose moving the last axis together with others; an input pi
 intervals or explicit ranges that a row-wise op reads (it needs whole rows: such an input is
 pinned to rows instead); bf16; FP8 operands of pointwise ops.
 
-Run ``python tests/fuzz/dags.py SEED`` to print a case's model file (``--target`` for its target).
+Run ``python tests/fuzz/dags.py SEED`` to print a case's model file (``--target`` for its target);
+``python tests/fuzz/dags.py fanout WIDTH [--gather]`` prints the fan-out model of ``fanout(WIDTH)``.
 """
 
 from __future__ import annotations
@@ -79,11 +80,12 @@ class Case:
     solver: str                    # the selection solver: "dp" (the default) or "cpsat"
     kinds: Counter = field(default_factory=Counter)      # op kind -> count
     features: Counter = field(default_factory=Counter)   # feature -> count
+    stem: str = ""                 # the model file's name (without .toml); "" for fuzz_SEED
 
     def write(self, folder: Path) -> tuple[Path, Path]:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        model, target = folder / f"fuzz_{self.seed}.toml", folder / f"fuzz{self.tiles}.toml"
+        model, target = folder / f"{self.stem or f'fuzz_{self.seed}'}.toml", folder / f"fuzz{self.tiles}.toml"
         model.write_text(self.model)
         target.write_text(self.target)
         return model, target
@@ -623,6 +625,45 @@ def _batch_of(a: list[int], b: list[int]) -> tuple[int, ...]:
     return tuple(int(d) for d in np.broadcast_shapes(tuple(a), tuple(b)))
 
 
+def fanout(width: int, shape: tuple[int, ...] = (24, 40), tiles: int = 64, solver: str = "dp",
+           gather: bool = False) -> Case:
+    """One FP16 input read by ``width`` pointwise ops, each result a graph output: in turn an Add of
+    its own parameter, a GeLU and a Cast to FP32. The graph is as wide as it is long: its selection
+    holds ``width`` live outputs at the end (what ``select.solve_dp``'s state must not multiply).
+    With ``gather`` (Adds and GeLUs only) the results are not outputs but summed in a chain of
+    Adds, the last sum the one output: ``width`` values live at once that later ops read."""
+    rows = [f'x = {{ shape = {_toml(list(shape))}, dtype = "fp16", role = "input" }}']
+    ops, outputs = [], []
+    kinds: Counter = Counter()
+    for k in range(width):
+        kind = ("add", "gelu")[k % 2] if gather else ("add", "gelu", "cast")[k % 3]
+        out = f"y{k}"
+        ins = ["x"]
+        extra = ""
+        if kind == "add":
+            rows.append(f'p{k} = {{ shape = {_toml(list(shape))}, dtype = "fp16", role = "parameter" }}')
+            ins.append(f"p{k}")
+        elif kind == "cast":
+            extra = '\ndtype = "fp32"'
+        ops.append(f'[[ops]]\nname = "{kind}_{k}"\nop = "{kind}"\ninputs = {_toml(ins)}\noutput = "{out}"{extra}\n')
+        outputs.append(out)
+        kinds[kind] += 1
+    if gather:
+        acc = outputs[0]
+        for k, o in enumerate(outputs[1:]):
+            ops.append(f'[[ops]]\nname = "sum_{k}"\nop = "add"\ninputs = ["{acc}", "{o}"]\noutput = "s{k}"\n')
+            acc = f"s{k}"
+        outputs = [acc]
+    model = "\n".join(["[model]", f'name = "fanout_{width}{"_gather" if gather else ""}"',
+                       f'description = "tests/fuzz/dags.py fanout: one tensor read by {width} ops, each an output"',
+                       f"outputs = {_toml(outputs)}", "", "[tensors]", *rows, "", *ops])
+    target = (f'inherits = "ipu21"\nname = "fuzz{tiles}"\ndescription = "a {tiles}-tile slice of the C600 '
+              f'(the fuzz test)"\ntiles = {tiles}\n')
+    features = Counter({"fan-out tensors": 1, "inputs": 1, "outputs": width, "max rank": len(shape)})
+    stem = f"fanout_{width}" + ("_gather" if gather else "")
+    return Case(-width, model, target, tiles, solver, kinds, features, stem)
+
+
 def generate(seed: int) -> Case:
     """The fuzz case of ``seed`` (deterministic)."""
     return _Builder(seed).build()
@@ -630,5 +671,5 @@ def generate(seed: int) -> Case:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    case = generate(int(args[0]))
+    case = fanout(int(args[1]), gather="--gather" in args) if args[0] == "fanout" else generate(int(args[0]))
     print(case.target if "--target" in args else case.model, end="")

@@ -2,7 +2,8 @@
 
 Random small ``select.Problem``s (2-5 ops in a chain or a small DAG, 1-4
 choices each, 2-3 layouts plus a fused marker, random cycles, per-tile bytes
-over 2-8 tiles, conversion prices and capacities, feasible or not; in some, choices
+over 2-8 tiles, conversion prices and capacities, feasible or not; up to three earlier tensors
+that are graph outputs too (read later or not); in some, choices
 that hold storage over the whole program, as pre-arranged weights do, and an
 interleaved region checked on its own).
 """
@@ -10,11 +11,13 @@ interleaved region checked on its own).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tileplan.planner.cpsat import SelectionModel, solve_cpsat
-from tileplan.planner.select import Choice, Fused, Problem, _solve_dp, evaluate, fits, solve_dp, solve_exhaustive
+from tileplan.planner.select import (Choice, Fused, Problem, StateLimit, _solve_dp, evaluate, fits, solve_dp,
+                                     solve_exhaustive)
 
 LAYOUTS = ("R", "I", "W")
 
@@ -73,9 +76,11 @@ def problems(draw) -> Problem:
     capacity = draw(st.integers(60, 500))
     inter = dict(interleaved_capacity=draw(st.integers(30, 200)), resident_interleaved=resident // 2) \
         if regions else {}
+    # Some earlier tensors are graph outputs too (live to the end, perhaps read by later ops).
+    extra = draw(st.lists(st.sampled_from(tensors), max_size=3, unique=True))
     return Problem(
         ops=ops, inputs=inputs, output=output, choices=choices, fixed=fixed,
-        outputs={output[ops[-1]]},
+        outputs={output[ops[-1]], *extra},
         tile_bytes=lambda t, lay: bytes_of[t, lay],
         conversion=lambda t, a, b: prices[t, a, b],
         resident=resident, capacity=capacity, **inter,
@@ -381,3 +386,70 @@ def test_the_small_tower_s_selection_composes_its_middle_layers_and_is_no_slower
     assert fits(problem, evaluate(problem, composed.picks))
     assert composed.cycles <= op_by_op.cycles
     assert composed.cycles == p.selection.cycles
+
+
+@st.composite
+def fan_outs(draw) -> Problem:
+    """One fixed tensor read by 3-7 ops, each output a graph output read by no op (or, with
+    ``gather``, summed pairwise by a last op), 1-3 choices each over 2-3 layouts on 2-6 tiles."""
+    tiles = draw(st.integers(2, 6))
+    layouts = list(LAYOUTS[:draw(st.integers(2, 3))])
+    arr = lambda hi: np.array(draw(st.lists(st.integers(0, hi), min_size=tiles, max_size=tiles)), dtype=np.int64)
+    n = draw(st.integers(3, 7))
+    ops = [f"op{i}" for i in range(n)]
+    inputs = {op: ["x"] for op in ops}
+    output = {op: f"y{i}" for i, op in enumerate(ops)}
+    choices = {op: [Choice((draw(st.sampled_from(layouts)),), draw(st.sampled_from(layouts)),
+                           draw(st.integers(0, 1000)), arr(40)) for _ in range(draw(st.integers(1, 3)))]
+               for op in ops}
+    outputs = set(output.values())
+    if draw(st.booleans()):                         # a last op reads two of the outputs
+        a, b = draw(st.lists(st.sampled_from(sorted(outputs)), min_size=2, max_size=2, unique=True))
+        ops.append("gather")
+        inputs["gather"], output["gather"] = [a, b], "z"
+        choices["gather"] = [Choice((la, lb), layouts[0], draw(st.integers(0, 500)), arr(40))
+                             for la in layouts for lb in layouts][:draw(st.integers(1, 4))]
+        outputs.add("z")
+    tensors = ["x", *output.values()]
+    bytes_of = {(t, lay): arr(60) for t in tensors for lay in layouts}
+    prices = {(t, a, b): (draw(st.integers(0, 300)), arr(30) if draw(st.booleans()) else None)
+              for t in tensors for a in layouts for b in layouts if a != b}
+    return Problem(ops=ops, inputs=inputs, output=output, choices=choices, fixed={"x": layouts[0]},
+                   outputs=outputs, tile_bytes=lambda t, lay: bytes_of[t, lay],
+                   conversion=lambda t, a, b: prices[t, a, b], resident=arr(50),
+                   capacity=draw(st.integers(100, 600)))
+
+
+@SETTINGS
+@given(fan_outs())
+def test_a_fan_out_to_outputs_keeps_few_states_and_the_dp_finds_the_oracle_s_optimum(problem):
+    # The outputs no later op reads leave the state: what is left is the copies of x (one per
+    # layout the ops convert it to) and the two outputs the gather reads, never the layouts of all.
+    oracle = solve_exhaustive(problem)
+    trace: list = []
+    exact = _solve_dp(problem, None, trace=trace)
+    bounded = solve_dp(problem, paths=16)
+    cp = solve_cpsat(problem)
+    if oracle is None:
+        assert exact is None and bounded is None and cp is None
+        return
+    assert exact.cycles == oracle.cycles == cp.cycles
+    assert bounded.cycles <= oracle.cycles * 1.01 and fits(problem, evaluate(problem, bounded.picks))
+    layouts = {c.out for chs in problem.choices.values() for c in chs} | {i for chs in problem.choices.values()
+                                                                         for c in chs for i in c.ins}
+    assert max(len(step) for step in trace) <= 2 ** len(layouts) * len(layouts) ** 2
+
+
+def test_a_dp_past_its_state_bound_stops_before_it_grows():
+    # Eight values each read by a last op, each in one of two layouts: 2^8 states before the last op.
+    z = np.zeros(2, dtype=np.int64)
+    ops = [f"op{i}" for i in range(8)] + ["last"]
+    choices = {f"op{i}": [Choice(("R",), "R", 10, z), Choice(("R",), "I", 12, z)] for i in range(8)}
+    choices["last"] = [Choice(("R",) * 8, "R", 1, z)]
+    problem = Problem(ops=ops, inputs={**{f"op{i}": ["x"] for i in range(8)}, "last": [f"y{i}" for i in range(8)]},
+                      output={**{f"op{i}": f"y{i}" for i in range(8)}, "last": "z"}, choices=choices,
+                      fixed={"x": "R"}, outputs={"z"}, tile_bytes=lambda t, lay: z + 1,
+                      conversion=lambda t, a, b: (5, None), resident=z, capacity=1000)
+    assert solve_dp(problem, paths=16).cycles == solve_cpsat(problem).cycles == 8 * 10 + 1
+    with pytest.raises(StateLimit, match="more than 100 states"):
+        solve_dp(problem, paths=16, max_states=100)

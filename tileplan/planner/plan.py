@@ -52,12 +52,13 @@ from ..layout import Packed, PackedPanels
 from ..layout.gemm_grid import Grid
 from . import elementwise as ew
 from . import epilogue
+from . import select
 from .candidates import Candidate, Fused, RunnerUp, Storage, activation_inputs
 from .families import family_of
 from .catalogue import Catalogues
 from .mid import MidGraph
 from .rewrite import canonical
-from .select import Choice, Problem, Solution, no_fit_error, solve_dp
+from .select import Choice, Problem, Solution, StateLimit, no_fit_error, solve_dp
 from .storage import parameter_storage, resolve_weights, stored_shape
 
 
@@ -494,15 +495,33 @@ def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dic
                               "peak_op": problem.ops.index(sol.peak_op) if sol.peak_op in problem.ops else -1})
         return sol
     if background:
-        return Forked(_search, (problem, solver, dp_paths), "the background selection", keep, after)
-    return keep(_search(problem, solver, dp_paths))
+        return Forked(_search, (problem, solver, dp_paths, g.name), "the background selection", keep, after)
+    return keep(_search(problem, solver, dp_paths, g.name))
 
 
-def _search(problem: Problem, solver: str, dp_paths):
+FALLBACK_SECONDS = 30.0
+
+
+def _search(problem: Problem, solver: str, dp_paths, model: str = ""):
+    """The selection by ``solver``.
+
+    Design decision: the DP's states are the layouts of the values later ops read, so a graph
+    holding many such values at once would multiply them; past ``select.MAX_STATES`` the DP stops
+    (``select.StateLimit``, before it allocates more) and CP-SAT, whose model grows with the
+    graph, not with its combinations, solves it within ``FALLBACK_SECONDS``. When that finds
+    nothing either, the plan stops with an error naming the model and the stage."""
     if solver == "cpsat":
         from .cpsat import solve_cpsat
         return solve_cpsat(problem)
-    return solve_dp(problem, paths=dp_paths)
+    try:
+        return solve_dp(problem, paths=dp_paths, max_states=select.MAX_STATES)
+    except StateLimit as exc:
+        from .cpsat import solve_cpsat       # (ortools loads only when it is used)
+        try:
+            return solve_cpsat(problem, time_limit=FALLBACK_SECONDS)
+        except TileplanError:
+            raise TileplanError(f"model {model!r}: the whole-graph selection stopped: {exc}, and CP-SAT found no "
+                                f"assignment within {FALLBACK_SECONDS:g} s") from None
 
 
 def _array_digest(a) -> str | None:

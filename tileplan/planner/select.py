@@ -21,7 +21,8 @@ op i's interleaved transients, at every op, every tile.
 
 Solvers:
 - ``solve_dp``: a DP over the op order whose state is the layouts of the live
-  values, keeping per state at most ``paths`` (cycles, peak) Pareto paths
+  values some later op reads (a graph output no later op reads is retired from
+  the state: each path carries its bytes per tile), keeping per state at most ``paths`` (cycles, peak) Pareto paths
   (dominance pruning: the fastest, the one with the least peak and, when choices
   hold storage over the whole program, the one holding the least); exact when
   ``paths`` is None (unbounded). Repeated blocks of ops (``Problem.blocks``: a
@@ -202,16 +203,29 @@ class _Path:
     over its ops without held storage (top), the storage its choices hold over the whole program
     (held) and the largest interleaved transients over its ops (itop), each the very array of its
     parent when its last choice left it as it was (read-only: shared); ``sums``: the three sums (a
-    path with a larger sum cannot be no larger on every tile)."""
+    path with a larger sum cannot be no larger on every tile); ``dead``: the bytes per tile of the
+    graph outputs it retired from the state (``_Search``: their layouts no later op reads), None
+    when none, and ``dsum`` their sum."""
 
-    __slots__ = ("cycles", "peak", "picks", "vec", "sums")
+    __slots__ = ("cycles", "peak", "picks", "vec", "sums", "dead", "dsum")
 
     def __init__(self, cycles, peak: int, picks: tuple[int, ...], vec: tuple | None = None,
-                 sums: tuple | None = None):
+                 sums: tuple | None = None, dead: np.ndarray | None = None, dsum: int = 0):
         self.cycles, self.peak, self.picks, self.vec, self.sums = cycles, peak, picks, vec, sums
+        self.dead, self.dsum = dead, dsum     # retired outputs' bytes per tile (``_Search``), their sum
 
 
-def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
+def _then(path: _Path, gone) -> tuple:
+    """``path``'s retired bytes (dead, dsum) after a move that retires ``gone`` ((bytes, sum) or None)."""
+    if gone is None:
+        return path.dead, path.dsum
+    return (gone[0] if path.dead is None else path.dead + gone[0]), path.dsum + gone[1]
+
+
+MAX_STATES = 4096
+
+
+def solve_dp(problem: Problem, paths: int | None = 16, max_states: int | None = MAX_STATES) -> Solution | None:
     """DP over the op order; state = layouts of the values live after the op. When some choice holds
     storage over the whole program (``Problem.holds``: pre-arranged weights), a path carries per
     tile its largest memory so far without that storage, the storage its choices hold, and its
@@ -223,11 +237,24 @@ def solve_dp(problem: Problem, paths: int | None = 16) -> Solution | None:
     (cycles, peak) dominance and the held storage counted from the op that holds it was tried and
     removed: two paths with one state can carry different held storage into every later op, so
     scalar dominance pruned the path that fits and the bounded DP then kept a slower one (found
-    by test_bounded_dp_stays_within_one_percent_of_the_oracle)."""
-    return _solve_dp(problem, paths)
+    by test_bounded_dp_stays_within_one_percent_of_the_oracle).
+
+    Design decision (width): a graph output that no later op reads is retired from the state after
+    its last reader (its producer when none): the layouts it and its converted copies are in can
+    change nothing later, only their bytes, which every later op holds. Each path carries those
+    bytes per tile (``_Path.dead``) and dominance compares them tile by tile (a path holding no
+    more on any tile is no worse whatever comes next), so the DP stays exact with unbounded
+    buckets. Keeping them in the state made it exponential in the live outputs: one tensor read by
+    N ops whose results are all outputs had 2^N states (N = 25: minutes and gigabytes); now it
+    has one state per step. Values that later ops still read keep their layouts in the state:
+    a graph that holds many of them at once still multiplies states, so a step that would open
+    more than ``max_states`` states raises ``StateLimit`` (memory and time bounded; ``plan``
+    falls back to CP-SAT, which is polynomial in its model size) instead of growing without bound."""
+    return _solve_dp(problem, paths, max_states=max_states)
 
 
-def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True, trace: list | None = None) -> Solution | None:
+def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True, trace: list | None = None,
+              max_states: int | None = MAX_STATES) -> Solution | None:
     """``solve_dp``'s search.
 
     Every path of one state has the same live values in the same layouts and the same converted
@@ -240,7 +267,7 @@ def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True, trace
     one: the reference the tests hold it to; ``trace`` gets every step's states, each its paths'
     picks in order; a repeated block is one step). Repeated blocks (``Problem.blocks``) are searched
     once and composed (``_Search.compose``)."""
-    search = _Search(problem, paths, pass_over)
+    search = _Search(problem, paths, pass_over, max_states)
     states = search.start()
     ops = problem.ops
     i = 0
@@ -260,6 +287,11 @@ def _solve_dp(problem: Problem, paths: int | None, pass_over: bool = True, trace
     sol = evaluate(problem, dict(zip(ops, best.picks)))
     sol.exact = paths is None
     return sol
+
+
+class StateLimit(Exception):
+    """``solve_dp`` stopped: a step would hold more than its ``max_states`` states (``plan`` then
+    falls back to CP-SAT)."""
 
 
 @dataclass
@@ -301,7 +333,7 @@ class _Search:
     tower: 8,247,271 modelled cycles (8,255,057 op by op), about 3 s of search per QKV form
     instead of 38 s."""
 
-    def __init__(self, problem: Problem, paths: int | None, pass_over: bool):
+    def __init__(self, problem: Problem, paths: int | None, pass_over: bool, max_states: int | None = None):
         self.problem, self.paths = problem, paths
         self.last = last = problem.last_use()
         self.holds = problem.holds()              # paths carry per-tile figures
@@ -333,8 +365,16 @@ class _Search:
             self.fixed_base.append(base)
             for t in ending.get(i, ()):       # fixed values whose last use was this op
                 base = base - self.tile_bytes(t, fixed[t])
+        # A graph output no op reads after op ``retire[t]`` leaves the states there (``moves``).
+        self.retire: dict[str, int] = {}
+        produced = {problem.output[op]: i for i, op in enumerate(problem.ops)}
+        for t in problem.outputs:
+            if t in last:
+                readers = [i for i, op in enumerate(problem.ops) if t in problem.inputs[op]]
+                self.retire[t] = max(readers + [produced.get(t, -1)])
         self.repeats = self._repeats()
         self.block_memo: dict = {}
+        self.max_states = max_states
 
     def inter_ok(self, ch) -> bool:           # without held storage: the region at one op, one choice
         if self.icap is None or ch.interleaved is None:
@@ -367,6 +407,22 @@ class _Search:
             out.append((t,) + v[0])
         return tuple(out)
 
+    def opened(self, nxt: dict, slot: list, key, live, copies) -> "_Bucket":
+        """A new next state's bucket (``_open``), within ``max_states`` (``StateLimit``)."""
+        self.count(nxt)
+        return _open(nxt, slot, key, live, copies)
+
+    def offered(self, offers: dict, key, entry: tuple) -> tuple:
+        """A new next state's offers, within ``max_states`` (``StateLimit``)."""
+        self.count(offers)
+        offers[key] = entry
+        return entry
+
+    def count(self, states: dict) -> None:
+        if self.max_states is not None and len(states) >= self.max_states:
+            raise StateLimit(f"the selection DP would hold more than {self.max_states:,} states (layouts of the "
+                             "values that later ops read)")
+
     def start(self) -> dict:
         zero = np.zeros(self.tiles, dtype=np.int64)
         start = _Path(0, 0, (), (zero, zero, zero), (0, 0, 0)) if self.holds else _Path(0, 0, ())
@@ -374,9 +430,13 @@ class _Search:
 
     def moves(self, i: int, live: tuple, copies: tuple) -> list:
         """From one state, per choice of op i that can run there: (index, choice, its cycles with its
-        conversions', its memory at op i without held storage, the next state's live values, copies
-        and key)."""
+        conversions', its memory at op i without held storage and retired outputs, the next state's
+        live values, copies and key, and what it retires: (bytes per tile, their sum) or None).
+
+        A graph output that no op reads after op i (``retire``) is retired: it and its converted
+        copies leave the next state and their bytes go to the path (``_Path.dead``)."""
         problem, last, fixed, tile_bytes, convert = self.problem, self.last, self.fixed, self.tile_bytes, self.convert
+        retire = self.retire
         op = problem.ops[i]
         layout = dict(live)
         base = self.fixed_base[i].copy()
@@ -408,14 +468,30 @@ class _Search:
                 continue
             if not isinstance(ch.out, Fused):
                 mem = mem + tile_bytes(out, ch.out)
-            new_live = tuple(sorted([(t, l) for t, l in live if last.get(t, -1) > i]
-                                    + ([(out, ch.out)] if last.get(out, -1) > i else [])))
-            new_copies = tuple(sorted(((t, l) for t, l in made if last.get(t, -1) > i),
-                                      key=lambda e: (e[0], str(e[1]))))
+            kept_live = [(t, l) for t, l in live if last.get(t, -1) > i] + \
+                ([(out, ch.out)] if last.get(out, -1) > i else [])
+            kept_copies = [(t, l) for t, l in made if last.get(t, -1) > i]
+            gone = None
+            if retire:
+                gl = [e for e in kept_live if retire.get(e[0], i + 1) <= i]
+                gc = [e for e in kept_copies if retire.get(e[0], i + 1) <= i]
+                if gl or gc:
+                    kept_live = [e for e in kept_live if e not in gl]
+                    kept_copies = [e for e in kept_copies if e not in gc]
+                    g = np.zeros(self.tiles, dtype=np.int64)
+                    for t, lay in gl:
+                        g = g + tile_bytes(t, lay)
+                    for t, lay in gc:
+                        if convert(t, layout[t] if t in layout else fixed[t], lay)[1] is not None:
+                            g = g + tile_bytes(t, lay)
+                    gone = (g, int(g.sum()))
+            new_live = tuple(sorted(kept_live))
+            new_copies = tuple(sorted(kept_copies, key=lambda e: (e[0], str(e[1]))))
             cycles = ch.cycles
             for c in convs:        # (integers: a path's cycles plus these is the path-by-path sum)
                 cycles += c
-            found.append((ci, ch, cycles, mem, new_live, new_copies, (self.key_of(new_live), self.key_of(new_copies))))
+            found.append((ci, ch, cycles, mem, new_live, new_copies, (self.key_of(new_live), self.key_of(new_copies)),
+                          gone))
         return found
 
     def step(self, i: int, states: dict, vec: bool, stairs: bool = False) -> dict:
@@ -428,47 +504,52 @@ class _Search:
         for live, copies, entries in states.values():
             found = self.moves(i, live, copies)
             if not vec:
-                steps = [(ci, cyc, int(mem.max()), nl, nc, key) for ci, ch, cyc, mem, nl, nc, key in found
-                         if int(mem.max()) <= cap and self.inter_ok(ch)]
-                slots = _slots(nxt, [s[5] for s in steps])
+                steps = [(ci, cyc, int(mem.max()), mem, nl, nc, key, gone)
+                         for ci, ch, cyc, mem, nl, nc, key, gone in found if int(mem.max()) <= cap and self.inter_ok(ch)]
+                slots = _slots(nxt, [s[6] for s in steps])
                 for path in entries:
-                    pc, pp = path.cycles, path.peak
-                    for k, (ci, cyc, top, nl, nc, key) in enumerate(steps):
+                    pc, pp, pd = path.cycles, path.peak, path.dead
+                    for k, (ci, cyc, top, mem, nl, nc, key, gone) in enumerate(steps):
+                        if pd is not None:          # (the outputs it retired are in memory at every later op)
+                            top = int((mem + pd).max())
+                            if top > cap:
+                                continue
                         # (a path's peak is within the capacity, so is the larger of the two)
                         c, pk = pc + cyc, max(pp, top)
+                        dead, dsum = _then(path, gone)
                         b = slots[k][0]
                         if b is not None and skips and len(b.paths) >= paths:
                             m = b.marks or b.mark(paths)
                             if _passes(m, c, pk):
-                                if not b.thinned and not _covered(b.paths, _Path(c, pk, ())):
+                                if not b.thinned and not _covered(b.paths, _Path(c, pk, (), None, None, dead, dsum)):
                                     b.settle(paths)
                                 continue
                         if b is None:
-                            b = _open(nxt, slots[k], key, nl, nc)
-                        b.offer(_Path(c, pk, path.picks + (ci,)), paths)
+                            b = self.opened(nxt, slots[k], key, nl, nc)
+                        b.offer(_Path(c, pk, path.picks + (ci,), None, None, dead, dsum), paths)
                 continue
             if not found:
                 continue
             ibase, start_ok = self.ibase, self.start_ok
             if stairs:
-                for ci, ch, cyc, mem, nl, nc, key in found:
+                for ci, ch, cyc, mem, nl, nc, key, gone in found:
                     # (the peak after the move is at least the path's plus the least the move holds, and
                     # at least the move's memory plus what it holds: the offer's bound until it is made)
                     r = ch.resident
                     rsum, rmin = (0, 0) if r is None else (int(r.sum()), int(r.min()))
                     rtop = int(mem.max() if r is None else (mem + r).max())
-                    got = offers.get(key) or offers.setdefault(key, (nl, nc, []))
+                    got = offers.get(key) or self.offered(offers, key, (nl, nc, []))
                     for path in entries:
                         low = max(path.peak + rmin, rtop)
                         if low <= cap:
                             got[2].append((path.cycles + cyc, low, path.sums[1] + rsum, (path.picks, (ci,)), _moved,
-                                           (path, ch, mem, rsum, ci, cyc, tiles, cap, icap, ibase, start_ok)))
+                                           (path, ch, mem, rsum, ci, cyc, tiles, cap, icap, ibase, start_ok, gone)))
                 continue
             # Per move, what decides a skip without per-tile figures: a path's peak after it is at
             # least its peak before plus the least the move holds, and at least the move's own memory
             # plus what it holds, on its fullest tile (``_Bucket``); and the sum it adds to held storage.
             cheap = []
-            for ci, ch, cyc, mem, nl, nc, key in found:
+            for ci, ch, cyc, mem, nl, nc, key, _ in found:
                 r = ch.resident
                 cheap.append((cyc, 0 if r is None else int(r.min()), int(mem.max() if r is None else (mem + r).max()),
                               0 if r is None else int(r.sum())))
@@ -492,7 +573,8 @@ class _Search:
                                 if not b.thinned:        # (an offer that does not fit, or is covered, changes nothing)
                                     f = figures.get(k) or _figures(path, found[k][1], found[k][3], rsum, tiles,
                                                                    cap, icap, ibase, start_ok)
-                                    if f[3] and not _covered(b.paths, _Path(c, f[0], (), f[1], f[2])):
+                                    if f[3] and not _covered(b.paths, _Path(c, f[0], (), f[1], f[2],
+                                                                            *_then(path, found[k][7]))):
                                         b.settle(paths)
                                 continue
                     f = figures.get(k) or _figures(path, found[k][1], found[k][3], rsum, tiles, cap, icap, ibase,
@@ -500,9 +582,9 @@ class _Search:
                     if not f[3]:
                         continue
                     if b is None:
-                        _, _, _, _, nl, nc, key = found[k]
-                        b = _open(nxt, slots[k], key, nl, nc)
-                    b.offer(_Path(c, f[0], path.picks + (found[k][0],), f[1], f[2]), paths)
+                        _, _, _, _, nl, nc, key, _ = found[k]
+                        b = self.opened(nxt, slots[k], key, nl, nc)
+                    b.offer(_Path(c, f[0], path.picks + (found[k][0],), f[1], f[2], *_then(path, found[k][7])), paths)
         for key, (live, copies, cands) in offers.items():
             b = _settled(cands, paths, True)
             if b is not None:
@@ -581,17 +663,20 @@ class _Search:
         compositions are never made into paths."""
         mapped = []
         for live, copies, entries in states.values():
-            if any(t not in block.names for t, _ in (*live, *copies)):
+            if any(t not in block.names for t, _ in (*live, *copies)) or any(P.dead is not None for P in entries):
                 return None
             mapped.append((_renamed(live, copies, block.names), entries))
         paths, cap, icap, ibase = self.paths, self.cap, self.icap, self.ibase
         holds, offset = self.holds, block.offset
         offers: dict[tuple, tuple] = {}
         for (rlive, rcopies), entries in mapped:
-            for olive, ocopies, lpaths in self.block_paths(block.rep, rlive, rcopies):
+            ends = self.block_paths(block.rep, rlive, rcopies)
+            if any(L.dead is not None for _, _, lpaths in ends for L in lpaths):
+                return None                  # (a block that retires outputs: searched op by op)
+            for olive, ocopies, lpaths in ends:
                 live, copies = _renamed(olive, ocopies, block.inverse)
                 key = (self.key_of(live), self.key_of(copies))
-                got = offers.get(key) or offers.setdefault(key, (live, copies, []))
+                got = offers.get(key) or self.offered(offers, key, (live, copies, []))
                 # The block paths' figures as matrices (one row each), composed with a start path at once.
                 tops = np.stack([L.vec[0] for L in lpaths]) if offset is None else \
                     np.stack([L.vec[0] for L in lpaths]) + offset
@@ -680,11 +765,11 @@ def _scalar_join(P: _Path, L: _Path, peak: int) -> _Path:
 
 
 def _moved(path: _Path, ch: Choice, mem, rsum: int, ci: int, cycles: int, tiles: int, cap: int, icap, ibase,
-           start_ok: bool) -> _Path | None:
-    """``path`` after choice ``ci`` (``ch``, its cycles with its conversions', its memory ``mem``), or None
-    when that does not fit (``_figures``)."""
+           start_ok: bool, gone=None) -> _Path | None:
+    """``path`` after choice ``ci`` (``ch``, its cycles with its conversions', its memory ``mem``, the
+    outputs it retires ``gone``), or None when that does not fit (``_figures``)."""
     f = _figures(path, ch, mem, rsum, tiles, cap, icap, ibase, start_ok)
-    return _Path(path.cycles + cycles, f[0], path.picks + (ci,), f[1], f[2]) if f[3] else None
+    return _Path(path.cycles + cycles, f[0], path.picks + (ci,), f[1], f[2], *_then(path, gone)) if f[3] else None
 
 
 def _settled(offers: list, bound: int | None, lean: bool) -> _Bucket | None:
@@ -725,6 +810,8 @@ def _figures(path: _Path, ch: Choice, mem: np.ndarray, held_sum: int, tiles: int
     ``cap`` and the interleaved region within ``icap``; vec and sums are None when it does not fit."""
     ptop, pheld, pitop = path.vec
     s0, s1, s2 = path.sums
+    if path.dead is not None:        # the outputs it retired are in memory at every later op
+        mem = mem + path.dead
     # A figure the move does not raise on any tile stays the parent's very array: once a tower's
     # largest op is behind it, most paths share one top (and one itop), and comparing them is free.
     top = ptop if (mem <= ptop).all() else np.maximum(ptop, mem)
@@ -751,16 +838,18 @@ def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> tuple[int, tupl
     marks of what it kept, ``_thin``). A path covers
     another when it is no slower, its peak is no larger and, with per-tile figures, whatever comes
     next it never has more memory on any tile in either class (every figure of ``vec`` no larger;
-    the sums are checked first: a larger sum rules it out)."""
+    the sums are checked first: a larger sum rules it out) and, when it retired outputs, no more of
+    their bytes on any tile (every later op holds them)."""
     if _covered(bucket, p):
         return 0, None
-    pc, pp, ps, pv = p.cycles, p.peak, p.sums, p.vec
+    pc, pp, ps, pv, pd, pds = p.cycles, p.peak, p.sums, p.vec, p.dead, p.dsum
     if ps is None:
-        keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak)]
+        keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak and pds <= q.dsum and _le(pd, q.dead))]
     else:
         a0, a1, a2 = ps
         keep = [q for q in bucket if not (pc <= q.cycles and pp <= q.peak and a0 <= q.sums[0] and a1 <= q.sums[1]
-                                          and a2 <= q.sums[2] and _no_more(pv, q.vec))]
+                                          and a2 <= q.sums[2] and pds <= q.dsum and _no_more(pv, q.vec)
+                                          and _le(pd, q.dead))]
     if len(keep) != len(bucket):
         bucket[:] = keep
     bucket.append(p)
@@ -772,19 +861,28 @@ def _insert(bucket: list[_Path], p: _Path, bound: int | None) -> tuple[int, tupl
 
 def _covered(bucket: list[_Path], p: _Path) -> bool:
     """Some path of the bucket covers ``p`` (``_insert``)."""
-    pc, pp, ps, pv = p.cycles, p.peak, p.sums, p.vec
+    pc, pp, ps, pv, pd, pds = p.cycles, p.peak, p.sums, p.vec, p.dead, p.dsum
     if ps is None:
         for q in bucket:
-            if q.cycles <= pc and q.peak <= pp:
+            if q.cycles <= pc and q.peak <= pp and q.dsum <= pds and _le(q.dead, pd):
                 return True
         return False
     a0, a1, a2 = ps
     for q in bucket:
-        if q.cycles <= pc and q.peak <= pp:
+        if q.cycles <= pc and q.peak <= pp and q.dsum <= pds:
             s = q.sums
-            if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and _no_more(q.vec, pv):
+            if s[0] <= a0 and s[1] <= a1 and s[2] <= a2 and _no_more(q.vec, pv) and _le(q.dead, pd):
                 return True
     return False
+
+
+def _le(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Retired bytes ``a`` no larger than ``b`` on every tile (None: none; never negative)."""
+    if a is None or a is b:
+        return True
+    if b is None:
+        return not a.any()
+    return bool((a <= b).all())
 
 
 def _no_more(a: tuple, b: tuple) -> bool:
