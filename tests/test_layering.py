@@ -1,8 +1,9 @@
 """DESIGN.md's dependency order, checked on the source: every import in tileplan/ (module level and
 inside functions) points down the layers, and no modules import each other in a cycle.
 
-    vocabulary (graph, target, layout; errors, _version, checked, atomic, gcpause, forked) <- kernels
-    <- program <- estimate <- planner <- lowering <- sim <- report <- cli, bench, the top-level API
+    vocabulary (graph, target, layout; errors, _version, checked, atomic, safeio, schema, gcpause, forked)
+    <- kernels
+    <- program <- estimate <- planner <- lowering <- sim <- report <- cli, bench, calibrate, the top-level API
     (tileplan/__init__.py)
 
 The model-file loaders (graph/toml.py, onnx.py, torch.py) build the vocabulary and may use targets
@@ -16,9 +17,9 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1] / "tileplan"
-LAYERS = {"errors": 0, "_version": 0, "checked": 0, "atomic": 0, "gcpause": 0, "forked": 0,
+LAYERS = {"errors": 0, "_version": 0, "checked": 0, "atomic": 0, "gcpause": 0, "forked": 0, "safeio": 0, "schema": 0,
           "graph": 1, "target": 1, "targets": 1,
-          "layout": 1, "kernels": 2, "program": 3, "estimate": 4, "planner": 5, "lowering": 6, "sim": 7, "report": 8, "cli": 9, "bench": 9,
+          "layout": 1, "kernels": 2, "program": 3, "estimate": 4, "planner": 5, "lowering": 6, "sim": 7, "report": 8, "cli": 9, "bench": 9, "calibrate": 9, "calibration": 9,
           "": 10}
 
 
