@@ -151,3 +151,18 @@ def test_an_error_line_shows_a_path_escaped(tmp_path, guard):
     result = guard.run(["show", "missing\x1b[2J\u202e.toml"], tmp_path)
     line = assert_refused(result, "missing\\x1b[2J\\u202e.toml")
     assert raw_controls(line) == []
+
+
+def test_a_plan_cache_warning_shows_its_path_escaped(tmp_path, guard):
+    shutil.copy(SMOKE, tmp_path / "model.toml")
+    cache = tmp_path / ESC_DIR
+    first = guard.run(["plan", "model.toml", "-j", "1", "--cache", cache], tmp_path, timeout=300)
+    assert_text_only(first)
+    entries = sorted(cache.rglob("*.entry"))
+    assert entries
+    for entry in entries:                     # every entry damaged: the next plan warns about each
+        entry.write_bytes(b"\x1b[2J not an entry")
+    out, err = assert_text_only(guard.run(["plan", "model.toml", "-j", "1", "--cache", cache], tmp_path, timeout=300))
+    warnings = [line for line in err.splitlines() if line.startswith("warning: plan cache entry")]
+    assert warnings, err
+    assert all(ESC_DIR_SHOWN in line for line in warnings), warnings
