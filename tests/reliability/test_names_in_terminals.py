@@ -30,6 +30,7 @@ SHOWN = {
     "compile": [MODEL_NAME],
     "validate": [MODEL_NAME, TENSOR_NAMES["y"]],
     "report": [MODEL_NAME, *OP_NAMES.values()],
+    "report --compare": [f"A = {MODEL_NAME} @", *OP_NAMES.values()],
 }
 
 ESC_STEM = "evil\x1b]0;pwned\x07"          # sets a terminal's window title
@@ -85,7 +86,8 @@ def test_the_renamed_model_holds_every_name():
 def test_markup_in_names_prints_literally(cases, guard, command):
     d, compiled, _ = cases
     args = {"show": ["show", "names.toml"], "plan": ["plan", "names.toml", "-j", "1"],
-            "validate": ["validate", "pkg"], "report": ["report", "pkg"]}
+            "validate": ["validate", "pkg"], "report": ["report", "pkg"],
+            "report --compare": ["report", "pkg", "--compare", "pkg", "--html", "compare.html"]}
     result = compiled if command == "compile" else guard.run(args[command], d, timeout=300)
     out, _ = assert_text_only(result)
     for name in SHOWN[command]:

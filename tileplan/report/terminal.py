@@ -379,8 +379,8 @@ def compare_table(a, b, verbose: bool = False) -> Group:
         if verbose or r["cycles_delta"] != 0:
             s.add_row(r["name"], _n(r["cycles_a"]), _n(r["cycles_b"]), _signed(r["cycles_delta"]))
     same = sum(r["cycles_delta"] == 0 for r in steps)
-    note = plain(f"{same} of {len(steps)} steps take the same cycles in both" + ("" if verbose else
-                " (not listed; --verbose lists every step)"), style="dim")
+    note = plain((f"{same} of {len(steps)} steps take the same cycles in both" + ("" if verbose else
+                 " (not listed; --verbose lists every step)"), "dim"))
     return Group(_pin(t), _pin(s), note)
 
 
