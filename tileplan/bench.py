@@ -931,7 +931,7 @@ def _json_default(o):
 
 
 def rich_tables(doc: dict):
-    from rich.table import Table
+    from .report.terminal import PlainTable as Table      # fixture names as text, never markup
     targets = Table(title="tileplan bench: targets (cycles are the IPU model's, not hardware's)")
     for col in TARGET_COLUMNS:
         targets.add_column(col, justify="right" if col == "tileplan" else "left")

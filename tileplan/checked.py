@@ -17,7 +17,11 @@ Bounds, and why:
   means "none", as ``amp_fp8 = 0`` or ``sync_cycles = 0``) non-negative, and at
   most ``MAX_FIGURE`` (2**40) so sums and products of figures stay in int64;
 - a name is a non-empty string without control characters (a NUL in a tensor
-  name would make an npz member or a C++ identifier mean something else).
+  name would make an npz member or a C++ identifier mean something else; an ESC
+  in a name printed to a terminal would be a command to the terminal).
+
+Names and text a user cannot be refused for (a path they typed, the stem of a
+model file) are shown with ``printable`` instead: the same characters, escaped.
 """
 
 from __future__ import annotations
@@ -78,15 +82,52 @@ def figure(value: Any, where: str, *, integer: bool = True, zero_ok: bool = Fals
     return int(value) if integer else float(value)
 
 
-def name(value: Any, what: str) -> str:
-    """A tensor or op name: a non-empty string with no control characters (NUL, newline, ...)."""
+# Characters a terminal may act on rather than show: C0 and C1 controls (ESC starts a terminal
+# command, CR and BS overwrite what was printed), format characters (the bidi overrides and
+# isolates U+202A-202E and U+2066-2069, the marks U+200E/U+200F and U+061C, which reorder the
+# rest of the line as displayed, and zero-width characters), line and paragraph separators, and
+# lone surrogates (a file name that is not UTF-8 decodes to them; they cannot even be encoded).
+UNPRINTABLE = ("Cc", "Cf", "Cs", "Zl", "Zp")
+
+
+def _unprintable(c: str) -> bool:
+    return unicodedata.category(c) in UNPRINTABLE
+
+
+def name(value: Any, what: str, field: str = "name") -> str:
+    """A tensor, op, model or target name (or another label, ``field``: a target's description):
+    a non-empty string with no character of ``UNPRINTABLE``.
+
+    Design decision: a name with a control or bidi character is refused, not escaped. It comes from
+    a file the user passes (a model, a target), it would be printed, rendered and emitted in many
+    places, and no legitimate name needs one; refusing it once here keeps every later use plain."""
     if not isinstance(value, str) or not value:
-        raise TileplanError(f"{what} name must be a non-empty string, got {value!r}")
-    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs")), None)
+        raise TileplanError(f"{what} {field} must be a non-empty string, got {printable(repr(value))}")
+    bad = next((c for c in value if _unprintable(c)), None)
     if bad is not None:
-        raise TileplanError(f"{what} name {value!r} contains the control character U+{ord(bad):04X}; "
-                            "names must be printable")
+        kind = "control" if unicodedata.category(bad) == "Cc" else "non-printing"
+        raise TileplanError(f"{what} {field} {printable(repr(value))} contains the {kind} character "
+                            f"U+{ord(bad):04X}; {field}s must be printable")
     return value
+
+
+def printable(value: Any) -> str:
+    """``str(value)`` with every ``UNPRINTABLE`` character shown as a Python escape (``\\x1b``,
+    ``\\u202e``, ``\\udcff``), so it prints as text and never acts on the terminal.
+
+    Design decision: the one function for what cannot be refused — paths and file stems a user
+    typed, and every error line the CLI prints. Backslashes are left as they are (an error message
+    that holds a ``repr`` is already escaped and must not be escaped twice); text without an
+    unprintable character is returned unchanged."""
+    text = str(value)
+    if not any(_unprintable(c) for c in text):
+        return text
+    return "".join(_escape(c) if _unprintable(c) else c for c in text)
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _show(items: list) -> str:

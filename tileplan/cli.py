@@ -36,9 +36,9 @@ if (__name__ == "__main__" or Path(sys.argv[0]).name == "tileplan") \
 
 import typer  # noqa: E402  (after the handlers: the heavy imports start here)
 from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
 
-from .report.terminal import NO_ROOFLINE, roofline_ratio_text  # noqa: E402
+from .report.terminal import NO_ROOFLINE, PlainTable, plain, roofline_ratio_text  # noqa: E402
+from .checked import printable  # noqa: E402
 from .errors import TileplanError  # noqa: E402
 from .graph.core import Graph, MatMul, Role  # noqa: E402
 from .graph.dtypes import DType  # noqa: E402
@@ -180,10 +180,10 @@ def machines(
         ("  paired exchange", lambda t: str(t.paired_bytes_per_cycle)),
         ("sync (cycles)", lambda t: _n(t.sync_cycles)),
     ]
-    table = Table(title="Targets")
+    table = PlainTable(title="Targets")
     table.add_column("", style="bold")
     for t in loaded:
-        table.add_column(t.name, justify="right")
+        table.add_column(plain(t.name), justify="right")
     for label, value in rows:
         table.add_row(label, *(value(t) for t in loaded))
     _console().print(table)
@@ -214,9 +214,9 @@ def show(
                         "layout": str(t.layout) if t.layout is not None else None}
                        for t in graph.tensors.values()],
            "flops": graph.total_flops()}
-    console.print(f"[bold]{graph.name}[/bold]  ({model})")
+    console.print(plain((graph.name, "bold"), f"  ({model})"))
 
-    ops = Table(title="Ops (in execution order)")
+    ops = PlainTable(title="Ops (in execution order)")
     for col in ("#", "op", "kind", "inputs -> output", "shapes", "dtypes", "FLOPs", "bytes"):
         ops.add_column(col, justify="right" if col in ("#", "FLOPs", "bytes") else "left")
     for i, op in enumerate(graph.ops):
@@ -231,7 +231,7 @@ def show(
                     _n(graph.flops(op)), _n(graph.op_bytes(op)))
     console.print(ops)
 
-    tensors = Table(title="Tensors")
+    tensors = PlainTable(title="Tensors")
     for col in ("tensor", "role", "shape", "dtype", "scale", "bytes", "layout"):
         tensors.add_column(col, justify="right" if col in ("scale", "bytes") else "left")
     for t in graph.tensors.values():
@@ -251,9 +251,9 @@ def show(
         f"({_n(matmul_flops)} in MatMuls); inputs {_n(role_bytes(Role.INPUT))} B, "
         f"parameters {_n(params)} B, outputs {_n(role_bytes(Role.OUTPUT))} B, "
         f"intermediates {_n(role_bytes(Role.INTERMEDIATE))} B")
-    console.print(
+    console.print(plain(
         f"target: {tgt.name} ({chosen_by}): {tgt.description}, {_n(tgt.tiles)} tiles, "
-        f"{tgt.clock_hz / 1e9:.2f} GHz; parameters fill {100 * params / sram:.1f}% of its usable SRAM")
+        f"{tgt.clock_hz / 1e9:.2f} GHz; parameters fill {100 * params / sram:.1f}% of its usable SRAM"))
     if roofline:
         console.print(
             f"roofline bound: [bold]{_n(roofline)} cycles[/bold] = {roofline / tgt.clock_hz * 1e6:,.1f} us "
@@ -264,7 +264,7 @@ def show(
     try:
         floor = model_floor(graph, tgt)["cycles"]
     except TileplanError as e:
-        console.print(f"model floor: not available ({e})")
+        console.print(plain(f"model floor: not available ({e})"))
         doc["model_floor_cycles"] = None
     else:
         doc["model_floor_cycles"] = floor
@@ -370,11 +370,11 @@ def plan_command(
         print_report(doc, out.console, plan_seconds=result.plan_seconds, verbose=verbose)
     if output is not None:
         write_plan_json(doc, output)
-        out.print(f"wrote {output}")
+        out.print(plain(f"wrote {output}"))
     if emit_pins is not None:
         from .planner.pins import emit_pins as pins_text
         write_text_file(emit_pins, pins_text(result))
-        out.print(f"wrote {emit_pins}")
+        out.print(plain(f"wrote {emit_pins}"))
     out.document(doc)
 
 
@@ -415,15 +415,15 @@ def compile_command(
     elapsed = time.perf_counter() - t0
     out = Output(quiet=quiet, verbose=verbose)
     est = p.estimate
-    out.print(f"compiled [bold]{graph.name}[/bold] for {tgt.name} into {path} in {elapsed:.2f} s "
-              f"(plan {p.plan_seconds:.2f} s)")
+    out.print(plain("compiled ", (graph.name, "bold"), f" for {tgt.name} into {path} in {elapsed:.2f} s "
+                    f"(plan {p.plan_seconds:.2f} s)"))
     out.print(f"estimate: {_n(est.cycles)} cycles (compute {_n(est.compute)}, exchange {_n(est.exchange)}, "
               f"sync {_n(est.sync)}), {roofline_ratio_text(est.cycles, p.roofline)}; "
               f"peak {_n(est.total_memory)} B per tile")
     out.print(f"tile program: {len(state.tile_program.steps)} steps; passes: {', '.join(state.tile_program.passes)}")
     if p.graph.folded:                       # planner.rewrite: results known at plan time, written by the host
-        out.print("folded at plan time (host data, 0 cycles): " + ", ".join(
-            f"{n} = {v!r}" for n, v in sorted(p.graph.folded.items())))
+        out.print(plain("folded at plan time (host data, 0 cycles): " + ", ".join(
+            f"{n} = {v!r}" for n, v in sorted(p.graph.folded.items()))))
     if verbose:
         from .report.terminal import render
         from .planner.planjson import plan_to_json
@@ -477,15 +477,15 @@ def validate_command(
     weights = pkg.plan.get("weights")        # the parameter storage it was planned with (--weights)
     if weights is not None:
         pre = [e["tensor"] for e in pkg.plan.get("prearranged", [])]
-        out.print(f"weights: {weights}" + (f"; pre-arranged: {', '.join(pre)}" if pre else "; none pre-arranged"))
+        out.print(plain(f"weights: {weights}" + (f"; pre-arranged: {', '.join(pre)}" if pre else "; none pre-arranged")))
     write_validation(pkg, v)
     if outputs is not None:                  # exactly the path given (np.savez would add .npz)
         write_file(outputs, npz_bytes({k: val for k, val in sorted(v.values.items())}))
-        out.print(f"wrote {outputs}")
+        out.print(plain(f"wrote {outputs}"))
     if verbose:
         for st in prof.steps:
-            out.print(f"  {st.name}: {st.kind} {_n(st.cycles + st.sync)} cycles"
-                      + (f", {_n(st.bytes)} B" if st.bytes else ""))
+            out.print(plain(f"  {st.name}: {st.kind} {_n(st.cycles + st.sync)} cycles"
+                            + (f", {_n(st.bytes)} B" if st.bytes else "")))
     out.document({**validation_record(v), "passed": v.passed, "model": pkg.graph.name,
                   "target": pkg.target.name, "weights": weights, "run_seconds": round(elapsed, 3)})
     if not v.passed:
@@ -529,7 +529,7 @@ def report_command(
     for other in others:
         out.print(compare_table(data, other, verbose=verbose))
     path = write_html(data, html if html is not None else package / "report.html", compare=others)
-    out.print(f"wrote {path}")
+    out.print(plain(f"wrote {path}"))
 
 
 @app.command("bench")
@@ -552,7 +552,7 @@ def bench_command(
 
     def on_result(rec: dict) -> None:
         where = f" in {rec['stage_at_stop']}" if rec["status"] != "ok" and rec["stage_at_stop"] else ""
-        err.print(f"{rec['fixture']}: {rec['status']}{where} ({rec['elapsed_seconds']:.1f} s)")
+        err.print(plain(f"{rec['fixture']}: {rec['status']}{where} ({rec['elapsed_seconds']:.1f} s)"))
 
     _at("benchmarking")
     doc = run_bench(quick=quick, jobs=jobs or os.cpu_count() or 1, only=only, on_result=on_result)
@@ -560,7 +560,7 @@ def bench_command(
     for table in rich_tables(doc):
         console.print(table)
     paths = write_artifacts(doc, out)
-    console.print(f"bench took {doc['total_seconds']:.0f} s; wrote {paths[0]} and {paths[1]}")
+    console.print(plain(f"bench took {doc['total_seconds']:.0f} s; wrote {paths[0]} and {paths[1]}"))
     console.document(doc)
 
 
@@ -575,7 +575,7 @@ def cache_info_command(cache: CacheOption = None, as_json: JsonOption = False, q
     from .planner.cache import PlanCache
     info = PlanCache(cache).info()
     out = Output(as_json, quiet)
-    out.print(f"plan cache {info['path']}: {info['entries']} entries, {_n(info['bytes'])} bytes")
+    out.print(plain(f"plan cache {info['path']}: {info['entries']} entries, {_n(info['bytes'])} bytes"))
     out.document(info)
 
 
@@ -585,7 +585,7 @@ def cache_clear_command(cache: CacheOption = None, quiet: QuietOption = False) -
     from .planner.cache import PlanCache
     pc = PlanCache(cache)
     removed = pc.clear()
-    Output(quiet=quiet).print(f"plan cache {pc.path}: removed {removed} entries")
+    Output(quiet=quiet).print(plain(f"plan cache {pc.path}: removed {removed} entries"))
 
 
 def _load_checked(model: Path, target: str | None, cast_bf16: str | None = None):
@@ -634,7 +634,7 @@ class _catalogue_progress:
     def __enter__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         err = Console(stderr=True)
-        self.progress = Progress(TextColumn("costing {task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.progress = Progress(TextColumn("costing {task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=err, transient=True,
                                  disable=self.quiet or not err.is_terminal)
         self.tasks: dict[str, int] = {}
@@ -643,7 +643,7 @@ class _catalogue_progress:
 
     def update(self, op: str, done: int, total: int) -> None:
         if op not in self.tasks:
-            self.tasks[op] = self.progress.add_task(op, total=total)
+            self.tasks[op] = self.progress.add_task(printable(op), total=total)   # a name: text, not markup
         self.progress.update(self.tasks[op], completed=done, total=total)
 
     def __exit__(self, *exc):
@@ -708,7 +708,9 @@ def _out_of_memory(exc: BaseException) -> str:
 
 
 def _fail(message: str, status: int = 2) -> None:
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    """The one error line. Escaped whole (``checked.printable``): it may quote a path, a file name or
+    text from a file the user gave, and must neither act on the terminal nor span lines."""
+    print(printable(f"error: {' '.join(message.split())}"), file=sys.stderr)
     sys.exit(status)
 
 

@@ -51,9 +51,7 @@ class Target:
     def __post_init__(self):
         for f in fields(self):
             if f.name in _TEXT:
-                if not isinstance(getattr(self, f.name), str):
-                    raise TileplanError(f"target {self.name!r}: {f.name} must be a string, "
-                                        f"got {getattr(self, f.name)!r}")
+                _text(getattr(self, f.name), f.name)
                 continue
             checked.figure(getattr(self, f.name), f"target {self.name!r}: {f.name}",
                            integer=f.name != "clock_hz", zero_ok=f.name in _ZERO_OK,
@@ -104,6 +102,15 @@ class Target:
 # means "none" (no interleaved region, no FP8 AMP, no sync cost, free control or launch); tiles,
 # clock and workers have tighter limits.
 _TEXT = ("name", "family", "description")
+
+
+def _text(value, field: str) -> str:
+    """A target's name, family or description: a string, printable (``checked.name``: no control,
+    bidi or other non-printing character; they are printed by ``show`` and ``machines`` and written
+    into reports). A description may be empty."""
+    if not isinstance(value, str):
+        raise TileplanError(f"target {field} must be a string, got {value!r}")
+    return value if field == "description" and value == "" else checked.name(value, "target", field)
 _ZERO_OK = ("interleaved_bytes", "reserve_bytes", "amp_fp8", "sync_cycles", "send_control_cycles",
             "receive_control_cycles", "local_copy_call_cycles", "kernel_launch_cycles")
 _MAXIMUM = {"tiles": 1 << 24, "clock_hz": 1e12, "workers": 1 << 10}
@@ -140,6 +147,11 @@ def _flatten(doc: dict, source: str) -> dict:
         elif key == "inherits":
             continue
         elif key in _FIELDS:
+            if key in _TEXT:                 # checked here too, where the file that says it is known
+                try:
+                    _text(value, key)
+                except TileplanError as exc:
+                    raise exc.with_source(source) from None
             flat[key] = value
         else:
             raise TileplanError(f"unknown target key {key!r}", source=source)

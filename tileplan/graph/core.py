@@ -678,6 +678,7 @@ class Graph:
         when it has folded outputs. ``unread``: inputs and parameters that only ops folded at plan
         time read (``planner.rewrite``): declared, written by nobody's host program, read by none.
         """
+        checked.name(name, "model")
         folded = {k: float(v) for k, v in (folded or {}).items()}
         table: dict[str, Tensor] = {}
         for t in tensors:

@@ -99,6 +99,7 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
+from .. import checked
 from ..errors import TileplanError
 from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
                    ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor,
@@ -168,7 +169,10 @@ def _read(path_or_model: Any):
         except Exception as exc:   # protobuf DecodeError, ...
             raise TileplanError(f"not a readable ONNX model ({type(exc).__name__}: {exc})",
                                 source=source) from None
-        default_name = path.stem
+        # Design decision: a model named after its file takes the stem with control characters
+        # escaped (``checked.printable``): the name must be printable (``checked.name``), and a
+        # file name is the user's own choice, not something to refuse the model for.
+        default_name = checked.printable(path.stem)
     if not model.HasField("graph") or not model.graph.node:
         raise TileplanError("not an ONNX model: it has no graph nodes", source=source)
     try:

@@ -65,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import checked
 from ..errors import TileplanError
 from .core import OP_KINDS, Graph, Op, Role, Tensor, check_weights
 from .dtypes import DType
@@ -489,4 +490,4 @@ def load_toml(path: str | Path) -> Graph:
         raise TileplanError("malformed TOML: the file is not UTF-8 text") from None
     except RecursionError:
         raise TileplanError("malformed TOML: arrays or tables nested too deeply") from None
-    return parse_model(doc, name=path.stem, base_dir=path.parent)
+    return parse_model(doc, name=checked.printable(path.stem), base_dir=path.parent)   # (see onnx._read)

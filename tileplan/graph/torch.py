@@ -89,6 +89,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .. import checked
 from ..errors import TileplanError
 from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
                    ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh, Tensor)
@@ -222,7 +223,7 @@ def load_python_factory(spec: str | Path, *, name: str | None = None, cast_bf16:
                             source=source)
     module, example_inputs = made
     try:
-        return import_module(module, example_inputs, name=name or path.stem, cast_bf16=cast_bf16)
+        return import_module(module, example_inputs, name=name or checked.printable(path.stem), cast_bf16=cast_bf16)
     except TileplanError as exc:
         raise exc.with_source(source) from None
 

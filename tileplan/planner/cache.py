@@ -30,6 +30,8 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from ..checked import printable
+
 FORMAT = "tileplan-plan-cache 2"        # 2: runner-ups are RunnerUp records
 SUFFIX = ".entry"
 
@@ -57,12 +59,18 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a plan cache entry")
 
 
+def _print_warning(line: str) -> None:
+    """A cache warning on stderr, escaped (``checked.printable``): it quotes the cache folder's path
+    and what a foreign entry holds, neither of which may act on the terminal."""
+    print(printable(line), file=sys.stderr)
+
+
 class PlanCache:
     """One cache folder. ``load(key)`` -> the stored value or None; ``store(key, value)``."""
 
     def __init__(self, path: str | os.PathLike | None = None, warn=None):
         self.path = Path(path) if path is not None else default_dir()
-        self.warn = warn or (lambda line: print(line, file=sys.stderr))
+        self.warn = warn or _print_warning
         self.hits = self.misses = 0
 
     @staticmethod
@@ -156,7 +164,7 @@ class MemoryCache:
         self.hits = self.misses = 0
 
     def warn(self, line: str) -> None:       # (an entry made in this process is never foreign)
-        print(line, file=sys.stderr)
+        _print_warning(line)
 
     def file_of(self, key: dict) -> str:
         return "(in memory)"

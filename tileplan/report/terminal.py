@@ -19,6 +19,10 @@ their first clause, long cells cut with an ellipsis, memory as the total only);
 memory by region and the bytes each conversion moves, wrapping as needed.
 ``legend_table()`` is the key to the notation (``tileplan report --legend``).
 
+Names (of ops, tensors, models, targets, packages) and paths are printed as text, never as rich
+markup nor as terminal control sequences: every table here is a ``PlainTable`` and every line
+that holds a name is built with ``plain`` (see there).
+
 ``render_package(plan, report, validation)`` is the report of a compiled package
 (``tileplan report DIR``): the same plan table, then each op's layouts and GEMM
 grid, the runner-ups, the totals, the estimate against the lowered program, and,
@@ -35,11 +39,36 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from ..checked import printable
+
 
 RUNNER_UPS = 5          # per GEMM in the terminal
 
 
 NO_ROOFLINE = "none (no MatMul)"
+
+
+def plain(*parts) -> Text:
+    """Text shown exactly as written: each part a string or a ``(string, style)`` pair, with control
+    and bidi characters escaped (``checked.printable``) and square brackets left as they are.
+
+    Design decision: the one way a name or a path reaches the terminal. A string given to rich is
+    parsed as markup (``m[/bold]x`` raises ``MarkupError``, ``x[bias]`` vanishes as an unknown
+    style), and rich passes ESC through; a ``Text`` is never parsed, and ``printable`` makes every
+    character visible. Names checked at load (``checked.name``) cannot hold a control character,
+    but paths, file stems and the contents of a package read from disk can."""
+    return Text.assemble(*((printable(p[0]), p[1]) if isinstance(p, tuple) else printable(p) for p in parts))
+
+
+class PlainTable(Table):
+    """A rich table whose string title and cells are ``plain`` text, never markup (a renderable
+    cell, a ``Text`` with its own style, passes as it is)."""
+
+    def __init__(self, *headers, title=None, **kw):
+        super().__init__(*headers, title=plain(title) if isinstance(title, str) else title, **kw)
+
+    def add_row(self, *cells, **kw) -> None:
+        super().add_row(*(plain(c) if isinstance(c, str) else c for c in cells), **kw)
 
 
 def roofline_ratio_text(cycles: float, roofline: float | None) -> str:
@@ -55,9 +84,9 @@ def _table(title: str, columns, verbose: bool, flexible: dict | None = None, **k
     (long text; name -> widest) are cut, with an ellipsis (``_pin`` keeps the others whole)."""
     flexible = flexible or {}
     if verbose:
-        t = Table(title=title, box=box.HEAVY_HEAD, **kw)
+        t = PlainTable(title=title, box=box.HEAVY_HEAD, **kw)
     else:
-        t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, **kw)
+        t = PlainTable(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, **kw)
     for col, right in columns:
         if verbose:
             t.add_column(col, justify="right" if right else "left", overflow="fold")
@@ -73,8 +102,8 @@ def _pin(t: Table) -> Table:
     if t.box is box.SIMPLE_HEAD:
         for col in t.columns:
             if col.header not in t.flexible:
-                col.min_width = max([len(str(col.header))] + [Text.from_markup(str(c)).cell_len
-                                                             for c in col._cells])
+                col.min_width = max([len(str(col.header))] + [
+                    (c if isinstance(c, Text) else Text.from_markup(str(c))).cell_len for c in col._cells])
     return t
 
 
@@ -188,7 +217,7 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
         lines.append(qkv_line(qkv))
     if plan_seconds is not None:
         lines.append(f"plan time: {plan_seconds:.2f} s")
-    return Text("\n".join(lines))
+    return Text("\n").join(plain(line) for line in lines)
 
 
 def qkv_line(qkv: dict) -> str:
@@ -245,7 +274,7 @@ def layouts_table(data: dict, verbose: bool = False) -> Table:
 def legend_table() -> Table:
     """The key to the notation of the reports (``report.legend``)."""
     from .legend import LEGEND
-    t = Table(title="Notation", box=box.SIMPLE_HEAD)
+    t = PlainTable(title="Notation", box=box.SIMPLE_HEAD)
     t.add_column("", style="dim")
     t.add_column("notation", style="bold", no_wrap=True)
     t.add_column("meaning", overflow="fold")
@@ -257,11 +286,11 @@ def legend_table() -> Table:
 def error_table(title: str, outputs: dict, atol: float, rtol: float) -> Table:
     """Each output's errors against the reference (scientific notation: FP32 errors are tiny) and
     whether it is within ``|got - want| <= atol + rtol |want|``."""
-    t = Table(title=title, box=box.SIMPLE_HEAD)
+    t = PlainTable(title=title, box=box.SIMPLE_HEAD)
     for col in ("output", "max abs err", "max rel err", "cosine", "atol", "rtol", "within tol"):
         t.add_column(col, justify="left" if col == "output" else "right", no_wrap=True)
     for name, fig in sorted(outputs.items()):
-        ok = "[green]yes[/green]" if fig["passed"] else "[red]NO[/red]"
+        ok = Text("yes", style="green") if fig["passed"] else Text("NO", style="red")
         if fig.get("nonfinite"):        # never a figure that looks like a pass beside NaN or inf values
             t.add_row(name, f"{fig['nonfinite']:,} of {fig.get('elements', fig['nonfinite']):,} values non-finite "
                             f"(output {fig.get('nonfinite_got', 0):,}, reference {fig.get('nonfinite_want', 0):,})",
@@ -294,7 +323,7 @@ def validation_parts(validation: dict, report: dict, roofline: float) -> list:
     peak = v["memory_peak"]
     if peak:
         lines.append(f"memory peak of the run: {max(peak):,} B on tile {peak.index(max(peak))}")
-    return [t, Text("\n".join(lines))]
+    return [t, Text("\n").join(plain(line) for line in lines)]
 
 
 def render_package(data: dict, report: dict | None = None, validation: dict | None = None,
@@ -305,7 +334,7 @@ def render_package(data: dict, report: dict | None = None, validation: dict | No
     report = report or {}
     if report.get("program_cycles") is not None:
         steps = report.get("program_steps", [])
-        parts.append(Text(f"lowered program: {len(steps)} steps, {report['program_cycles']:,} cycles "
+        parts.append(plain(f"lowered program: {len(steps)} steps, {report['program_cycles']:,} cycles "
                           f"(static count under the shared cycle model)"))
     if validation is not None:
         parts.extend(validation_parts(validation, report, data["roofline_cycles"]))
@@ -350,8 +379,8 @@ def compare_table(a, b, verbose: bool = False) -> Group:
         if verbose or r["cycles_delta"] != 0:
             s.add_row(r["name"], _n(r["cycles_a"]), _n(r["cycles_b"]), _signed(r["cycles_delta"]))
     same = sum(r["cycles_delta"] == 0 for r in steps)
-    note = Text(f"{same} of {len(steps)} steps take the same cycles in both" + ("" if verbose else
-                " (not listed; --verbose lists every step)"), style="dim")
+    note = plain((f"{same} of {len(steps)} steps take the same cycles in both" + ("" if verbose else
+                 " (not listed; --verbose lists every step)"), "dim"))
     return Group(_pin(t), _pin(s), note)
 
 
