@@ -186,7 +186,7 @@ def test_a_params_npz_naming_no_tensor_is_refused(cli, damaged_onnx):
     assert_refused(cli("validate", damaged_onnx), damaged_onnx / "params.npz", "'ghost'")
 
 
-def test_an_undamaged_package_still_validates(cli, small_package):
-    code, out, err = cli("validate", small_package)
+def test_an_undamaged_package_still_validates(cli, damaged):
+    code, out, err = cli("validate", damaged)      # (a copy: the session's package stays unvalidated)
     assert code == 0 and "validation passed" in out, err
 

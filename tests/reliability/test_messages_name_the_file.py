@@ -80,4 +80,4 @@ def test_an_ipu_model_conflict_names_the_package(cli, damaged):
 
 def test_report_refuses_a_validation_record_that_is_not_an_object(cli, damaged):
     (damaged / "validation.json").write_text(json.dumps([1, 2, 3]))
-    assert_refused(cli("report", damaged), damaged / "validation.json", "not a JSON object")
+    assert_refused(cli("report", damaged), damaged / "validation.json", "not an object")
