@@ -51,7 +51,15 @@ _COUNT = 1 << 40                # a shape, bound, tile or count field: far above
 
 
 class EntryError(ValueError):
-    """An entry's body does not match its schema (the reason, short, for the warning line)."""
+    """An entry's body does not match its schema (the reason, short, for the warning line); ``path``:
+    where in the value, filled in as the error passes up through the fields (``_Reader.sub``)."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why, self.path = why, []
+
+    def __str__(self) -> str:
+        return f"{'/'.join(map(str, self.path))}: {self.why}" if self.path else self.why
 
 
 # ---- field specs ----------------------------------------------------------------------------
@@ -67,37 +75,37 @@ class Int(Spec):
 
     def decode(self, v, ctx):
         if type(v) is not int:
-            raise EntryError(f"{ctx.at}: expected an integer, found {_kind(v)}")
+            raise EntryError(f"expected an integer, found {_kind(v)}")
         if not self.lo <= v <= self.hi:
-            raise EntryError(f"{ctx.at}: {v} is out of range [{self.lo}, {self.hi}]")
+            raise EntryError(f"{v} is out of range [{self.lo}, {self.hi}]")
         return v
 
 
 class Float(Spec):
     def decode(self, v, ctx):
         if type(v) is not float or not math.isfinite(v):
-            raise EntryError(f"{ctx.at}: expected a finite number, found {_kind(v)}")
+            raise EntryError(f"expected a finite number, found {_kind(v)}")
         return v
 
 
 class Str(Spec):
     def decode(self, v, ctx):
         if type(v) is not str:
-            raise EntryError(f"{ctx.at}: expected a string, found {_kind(v)}")
+            raise EntryError(f"expected a string, found {_kind(v)}")
         return v
 
 
 class Bool(Spec):
     def decode(self, v, ctx):
         if type(v) is not bool:
-            raise EntryError(f"{ctx.at}: expected true or false, found {_kind(v)}")
+            raise EntryError(f"expected true or false, found {_kind(v)}")
         return v
 
 
 class NoneOnly(Spec):
     def decode(self, v, ctx):
         if v is not None:
-            raise EntryError(f"{ctx.at}: expected null, found {_kind(v)}")
+            raise EntryError(f"expected null, found {_kind(v)}")
         return None
 
 
@@ -123,7 +131,7 @@ class OneOf(Spec):
                 return o.decode(v, ctx)
             if isinstance(o, Obj) and isinstance(v, dict) and v.get("O") in o.tags:
                 return o.decode(v, ctx)
-        raise EntryError(f"{ctx.at}: unexpected {_kind(v)}")
+        raise EntryError(f"unexpected {_kind(v)}")
 
 
 class Tup(Spec):
@@ -134,10 +142,10 @@ class Tup(Spec):
 
     def decode(self, v, ctx):
         if not (isinstance(v, dict) and set(v) == {"T"} and type(v["T"]) is list):
-            raise EntryError(f"{ctx.at}: expected a tuple, found {_kind(v)}")
+            raise EntryError(f"expected a tuple, found {_kind(v)}")
         items = v["T"]
         if self.length is not None and len(items) != self.length:
-            raise EntryError(f"{ctx.at}: expected {self.length} items, found {len(items)}")
+            raise EntryError(f"expected {self.length} items, found {len(items)}")
         return tuple(ctx.sub(i, self.item, x) for i, x in enumerate(items))
 
 
@@ -147,7 +155,7 @@ class Lst(Spec):
 
     def decode(self, v, ctx):
         if type(v) is not list:
-            raise EntryError(f"{ctx.at}: expected a list, found {_kind(v)}")
+            raise EntryError(f"expected a list, found {_kind(v)}")
         return [ctx.sub(i, self.item, x) for i, x in enumerate(v)]
 
 
@@ -157,19 +165,19 @@ class TileArray(Spec):
 
     def decode(self, v, ctx):
         if not (isinstance(v, dict) and set(v) == {"A"} and type(v["A"]) is int and 0 <= v["A"] < len(ctx.arrays)):
-            raise EntryError(f"{ctx.at}: expected an array, found {_kind(v)}")
+            raise EntryError(f"expected an array, found {_kind(v)}")
         a = ctx.array(v["A"])
         if a.shape not in ((ctx.tiles,), (0,)):
-            raise EntryError(f"{ctx.at}: an array of {a.size} entries, expected one per tile ({ctx.tiles}) or none")
+            raise EntryError(f"an array of {a.size} entries, expected one per tile ({ctx.tiles}) or none")
         if a.size and int(a.min()) < 0:
-            raise EntryError(f"{ctx.at}: a negative byte count")
+            raise EntryError(f"a negative byte count")
         return a
 
 
 class Bytes(Spec):
     def decode(self, v, ctx):
         if not (isinstance(v, dict) and set(v) == {"B"} and type(v["B"]) is int and 0 <= v["B"] < len(ctx.blobs)):
-            raise EntryError(f"{ctx.at}: expected bytes, found {_kind(v)}")
+            raise EntryError(f"expected bytes, found {_kind(v)}")
         return ctx.blob(v["B"])
 
 
@@ -179,11 +187,11 @@ class Enum(Spec):
 
     def decode(self, v, ctx):
         if not (isinstance(v, dict) and set(v) == {"E"} and type(v["E"]) is str):
-            raise EntryError(f"{ctx.at}: expected a {self.cls.__name__}, found {_kind(v)}")
+            raise EntryError(f"expected a {self.cls.__name__}, found {_kind(v)}")
         try:
             return self.cls(v["E"])
         except ValueError:
-            raise EntryError(f"{ctx.at}: {v['E'][:40]!r} is not a {self.cls.__name__}") from None
+            raise EntryError(f"{v['E'][:40]!r} is not a {self.cls.__name__}") from None
 
 
 class Obj(Spec):
@@ -194,20 +202,20 @@ class Obj(Spec):
 
     def decode(self, v, ctx):
         if not (isinstance(v, dict) and set(v) == {"O", "f"} and isinstance(v["f"], dict)):
-            raise EntryError(f"{ctx.at}: expected an object, found {_kind(v)}")
+            raise EntryError(f"expected an object, found {_kind(v)}")
         tag = v["O"]
         if tag not in self.tags:
-            raise EntryError(f"{ctx.at}: {str(tag)[:40]!r} is not allowed here")
+            raise EntryError(f"{str(tag)[:40]!r} is not allowed here")
         cls, fields = CLASSES[tag]
         got = v["f"]
         if set(got) != set(fields):
             odd = sorted(set(got) ^ set(fields))
-            raise EntryError(f"{ctx.at}: {tag} fields do not match ({', '.join(map(str, odd))[:80]})")
+            raise EntryError(f"{tag} fields do not match ({', '.join(map(str, odd))[:80]})")
         kwargs = {name: ctx.sub(name, spec, got[name]) for name, spec in fields.items()}
         try:
             return cls(**kwargs)
         except (TileplanError, ValueError, TypeError) as e:
-            raise EntryError(f"{ctx.at}: not a valid {tag} ({str(e)[:80]})") from None
+            raise EntryError(f"not a valid {tag} ({str(e)[:80]})") from None
 
 
 class Record(Spec):
@@ -218,7 +226,7 @@ class Record(Spec):
 
     def decode(self, v, ctx):
         if not (isinstance(v, dict) and set(v) == set(self.fields)):
-            raise EntryError(f"{ctx.at}: expected the keys {sorted(self.fields)}")
+            raise EntryError(f"expected the keys {sorted(self.fields)}")
         return {name: ctx.sub(name, spec, v[name]) for name, spec in self.fields.items()}
 
 
@@ -323,7 +331,7 @@ def encode(key: dict, value: dict) -> bytes:
     w = _Writer()
     doc = {"key": key, "value": w.value(value)}
     doc.update(arrays=w.arrays, blobs=w.blobs)
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
 
 
 # ---- decode ---------------------------------------------------------------------------------
@@ -334,34 +342,29 @@ class _Reader:
         self.arrays, self.blobs = arrays, blobs            # (their lengths, for the index checks)
         self.done_arrays: dict[int, np.ndarray] = {}
         self.done_blobs: dict[int, bytes] = {}
-        self.path: list = []
-
-    @property
-    def at(self) -> str:
-        return "/".join(map(str, self.path)) or "the entry"
 
     def sub(self, step, spec: Spec, v):
-        self.path.append(step)
         try:
             return spec.decode(v, self)
-        finally:
-            self.path.pop()
+        except EntryError as e:          # (the path is made only for the warning: no cost per field)
+            e.path.insert(0, step)
+            raise
 
     def _raw(self, table: list, i: int) -> bytes:
         text = table[i]
         if type(text) is not str:
-            raise EntryError(f"{self.at}: its data is not a base64 string")
+            raise EntryError(f"its data is not a base64 string")
         try:
             return base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
-            raise EntryError(f"{self.at}: its data is not valid base64") from None
+            raise EntryError(f"its data is not valid base64") from None
 
     def array(self, i: int) -> np.ndarray:
         a = self.done_arrays.get(i)
         if a is None:
             raw = self._raw(self.raw_arrays, i)
             if len(raw) % 8:
-                raise EntryError(f"{self.at}: an array of {len(raw)} bytes is not int64")
+                raise EntryError(f"an array of {len(raw)} bytes is not int64")
             a = np.frombuffer(raw, dtype="<i8").astype(np.int64)
             a.flags.writeable = False
             self.done_arrays[i] = a
