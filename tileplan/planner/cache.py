@@ -10,11 +10,25 @@ op that reads it.
 Location: ``~/.cache/tileplan`` (``$XDG_CACHE_HOME/tileplan`` when set), or the folder given
 (``--cache DIR``); ``--no-cache`` plans without it. One file per entry,
 ``<sha256 of the key>.entry``: a header line (format, then the full key as JSON) and a
-zlib-compressed body read by a restricted unpickler that builds tileplan's own value types,
-numpy arrays and builtins only. Writes go to a temporary file in the same folder, then
-``os.replace`` (atomic). An entry that cannot be read, has another format or version, or was
-written for another key is ignored with one warning line on stderr (never trusted) and
-replaced by the fresh result. Results do not depend on the cache: a warm plan is byte-identical
+zlib-compressed body, one JSON document (``cachecodec``): the key again, the value, and its int64
+arrays and byte strings in base64. Writes go to a temporary file in the same folder, then
+``os.replace`` (atomic).
+
+Design decision: entries are data only, never pickles. A cache folder may be shared, restored
+from CI or written by anyone with access to ``~/.cache``, and any unpickler, however restricted,
+can be walked into building something that runs code. The codec builds objects only from an
+allowlist of fixed tags, through their constructors, with every field's type checked
+(``cachecodec.CLASSES``), and the planner checks what types cannot: that the entry's names are
+the reading op's (``catalogue.cached_catalogue``), that picks fit the selection problem
+(``plan.selection``).
+
+Reading an entry: ``safeio.read_file`` (a regular file only, at most ``LIMIT`` bytes: a FIFO, a
+link to a device or a folder in its place is refused without blocking), the header's format and
+key compared, the body inflated to at most ``LIMIT`` bytes (``inflate``: a zlib bomb stops
+there), then decoded against the schema the caller names. An entry that fails any of these is
+ignored with one warning line on stderr (``warning: plan cache entry <file> is corrupt or foreign
+(<why>); ignored``), never trusted, and replaced by the fresh result. Results do not depend on
+the cache: a warm plan is byte-identical
 to a cold one (tests/planner/test_cache.py).
 """
 
