@@ -92,18 +92,19 @@ def test_a_warm_plan_takes_its_selection_from_the_cache_without_searching_again(
 
 
 def test_a_selection_entry_whose_picks_do_not_fit_is_ignored_with_a_warning(cold_cache, tmp_path):
-    import pickle
+    import json
     import zlib
+    from tileplan.planner.cache import inflate
     g = load_model(LAYER)
     target = load_target(g.target)
     folder, cold = cold_cache[:2]
     tmp_path = warm_copy(folder, tmp_path)
     for f in tmp_path.glob("*.entry"):
         head, _, body = f.read_bytes().partition(b"\n")
-        value = pickle.loads(zlib.decompress(body))
-        if "picks" in value:
-            value["picks"] = [10**6] * len(value["picks"])
-            f.write_bytes(head + b"\n" + zlib.compress(pickle.dumps(value, protocol=4)))
+        doc = json.loads(inflate(body))
+        if "picks" in doc["value"]:
+            doc["value"]["picks"] = [10**6] * len(doc["value"]["picks"])
+            f.write_bytes(head + b"\n" + zlib.compress(json.dumps(doc).encode()))
             break
     else:
         raise AssertionError("no selection entry was stored")
@@ -138,20 +139,33 @@ def test_an_entry_that_would_build_other_objects_is_refused(tmp_path):
     import os
     import pickle
     import zlib
+    from tileplan.planner.cachecodec import CATALOGUE
     cache = PlanCache(tmp_path)
     key = cache.full_key("0" * 64, "1" * 64, {"frontier_bound": 32})
 
     class Evil:
         def __reduce__(self):
-            return (os.system, ("echo pwned",))
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
 
     head = f"{FORMAT} key={json.dumps(key, sort_keys=True)}\n".encode()
     tmp_path.mkdir(exist_ok=True)
-    cache.file_of(key).write_bytes(head + zlib.compress(pickle.dumps({"key": key, "x": Evil()})))
     lines = []
     cache.warn = lines.append
-    assert cache.load(key) is None
-    assert len(lines) == 1 and "not allowed" in lines[0]
+    cache.file_of(key).write_bytes(head + zlib.compress(pickle.dumps({"key": key, "x": Evil()})))
+    assert cache.load(key, CATALOGUE, 64) is None
+    # a tag that is not in the allowlist, where a candidate is expected
+    doc = {"key": key, "arrays": [], "blobs": [],
+           "value": {"names": [], "lost": [], "kept": [{"O": "tileplan.bench.subprocess.Popen", "f": {}}]}}
+    cache.file_of(key).write_bytes(head + zlib.compress(json.dumps(doc).encode()))
+    assert cache.load(key, CATALOGUE, 64) is None
+    assert len(lines) == 2 and all("corrupt or foreign" in line for line in lines)
+    assert "is not allowed here" in lines[1]
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_codec_schema_names_every_constructor_field_of_the_allowed_classes():
+    from tileplan.planner.cachecodec import check_complete
+    check_complete()
 
 
 def test_cache_info_and_clear_report_and_remove_the_entries(cli, cold_cli_plan, tmp_path):

@@ -64,7 +64,7 @@ from ..estimate.detailed import cost_program
 from ..graph.core import MatMul
 from ..graph.pins import ORDERS
 from ..layout.gemm_grid import Grid
-from . import canon
+from . import cachecodec, canon
 from . import elementwise as ew
 from .candidates import Candidate, Fused, RunnerUp
 from .epilogue import Chain, gemm_chain
@@ -676,11 +676,9 @@ class Catalogues:
         if cache is not None:
             self.cache_keys = {op.name: cache_key(ctx, cache, self.keys[op.name]) for op in self.reps}
             for op in self.reps:
-                got = cache.load(self.cache_keys[op.name])
+                got = cached_catalogue(ctx, cache, self.cache_keys[op.name], op)
                 if got is not None:
-                    rn = canon.Renaming(got["names"], canon.op_names(ctx.graph, op))
-                    self.cached[op.name] = ([canon.retarget(c, rn, op.name, False) for c in got["kept"]],
-                                            [canon.retarget_runner_up(r, rn, op.name) for r in got["lost"]])
+                    self.cached[op.name] = got
         todo = [op for op in self.reps if op.name not in self.cached]
         if ctx.jobs > 1 and len(todo) > 1 and ctx.target.tiles >= POOL_MIN_TILES:
             size = {op.name: _work(ctx, op) for op in todo}
@@ -783,6 +781,32 @@ def cache_key(ctx, cache, op_key: str) -> dict:
     the frontier bound, the candidate kinds and the parameter storage option."""
     return cache.full_key(op_key, canon.target_key(ctx.target),
                           {"frontier_bound": ctx.frontier_bound, "kinds": CATALOGUE_KINDS, "weights": ctx.weights})
+
+
+def cached_catalogue(ctx, cache, key: dict, op) -> tuple[list[Candidate], list[RunnerUp]] | None:
+    """``op``'s catalogue from the plan cache (kept candidates, runner-ups), re-targeted to its names;
+    None when the cache has none, or one that does not fit ``op`` (then with the cache's one warning).
+
+    The entry's types are the codec's to check (``cachecodec.CATALOGUE``); what is checked here is
+    that its names are the reading op's: as many as ``canon.op_names`` gives it (the renaming maps
+    them position by position), and every op a candidate names (its own, the op whose output it
+    writes, the ops it does the work of) one of them, so renamed it is an op of this graph. Anything
+    else would send the planner after a name the graph does not have."""
+    got = cache.load(key, cachecodec.CATALOGUE, ctx.target.tiles)
+    if got is None:
+        return None
+    names, new = got["names"], canon.op_names(ctx.graph, op)
+    if len(names) != len(new):
+        return cache.reject(key, f"it names {len(names)} ops and tensors, the op {op.name!r} has {len(new)}", True)
+    rn = canon.Renaming(names, new)
+    ops = {o.name for o in ctx.graph.ops}
+    stored = set(names)
+    for c in got["kept"] + [r.candidate for r in got["lost"]]:
+        for name in (c.op, c.fused, *c.through):
+            if name is not None and (name not in stored or rn(name) not in ops):
+                return cache.reject(key, f"a candidate names {name[:80]!r}, not an op of {op.name!r}'s neighbourhood", True)
+    return ([canon.retarget(c, rn, op.name, False) for c in got["kept"]],
+            [canon.retarget_runner_up(r, rn, op.name) for r in got["lost"]])
 
 
 def _store(cache, key: dict, ctx, op, kept: list[Candidate], lost: list[RunnerUp]) -> None:

@@ -454,6 +454,7 @@ def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dic
     instead of searching again: the search is deterministic, so the plan is the one a cold run
     makes. An entry whose picks do not fit the problem is ignored with a warning."""
     from . import canon
+    from .cachecodec import SELECTION
     g = ctx.graph
     key = None
     if cache is not None:
@@ -476,17 +477,15 @@ def selection(ctx: Context, problem: Problem, solver: str, dp_paths, pinned: dic
                              {"kind": "selection", "solver": solver, "dp_paths": dp_paths, "weights": ctx.weights,
                               "frontier": ctx.frontier_bound, "problem": digest,
                               "pins": {n: str(p) for n, p in sorted(pinned.items())}})
-        got = cache.load(key)
+        got = cache.load(key, SELECTION, ctx.target.tiles)        # (types checked: ``cachecodec``)
         if got is not None:
-            picks = got.get("picks")
-            if isinstance(picks, list) and len(picks) == len(problem.ops) and \
-                    all(isinstance(k, int) and 0 <= k < len(problem.choices[op]) for k, op in zip(picks, problem.ops)):
-                at = got["peak_op"]
+            picks, at = got["picks"], got["peak_op"]
+            if len(picks) == len(problem.ops) and at < len(problem.ops) and got["peak_tile"] < ctx.target.tiles \
+                    and all(k < len(problem.choices[op]) for k, op in zip(picks, problem.ops)):
                 sol = Solution(dict(zip(problem.ops, picks)), got["cycles"], got["peak"],
                                problem.ops[at] if at >= 0 else "", got["peak_tile"], got["exact"])
                 return Forked.done(sol) if background else sol
-            cache.warn(f"warning: plan cache entry {cache.file_of(key)} does not fit this graph's selection; "
-                       "ignored")
+            cache.reject(key, "it does not fit this graph's selection", True)
 
     def keep(sol):
         if key is not None and sol is not None:
