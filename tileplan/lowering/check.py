@@ -15,6 +15,10 @@ about a million entries):
 - compute sets: each vertex group's ``tile`` in range, ``ins``/``outs`` shaped
   ``[vertices, operands]``, operand sizes non-negative, every operand inside
   usable memory, cycles non-negative;
+- each vertex group's kernel variant against the package's target (``check_variant``): a variant
+  the registry knows, of the call's primitive and the target's family, whose predicates (the ones
+  ``Registry.dispatch`` chose it by) accept the call on this target: an FP8 vertex on a target
+  without FP8 (``amp_fp8 = 0``) is refused, naming the vertex group and the target;
 - exchanges: the six transfer columns integer and of one length, tiles in
   range, ``nbytes > 0``, source and destination inside usable memory;
 - the graph (model.json) against the program: every host buffer's tensor exists
@@ -36,7 +40,9 @@ from .tile_program import ComputeSet, Exchange
 HOST_KINDS = ("input", "parameter", "output")
 
 
-def check_program(tp, target, graph) -> None:
+def check_program(tp, target, graph, registry=None) -> None:
+    from ..kernels import default_registry
+    registry = registry or default_registry()
     tiles = tp.tiles
     if not isinstance(tiles, int) or tiles != target.tiles:
         raise TileplanError(f"program.json: the tile program has {tiles!r} tiles, its target {target.tiles}")
@@ -113,6 +119,7 @@ def check_program(tp, target, graph) -> None:
                 if tile.ndim != 1:
                     raise TileplanError(f"{where}: tile is not a 1-D array")
                 _first_bad((tile < 0) | (tile >= tiles), where, f"a tile outside [0, {tiles})", tile)
+                check_variant(g, target, registry, where)
                 if not isinstance(g.cycles, int) or g.cycles < 0:
                     raise TileplanError(f"{where}: cycles {g.cycles!r} is not a non-negative integer")
                 for what, arr, nbytes in (("ins", g.ins, g.in_bytes), ("outs", g.outs, g.out_bytes)):
@@ -143,6 +150,33 @@ def check_program(tp, target, graph) -> None:
         else:
             raise TileplanError(f"program.json: step {si} is neither a compute set nor an exchange")
 
+
+
+def check_variant(g, target, registry, where: str) -> None:
+    """The vertex group ``g``'s variant runs its call on ``target``: the very test
+    ``Registry.dispatch`` applies (the variant's primitive and families, then every predicate), so a
+    package whose target was swapped for one lacking what its kernels need (FP8, an AMP type) is
+    refused however the target file was edited. Design decision: one mechanism, the registry's
+    predicates, re-applied at load time (``check_program``) and by the IPU model before a compute
+    set runs, rather than a second list of what each target supports."""
+    name = g.variant
+    if not isinstance(name, str) or name not in registry:
+        raise TileplanError(f"{where}: kernel variant {name!r} is not in this tileplan's kernel registry")
+    v = registry[name]
+    primitive = getattr(g.call, "primitive", None)
+    if v.primitive != primitive:
+        raise TileplanError(f"{where}: kernel variant {name!r} implements {v.primitive!r}, the call is {primitive!r}")
+    if target.family not in v.families:
+        raise TileplanError(f"{where}: kernel variant {name!r} does not run on target {target.name!r} "
+                            f"(family {target.family}; it runs on {', '.join(v.families)})")
+    try:
+        reasons = v.rejections(g.call, target)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        raise TileplanError(f"{where}: the call of kernel variant {name!r} is malformed "
+                            f"({type(exc).__name__}: {str(exc)[:120]})") from None
+    if reasons:
+        raise TileplanError(f"{where}: kernel variant {name!r} cannot run on target {target.name!r}: "
+                            f"{'; '.join(reasons)}")
 
 
 def _check_against_graph(tp, graph) -> None:

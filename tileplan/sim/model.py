@@ -171,11 +171,14 @@ class IPUModel:
 
     def _check_compute(self, cs: ComputeSet) -> np.ndarray:
         """Bounds and conflicts of a compute set's operands; its cycles per tile."""
+        from ..lowering.check import check_variant
         tiles = self.program.tiles
         per_tile = np.zeros(tiles, dtype=np.int64)
         acc = []   # (tile, lo, hi, vertex id, is_write)
         vid = 0
         for g in cs.groups:
+            # the vertex's kernel runs on this target (what load_package checks, for any program)
+            check_variant(g, self.target, self.registry, f"{cs.name}: vertex group {g.variant}")
             n = len(g.tile)
             ids = np.arange(vid, vid + n)
             vid += n
