@@ -91,19 +91,19 @@ def depth_factor(depth: int) -> float:
     return math.sqrt(max(1.0, depth / FP8_FITTED_DEPTH))
 
 
-def _load_npz(path, what: str) -> dict[str, np.ndarray]:
-    """An npz of real numbers by tensor name; anything else (strings, complex, objects, booleans) is
-    an error naming the array."""
-    import zipfile
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except FileNotFoundError:
-        raise TileplanError(f"{path}: no such {what} file") from None
-    except IsADirectoryError:
-        raise TileplanError(f"{path}: is a folder, not an .npz {what} file") from None
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise TileplanError(f"{path}: not a readable .npz {what} file ({type(exc).__name__})") from None
+def _load_npz(path, what: str, tensors) -> dict[str, np.ndarray]:
+    """An npz of real numbers by tensor name, read through ``safeio.load_npz``; anything else
+    (strings, complex, objects, booleans, an ``.npy`` rather than an ``.npz``) is an error naming
+    the file and the array.
+
+    Design decision: the arrays it may declare are bounded by the tensors it may hold (``tensors``:
+    the model's inputs and parameters, or its outputs), at 8 bytes a value (float64, the widest a
+    user is likely to give), plus 1 MiB so that a stray member is named by the per-array checks
+    rather than by the total: a zip bomb or an ``.npy`` header claiming terabytes is refused before
+    anything is decompressed."""
+    from ..safeio import MiB, load_npz
+    limit = 8 * sum(t.size for t in tensors) + MiB
+    arrays = load_npz(path, limit, f"{what} file")
     for k, a in arrays.items():
         if a.dtype.kind not in "iuf":
             raise TileplanError(f"{path}: array {k!r} holds {a.dtype} values; {what} must be real numbers")
@@ -132,7 +132,8 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
     stored.update(pkg.params)
     given: set[str] = set(pkg.params)
     if inputs_path is not None:
-        for name, arr in _load_npz(inputs_path, "inputs").items():
+        for name, arr in _load_npz(inputs_path, "inputs", [t for t in graph.tensors.values()
+                                                            if t.role in (Role.INPUT, Role.PARAMETER)]).items():
             t = graph.tensors.get(name)
             if t is None or t.role not in (Role.INPUT, Role.PARAMETER):
                 raise TileplanError(f"{inputs_path}: {name!r} is not an input or parameter of model {graph.name!r}")
@@ -144,8 +145,8 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
         if missing:
             raise TileplanError(f"{inputs_path}: holds no values for the input{'s' if len(missing) > 1 else ''} "
                                 f"{', '.join(repr(m) for m in missing)} of model {graph.name!r}")
-    expected = _load_npz(expected_path, "expected outputs") if expected_path is not None else None
     outs = [t for t in graph.tensors.values() if t.role is Role.OUTPUT]
+    expected = _load_npz(expected_path, "expected outputs", outs) if expected_path is not None else None
     if expected is not None:
         for name, arr in expected.items():
             t = graph.tensors.get(name)
