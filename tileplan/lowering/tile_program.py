@@ -237,7 +237,11 @@ class TileProgram:
                 for gi, g in enumerate(st["groups"]):
                     p = f"s{si}g{gi}"
                     refs = g.get("arrays")
-                    groups.append(VertexGroup(call_from_json(g["call"]), g["variant"], int(g["cycles"]),
+                    try:
+                        call = call_from_json(g["call"])
+                    except TileplanError as exc:
+                        raise TileplanError(f"program.json: steps[{si}].groups[{gi}].call: {exc}") from None
+                    groups.append(VertexGroup(call, g["variant"], int(g["cycles"]),
                                               tuple(g["in_bytes"]), tuple(g["out_bytes"]),
                                               *(get(p, f, refs) for f in ("tile", "ins", "outs"))))
                 steps.append(ComputeSet(st["name"], groups))
@@ -461,7 +465,7 @@ def call_from_json(d: dict):
             continue
         want = _FIELD_TYPES.get(str(f.type))
         if want is not None and (not isinstance(v, want) or (isinstance(v, bool) and bool not in want)):
-            raise TileplanError(f"the {cls.primitive} call's {f.name} is {str(v)[:40]!r}, not a {f.type}")
+            raise TileplanError(f"the {cls.primitive} call's {f.name} is {str(v)[:40]!r}, not of type {f.type}")
         if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 1 << 40:
             raise TileplanError(f"the {cls.primitive} call's {f.name} is {v}, out of range")
         kw[f.name] = v
