@@ -279,6 +279,16 @@ class _Schema:
         return shape
 
 
+def _float_text(v) -> bool:
+    if not isinstance(v, str) or len(v) > 40:
+        return False
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
+
 def _json_type(v) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
             float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
@@ -326,15 +336,15 @@ def check_documents(docs: dict, root) -> None:
     m.strings(model, "unread", "", optional=True)
     m.get(model, "target", (str, type(None)), "", optional=True)
     folded = m.get(model, "folded", dict, "", optional=True, default={})
-    for k, v in folded.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            m.fail(f"folded.{k[:80]}", f"{_json_type(v)}, expected a number")
+    for k, v in folded.items():           # a number, or the text of one JSON cannot hold ("-inf", "nan")
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool)) and not _float_text(v):
+            m.fail(f"folded.{k[:80]}", f"{str(v)[:40]!r} is not a number")
 
     p = _Schema(root / "program.json")
     prog = docs["program.json"]
     ptiles = p.count(prog, "tiles", "", 1, 1 << 24)
     if ptiles != tiles:
-        p.fail("tiles", f"{ptiles} tiles, its target (target.json) has {tiles}")
+        p.fail("tiles", f"the tile program has {ptiles} tiles, its target {tiles} (target.json)")
     buffers = p.objects(prog, "buffers", "")
     steps = p.objects(prog, "steps", "")
     names = set()
