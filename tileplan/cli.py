@@ -448,12 +448,13 @@ def validate_command(
     from .atomic import check_file, write_file
     from .lowering.package import load_package, npz_bytes
     from .report.terminal import error_table
-    from .sim.validate import validate_package, validation_record, write_validation
+    from .sim.validate import check_validation_destination, validate_package, validation_record, write_validation
 
     if outputs is not None:
         check_file(outputs)                  # before the run, not after
     _at("loading the package")
     pkg = load_package(package)
+    check_validation_destination(pkg)        # validation.json/.npz: refused before the run, not after the table
     _at("validating")
     t0 = time.perf_counter()
     v = validate_package(pkg, inputs_path=inputs, expected_path=expected, atol=atol, rtol=rtol)
@@ -489,6 +490,9 @@ def validate_command(
     out.document({**validation_record(v), "passed": v.passed, "model": pkg.graph.name,
                   "target": pkg.target.name, "weights": weights, "run_seconds": round(elapsed, 3)})
     if not v.passed:
+        for name, fig in sorted(v.outputs.items()):
+            if fig.get("why"):               # non-finite values: what they are and why they fail
+                out.print(f"{name}: {fig['why']}", markup=False, highlight=False)
         out.print("[red]validation FAILED[/red]: outputs outside tolerance")
         raise typer.Exit(1)
     out.print("[green]validation passed[/green]")

@@ -135,7 +135,7 @@ def test_a_file_that_is_not_an_npz_is_refused_with_status_2(cli, package, tmp_pa
     path = tmp_path / "expected.npz"
     path.write_text("y = 1\n")
     code, _, err = cli("validate", str(package), "--expected", str(path))
-    assert code == 2 and err.startswith(f"error: {path}: not a readable .npz") and err.count("\n") == 1
+    assert code == 2 and err.startswith(f"error: {path}: damaged expected outputs file (not a readable npz)") and err.count("\n") == 1
 
 
 def test_an_fp8_output_one_rounding_step_from_the_reference_passes_the_default_tolerance():

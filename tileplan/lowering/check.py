@@ -15,6 +15,10 @@ about a million entries):
 - compute sets: each vertex group's ``tile`` in range, ``ins``/``outs`` shaped
   ``[vertices, operands]``, operand sizes non-negative, every operand inside
   usable memory, cycles non-negative;
+- each vertex group's kernel variant against the package's target (``check_variant``): a variant
+  the registry knows, of the call's primitive and the target's family, whose predicates (the ones
+  ``Registry.dispatch`` chose it by) accept the call on this target: an FP8 vertex on a target
+  without FP8 (``amp_fp8 = 0``) is refused, naming the vertex group and the target;
 - exchanges: the six transfer columns integer and of one length, tiles in
   range, ``nbytes > 0``, source and destination inside usable memory;
 - the graph (model.json) against the program: every host buffer's tensor exists
@@ -36,7 +40,9 @@ from .tile_program import ComputeSet, Exchange
 HOST_KINDS = ("input", "parameter", "output")
 
 
-def check_program(tp, target, graph) -> None:
+def check_program(tp, target, graph, registry=None) -> None:
+    from ..kernels import default_registry
+    registry = registry or default_registry()
     tiles = tp.tiles
     if not isinstance(tiles, int) or tiles != target.tiles:
         raise TileplanError(f"program.json: the tile program has {tiles!r} tiles, its target {target.tiles}")
@@ -113,6 +119,7 @@ def check_program(tp, target, graph) -> None:
                 if tile.ndim != 1:
                     raise TileplanError(f"{where}: tile is not a 1-D array")
                 _first_bad((tile < 0) | (tile >= tiles), where, f"a tile outside [0, {tiles})", tile)
+                check_variant(g, target, registry, where)
                 if not isinstance(g.cycles, int) or g.cycles < 0:
                     raise TileplanError(f"{where}: cycles {g.cycles!r} is not a non-negative integer")
                 for what, arr, nbytes in (("ins", g.ins, g.in_bytes), ("outs", g.outs, g.out_bytes)):
@@ -143,6 +150,33 @@ def check_program(tp, target, graph) -> None:
         else:
             raise TileplanError(f"program.json: step {si} is neither a compute set nor an exchange")
 
+
+
+def check_variant(g, target, registry, where: str) -> None:
+    """The vertex group ``g``'s variant runs its call on ``target``: the very test
+    ``Registry.dispatch`` applies (the variant's primitive and families, then every predicate), so a
+    package whose target was swapped for one lacking what its kernels need (FP8, an AMP type) is
+    refused however the target file was edited. Design decision: one mechanism, the registry's
+    predicates, re-applied at load time (``check_program``) and by the IPU model before a compute
+    set runs, rather than a second list of what each target supports."""
+    name = g.variant
+    if not isinstance(name, str) or name not in registry:
+        raise TileplanError(f"{where}: kernel variant {name!r} is not in this tileplan's kernel registry")
+    v = registry[name]
+    primitive = getattr(g.call, "primitive", None)
+    if v.primitive != primitive:
+        raise TileplanError(f"{where}: kernel variant {name!r} implements {v.primitive!r}, the call is {primitive!r}")
+    if target.family not in v.families:
+        raise TileplanError(f"{where}: kernel variant {name!r} does not run on target {target.name!r} "
+                            f"(family {target.family}; it runs on {', '.join(v.families)})")
+    try:
+        reasons = v.rejections(g.call, target)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        raise TileplanError(f"{where}: the call of kernel variant {name!r} is malformed "
+                            f"({type(exc).__name__}: {str(exc)[:120]})") from None
+    if reasons:
+        raise TileplanError(f"{where}: kernel variant {name!r} cannot run on target {target.name!r}: "
+                            f"{'; '.join(reasons)}")
 
 
 def _check_against_graph(tp, graph) -> None:
@@ -183,3 +217,194 @@ def _first_bad(bad: np.ndarray, where: str, what: str, values: np.ndarray) -> No
         idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
         at = ", ".join(map(str, idx))
         raise TileplanError(f"{where}: {what} at [{at}] (value {int(values[idx])})")
+
+
+# ---- the package's JSON documents, before use ------------------------------------------------
+
+_BUFFER_KEYS = {"name": str, "dtype": str, "shape": list, "kind": str, "region": str, "layout": str,
+                "tensor": (str, type(None)), "transpose": bool, "scale": int}
+_BUFFER_OPTIONAL = {"alias_of": (str, type(None)), "span": (list, type(None)), "space": str}
+_MAX_DIMS = 16                   # dimensions of a tensor or buffer
+_MAX_DIM = 1 << 40               # one dimension
+
+
+class _Schema:
+    """Field checks of one document: each failure is one ``TileplanError`` naming the file and the
+    field (``where``: a dotted path such as ``buffers[3].shape``)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def fail(self, where: str, what: str):
+        raise TileplanError(f"{self.path}: damaged {self.path.name} (field {where}: {what})")
+
+    def get(self, d: dict, key: str, types, where: str, optional: bool = False, default=None):
+        if key not in d:
+            if optional:
+                return default
+            self.fail(f"{where}{key}", "missing")
+        v = d[key]
+        types = types if isinstance(types, tuple) else (types,)
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            self.fail(f"{where}{key}", f"{_json_type(v)}, expected {names}")
+        return v
+
+    def count(self, d: dict, key: str, where: str, lo: int = 0, hi: int = 1 << 62, optional=False, default=0) -> int:
+        v = self.get(d, key, int, where, optional, default)
+        if not lo <= v <= hi:
+            self.fail(f"{where}{key}", f"{v} is outside [{lo}, {hi}]")
+        return v
+
+    def objects(self, d: dict, key: str, where: str, optional: bool = False) -> list:
+        items = self.get(d, key, list, where, optional, [])
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                self.fail(f"{where}{key}[{i}]", f"{_json_type(item)}, expected an object")
+        return items
+
+    def strings(self, d: dict, key: str, where: str, optional: bool = False) -> list:
+        items = self.get(d, key, list, where, optional, [])
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                self.fail(f"{where}{key}[{i}]", f"{_json_type(item)}, expected a string")
+        return items
+
+    def dims(self, d: dict, key: str, where: str, lo: int) -> list:
+        shape = self.get(d, key, list, where)
+        if len(shape) > _MAX_DIMS or not all(isinstance(x, int) and not isinstance(x, bool) and lo <= x <= _MAX_DIM
+                                              for x in shape):
+            self.fail(f"{where}{key}", f"{str(shape)[:80]} is not a list of at most {_MAX_DIMS} integers "
+                                       f"in [{lo}, {_MAX_DIM}]")
+        return shape
+
+
+def _float_text(v) -> bool:
+    if not isinstance(v, str) or len(v) > 40:
+        return False
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _json_type(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def check_documents(docs: dict, root) -> None:
+    """The fields of the package's JSON documents that loading and validation use, checked before
+    use: types, ranges, list lengths, and every index or name that refers elsewhere within bounds
+    (``program.json``'s tiles against ``target.json``'s, its io list against its buffers, its steps'
+    array references as strings, its buffers' spans within its steps).
+
+    Design decision: one pass over each document's structure, so that a malformed document (a list
+    for an object, a string for a count, a 60-digit tile count) is one error naming the file and
+    the field, rather than whichever ``KeyError`` or ``TypeError`` the first use of the field would
+    raise; the meaning of the values (addresses, sizes, the graph's consistency) is checked after,
+    by ``Target``, ``graph_from_dict`` and ``check_program``."""
+    from dataclasses import fields
+
+    from ..target import Target
+    t = _Schema(root / "target.json")
+    target = docs["target.json"]
+    known = {f.name: f.type for f in fields(Target)}
+    for key in target:
+        if key not in known:
+            t.fail(key, "not a field of a target")
+    for key, kind in known.items():
+        t.get(target, key, str if kind == "str" else ((int, float) if kind == "float" else int), "")
+    tiles = t.count(target, "tiles", "", 1, 1 << 24)
+
+    m = _Schema(root / "model.json")
+    model = docs["model.json"]
+    m.get(model, "name", str, "")
+    for i, tensor in enumerate(m.objects(model, "tensors", "")):
+        w = f"tensors[{i}]."
+        for key in ("name", "dtype", "role"):
+            m.get(tensor, key, str, w)
+        m.dims(tensor, "shape", w, 0)
+        m.count(tensor, "scale", w, -1000, 1000)
+    for i, op in enumerate(m.objects(model, "ops", "")):
+        w = f"ops[{i}]."
+        for key in ("name", "kind", "output"):
+            m.get(op, key, str, w)
+        m.strings(op, "inputs", w)
+    m.strings(model, "outputs", "")
+    m.strings(model, "unread", "", optional=True)
+    m.get(model, "target", (str, type(None)), "", optional=True)
+    folded = m.get(model, "folded", dict, "", optional=True, default={})
+    for k, v in folded.items():           # a number, or the text of one JSON cannot hold ("-inf", "nan")
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool)) and not _float_text(v):
+            m.fail(f"folded.{k[:80]}", f"{str(v)[:40]!r} is not a number")
+
+    p = _Schema(root / "program.json")
+    prog = docs["program.json"]
+    ptiles = p.count(prog, "tiles", "", 1, 1 << 24)
+    if ptiles != tiles:
+        p.fail("tiles", f"the tile program has {ptiles} tiles, its target {tiles} (target.json)")
+    buffers = p.objects(prog, "buffers", "")
+    steps = p.objects(prog, "steps", "")
+    names = set()
+    for i, b in enumerate(buffers):
+        w = f"buffers[{i}]."
+        for key in b:
+            if key not in _BUFFER_KEYS and key not in _BUFFER_OPTIONAL:
+                p.fail(f"{w}{key}", "not a field of a buffer")
+        for key, types in _BUFFER_KEYS.items():
+            p.get(b, key, types, w)
+        for key, types in _BUFFER_OPTIONAL.items():
+            p.get(b, key, types, w, optional=True)
+        p.dims(b, "shape", w, 1)
+        p.count(b, "scale", w, -1000, 1000)
+        space = b.get("space", "rows")
+        if space != "rows" and not (space.startswith("panels") and space[6:].isdigit() and 0 < int(space[6:]) <= _MAX_DIM):
+            p.fail(f"{w}space", f"{space[:40]!r} is neither 'rows' nor 'panels<width>'")
+        if b.get("span") is not None:
+            span = b["span"]
+            if not (len(span) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in span)
+                    and 0 <= span[0] <= span[1] < max(len(steps), 1)):
+                p.fail(f"{w}span", f"{str(span)[:60]} is not [first, last] within the program's {len(steps)} steps")
+        names.add(b["name"])
+    for i, st in enumerate(steps):
+        w = f"steps[{i}]."
+        kind = p.get(st, "kind", str, w)
+        p.get(st, "name", str, w)
+        refs = [(w, st)]
+        if kind == "compute":
+            for j, g in enumerate(p.objects(st, "groups", w)):
+                wg = f"{w}groups[{j}]."
+                p.get(g, "call", dict, wg)
+                p.get(g, "variant", str, wg)
+                p.count(g, "cycles", wg, 0, 1 << 48)
+                for key in ("in_bytes", "out_bytes"):
+                    nb = p.get(g, key, list, wg)
+                    if len(nb) > 64 or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 1 << 40
+                                               for x in nb):
+                        p.fail(f"{wg}{key}", f"{str(nb)[:60]} is not a list of byte counts")
+                refs.append((wg, g))
+        elif kind != "exchange":
+            p.fail(f"{w}kind", f"{kind[:40]!r} is neither 'compute' nor 'exchange'")
+        for wr, d in refs:
+            arrays = p.get(d, "arrays", dict, wr, optional=True, default={})
+            for k, v in arrays.items():
+                if not isinstance(v, str):
+                    p.fail(f"{wr}arrays.{k[:40]}", f"{_json_type(v)}, expected a program.npz member name")
+    for i, name in enumerate(p.strings(prog, "io", "")):
+        if name not in names:
+            p.fail(f"io[{i}]", f"{name[:80]!r} is not a buffer of the program")
+    p.strings(prog, "passes", "", optional=True)
+
+    pl = _Schema(root / "plan.json")
+    plan = docs["plan.json"]
+    pl.get(plan, "weights", (str, type(None)), "", optional=True)
+    for i, e in enumerate(pl.objects(plan, "prearranged", "", optional=True)):
+        pl.get(e, "tensor", str, f"prearranged[{i}].")
+    if "report.json" in docs:
+        r = _Schema(root / "report.json")
+        report = docs["report.json"]
+        r.get(report, "roofline_cycles", (int, float, type(None)), "", optional=True)
+        est = r.get(report, "estimate", dict, "", optional=True, default={})
+        r.get(est, "cycles", (int, float, type(None)), "estimate.", optional=True)

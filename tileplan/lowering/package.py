@@ -29,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,7 @@ import numpy as np
 
 from ..atomic import write_folder
 from ..errors import TileplanError
+from ..safeio import LIMITS, MiB, load_json_object, load_npz, parse_json, read_file
 from ..graph.serialize import graph_from_dict, graph_to_dict
 from ..target import Target
 from .tile_program import TileProgram
@@ -125,77 +128,111 @@ class Package:
 def load_package(path: str | Path) -> Package:
     """Read and verify a package; any mismatch is a ``TileplanError`` naming the file.
 
-    Beyond the manifest's hashes, every file is checked for what it must hold (JSON objects,
-    a readable npz), and the tile program against its own bounds and the graph
-    (``lowering.check.check_program``), before anything runs."""
-    from .check import check_program
+    Every file is read through ``tileplan.safeio`` (regular files only, size-capped), checked
+    against its manifest digest, then for what it must hold before it is used: the JSON documents
+    against their schema (``lowering.check.check_documents``: types, ranges, list lengths, indices
+    in bounds), the tile program against its own bounds, the target and the graph
+    (``lowering.check.check_program``). Before anything runs.
+
+    Design decision: each file's read is bounded by what the files read before it declare, so a
+    zip bomb or an ``.npy`` header claiming terabytes is refused before the allocation:
+    ``program.npz`` by ``program_limit`` (the target's tile memory and the program index),
+    ``params.npz`` by the model's parameter sizes (``params_limit``), the JSON documents and other
+    files by ``safeio.LIMITS``."""
+    from .check import check_documents, check_program
     root = Path(path)
     if not root.is_dir():
         raise TileplanError(f"{root}: not a package folder")
     mpath = root / "manifest.json"
-    if not mpath.is_file():
+    if not os.path.lexists(mpath):
         raise TileplanError(f"{root}: no manifest.json; not a tileplan package")
-    manifest = _json_object(mpath)
+    manifest = load_json_object(mpath, LIMITS["json"], "manifest")
     if manifest.get("format") != FORMAT:
-        raise TileplanError(f"{mpath}: package format {manifest.get('format')!r}, this tileplan reads {FORMAT!r}")
+        raise TileplanError(f"{mpath}: package format {str(manifest.get('format'))[:80]!r}, this tileplan reads {FORMAT!r}")
     listed = manifest.get("files")
     if not isinstance(listed, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in listed.items()):
         raise TileplanError(f"{mpath}: damaged manifest (files must map names to SHA-256 digests)")
-    for name, digest in sorted(listed.items()):
+    for name in sorted(listed):
         rel = Path(name)
-        if rel.is_absolute() or ".." in rel.parts:
-            raise TileplanError(f"{mpath}: damaged manifest (the member {name!r} is outside the package)")
-        f = root / name
-        if not f.is_file():
+        if not name or rel.is_absolute() or ".." in rel.parts:
+            raise TileplanError(f"{mpath}: damaged manifest (the member {name[:120]!r} is outside the package)")
+        if not os.path.lexists(root / name):
             raise TileplanError(f"{root}: {name} is missing from the package")
-        if hashlib.sha256(_read(f)).hexdigest() != digest:
-            raise TileplanError(f"{f}: content does not match the manifest (damaged or edited package)")
     for need in ("model.json", "target.json", "program.json", "program.npz", "plan.json"):
         if need not in listed:
             raise TileplanError(f"{root}: the manifest does not list {need}")
-    docs = {name: _json_object(root / name) for name in ("model.json", "target.json", "program.json", "plan.json")}
-    report = _json_object(root / "report.json") if (root / "report.json").is_file() else {}
-    for name, build in (("model.json", lambda: graph_from_dict(docs["model.json"])),
-                        ("target.json", lambda: Target(**docs["target.json"]))):
-        try:
-            built = build()
-        except TileplanError as exc:
-            raise TileplanError(f"{root / name}: {exc}") from None
-        except (TypeError, KeyError, ValueError, AttributeError, IndexError) as exc:
-            raise TileplanError(f"{root / name}: cannot read it ({type(exc).__name__}: {exc})") from None
-        if name == "model.json":
-            graph = built
-        else:
-            target = built
+    for extra in ("params.npz", "report.json"):
+        if extra not in listed and os.path.lexists(root / extra):
+            raise TileplanError(f"{root / extra}: not listed in the manifest (damaged or edited package)")
+
+    def read(name: str, limit: int) -> bytes:
+        data = read_file(root / name, limit, name)
+        if hashlib.sha256(data).hexdigest() != listed[name]:
+            raise TileplanError(f"{root / name}: content does not match the manifest (damaged or edited package)")
+        return data
+
+    jsons = [n for n in ("model.json", "target.json", "program.json", "plan.json", "report.json") if n in listed]
+    docs = {n: _object(parse_json(read(n, LIMITS["json"]), str(root / n), n), root / n) for n in jsons}
+    check_documents(docs, root)
     try:
-        program = TileProgram.from_files(_read(root / "program.npz"), docs["program.json"])
+        target = Target(**docs["target.json"])
     except TileplanError as exc:
-        raise TileplanError(f"{root}: {exc}") from None
-    except Exception as exc:  # a package whose hashes match but whose content we cannot read
-        raise TileplanError(f"{root}: cannot read the tile program ({type(exc).__name__}: {exc})") from None
+        raise TileplanError(f"{root / 'target.json'}: {exc}") from None
     try:
+        graph = graph_from_dict(docs["model.json"])
+    except TileplanError as exc:
+        raise TileplanError(f"{root / 'model.json'}: {exc}") from None
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError) as exc:
+        raise TileplanError(f"{root / 'model.json'}: cannot read it ({type(exc).__name__}: {str(exc)[:160]})") from None
+    limit = program_limit(target, docs["program.json"])
+    arrays = load_npz(read("program.npz", limit + 64 * MiB), limit, "program.npz", where=str(root / "program.npz"))
+    try:
+        program = TileProgram.from_files(arrays, docs["program.json"])
         check_program(program, target, graph)
     except TileplanError as exc:
         raise TileplanError(f"{root}: {exc}") from None
-    params = _load_params(root / "params.npz", graph) if (root / "params.npz").is_file() else {}
-    return Package(root, graph, target, program, docs["plan.json"], report, params)
+    params = {}
+    if "params.npz" in listed:
+        limit = params_limit(graph)
+        params = _load_params(read("params.npz", limit + 64 * MiB), root / "params.npz", graph, limit)
+    other = limit_of_other_files(target, docs["program.json"])
+    for name in sorted(set(listed) - set(jsons) - {"program.npz", "params.npz"}):
+        read(name, other)                    # codelets, host program: only their digests are checked
+    return Package(root, graph, target, program, docs["plan.json"], docs.get("report.json", {}), params)
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise TileplanError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+PROGRAM_FACTOR = 2      # program.npz's arrays in all, in units of the target's tile memory (tiles x SRAM)
 
 
-def _json_object(path: Path) -> dict:
-    """A package file that must hold one JSON object."""
-    try:
-        doc = json.loads(_read(path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TileplanError(f"{path}: damaged {_what(path)} (not JSON: {getattr(exc, 'msg', exc)})") from None
-    except RecursionError:
-        raise TileplanError(f"{path}: damaged {_what(path)} (JSON nested too deeply)") from None
+def program_limit(target: Target, index: dict) -> int:
+    """The most bytes of arrays ``program.npz`` may declare for this target and program index.
+
+    Design decision: a program's vertex and transfer tables address bytes of tile memory, and its
+    pooled tables (one per distinct table) stay well under the machine's memory: the 27-layer SigLIP
+    tower's whole package is 28 MB on 1,472 tiles x 624 KiB (940 MB). So the tables are bounded by
+    ``PROGRAM_FACTOR`` x tiles x SRAM, plus what the index declares: the address and size tables
+    (int64 [buffers, tiles] each) and the host maps (at most one interval of four int64 per element
+    of each host buffer)."""
+    buffers = index.get("buffers") or []
+    host = sum(math.prod(b["shape"]) for b in buffers if b.get("kind") in ("input", "parameter", "output"))
+    return PROGRAM_FACTOR * target.tiles * target.sram_bytes + 16 * len(buffers) * target.tiles + 32 * host
+
+
+def limit_of_other_files(target: Target, index: dict) -> int:
+    """The cap on each codelet or host-program file (their digests are checked): the host program's
+    tables describe the same tile program, so they share its bound (never less than the JSON cap)."""
+    return max(LIMITS["json"], program_limit(target, index))
+
+
+def params_limit(graph) -> int:
+    """The bytes of arrays ``params.npz`` may declare: the model's parameters at their stored sizes,
+    plus 1 MiB, so that a small stray or misshapen member is named by the per-array checks of
+    ``_load_params`` rather than by the total."""
+    from ..graph.core import Role
+    return sum(t.size * t.dtype.itemsize for t in graph.tensors.values() if t.role is Role.PARAMETER) + MiB
+
+
+def _object(doc, path: Path) -> dict:
     if not isinstance(doc, dict):
         raise TileplanError(f"{path}: damaged {_what(path)} (a JSON {type(doc).__name__}, not an object)")
     return doc
@@ -220,14 +257,9 @@ def check_params(params: dict, graph, where: str) -> None:
             raise TileplanError(f"{where}: {k!r} holds {v.dtype} values, the model's tensor is {t.dtype}")
 
 
-def _load_params(path: Path, graph) -> dict[str, np.ndarray]:
-    import zipfile
+def _load_params(data: bytes, path: Path, graph, limit: int) -> dict[str, np.ndarray]:
     params = {}
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise TileplanError(f"{path}: damaged (not a readable npz: {type(exc).__name__})") from None
+    arrays = load_npz(data, limit, "params.npz", where=str(path))
     for k, raw in arrays.items():
         t = graph.tensors.get(k)
         if t is None:

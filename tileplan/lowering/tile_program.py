@@ -205,9 +205,24 @@ class TileProgram:
         return deterministic_npz(arrays), index
 
     @classmethod
-    def from_files(cls, npz_bytes: bytes, index: dict) -> "TileProgram":
-        with np.load(io.BytesIO(npz_bytes), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+    def from_files(cls, source: "bytes | dict[str, np.ndarray]", index: dict, limit: int | None = None) -> "TileProgram":
+        """The tile program of ``program.npz`` (its bytes, read through ``safeio.load_npz`` with at
+        most ``limit`` bytes of arrays, or its arrays already read so) and its index ``program.json``
+        (whose structure ``lowering.check.check_documents`` has checked; anything it lacks is a
+        ``TileplanError`` here, not a ``KeyError``)."""
+        from ..safeio import LIMITS, load_npz
+        arrays = source if isinstance(source, dict) else \
+            load_npz(source, LIMITS["npz"] if limit is None else limit, "program.npz")
+        try:
+            return cls._from_arrays(arrays, index)
+        except TileplanError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
+            raise TileplanError(f"program.json: cannot read the tile program ({type(exc).__name__}: "
+                                f"{str(exc)[:160]})") from None
+
+    @classmethod
+    def _from_arrays(cls, arrays: dict, index: dict) -> "TileProgram":
 
         def get(prefix: str, field: str, refs) -> np.ndarray:
             name = (refs or {}).get(field, f"{prefix}_{field}")
@@ -222,7 +237,11 @@ class TileProgram:
                 for gi, g in enumerate(st["groups"]):
                     p = f"s{si}g{gi}"
                     refs = g.get("arrays")
-                    groups.append(VertexGroup(call_from_json(g["call"]), g["variant"], int(g["cycles"]),
+                    try:
+                        call = call_from_json(g["call"])
+                    except TileplanError as exc:
+                        raise TileplanError(f"program.json: steps[{si}].groups[{gi}].call: {exc}") from None
+                    groups.append(VertexGroup(call, g["variant"], int(g["cycles"]),
                                               tuple(g["in_bytes"]), tuple(g["out_bytes"]),
                                               *(get(p, f, refs) for f in ("tile", "ins", "outs"))))
                 steps.append(ComputeSet(st["name"], groups))
@@ -230,6 +249,13 @@ class TileProgram:
                 p = f"s{si}x"
                 z = {f: get(p, f, st.get("arrays")) for f in EXCHANGE_FIELDS}
                 steps.append(Exchange(st["name"], exchange_table(**z)))
+        for n in index["io"]:
+            for k in ("tile", "start", "stop", "offset"):
+                if f"io:{n}:{k}" not in arrays:
+                    raise TileplanError(f"program.json: the tile program's host map of {n!r} lacks its {k} array in program.npz")
+        for k in ("addr", "size"):
+            if k not in arrays:
+                raise TileplanError(f"program.npz: no {k} array (the tile program's buffer table)")
         io_maps = {n: tuple(arrays[f"io:{n}:{k}"] for k in ("tile", "start", "stop", "offset")) for n in index["io"]}
         return cls(index["tiles"], [BufferInfo(**b) for b in index["buffers"]], arrays["addr"], arrays["size"],
                    steps, io_maps, list(index.get("passes", [])))
@@ -424,6 +450,29 @@ def call_from_json(d: dict):
         raise TileplanError(f"unknown kernel primitive {d.get('primitive')!r} in the tile program")
     kw = {}
     for f in fields(cls):
+        if f.name not in d:
+            raise TileplanError(f"the {cls.primitive} call in the tile program lacks its field {f.name!r}")
         v = d[f.name]
-        kw[f.name] = DType(v) if v is not None and ("dtype" in f.name or f.name in ("partials", "cast_to")) else v
+        if "DType" in str(f.type):
+            if v is None and "None" in str(f.type):
+                kw[f.name] = None
+                continue
+            try:
+                kw[f.name] = DType(v)
+            except (ValueError, TypeError):
+                raise TileplanError(f"the {cls.primitive} call's {f.name} is {str(v)[:40]!r}, not an element "
+                                    "type") from None
+            continue
+        want = _FIELD_TYPES.get(str(f.type))
+        if want is not None and (not isinstance(v, want) or (isinstance(v, bool) and bool not in want)):
+            raise TileplanError(f"the {cls.primitive} call's {f.name} is {str(v)[:40]!r}, not of type {f.type}")
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 1 << 40:
+            raise TileplanError(f"the {cls.primitive} call's {f.name} is {v}, out of range")
+        kw[f.name] = v
+    extra = set(d) - {f.name for f in fields(cls)} - {"primitive"}
+    if extra:
+        raise TileplanError(f"the {cls.primitive} call has unknown fields {sorted(extra)[:4]}")
     return cls(**kw)
+
+
+_FIELD_TYPES = {"int": (int,), "bool": (bool,), "str": (str,), "float": (int, float)}

@@ -85,7 +85,11 @@ class IPUModel:
     def __init__(self, program: TileProgram, target, registry=None):
         self.program, self.target = program, target
         self.registry = registry or default_registry()
-        self.mem = np.zeros((program.tiles, target.sram_bytes), dtype=np.uint8)
+        try:
+            self.mem = np.zeros((program.tiles, target.sram_bytes), dtype=np.uint8)
+        except (MemoryError, ValueError):
+            raise SimError(f"the IPU model of target {target.name!r} needs {program.tiles:,} x "
+                           f"{target.sram_bytes:,} bytes of tile memory, more than this machine can allocate") from None
         self._checked: dict[tuple, tuple] = {}   # ids of a step's tables -> (the tables, kept alive; per-tile cycles)
         self.high = np.zeros(program.tiles, dtype=np.int64)
         used = program.addr >= 0
@@ -171,11 +175,14 @@ class IPUModel:
 
     def _check_compute(self, cs: ComputeSet) -> np.ndarray:
         """Bounds and conflicts of a compute set's operands; its cycles per tile."""
+        from ..lowering.check import check_variant
         tiles = self.program.tiles
         per_tile = np.zeros(tiles, dtype=np.int64)
         acc = []   # (tile, lo, hi, vertex id, is_write)
         vid = 0
         for g in cs.groups:
+            # the vertex's kernel runs on this target (what load_package checks, for any program)
+            check_variant(g, self.target, self.registry, f"{cs.name}: vertex group {g.variant}")
             n = len(g.tile)
             ids = np.arange(vid, vid + n)
             vid += n
@@ -208,7 +215,11 @@ class IPUModel:
                 # Every vertex's operand bytes at once: one row gather of [vertices, nb] bytes.
                 raw = _runs(flat, nb)[base + g.ins[sl, j]]
                 ins.append(raw.view(in_types[j].numpy))
-            out = variant.reference(g.call, *ins)
+            try:
+                out = variant.reference(g.call, *ins)
+            except (ValueError, TypeError, IndexError) as exc:   # a package edited so operands and call disagree
+                raise SimError(f"{g.variant}: its operands ({list(g.in_bytes)} bytes) do not fit its call "
+                               f"{g.call} ({type(exc).__name__}: {str(exc)[:120]})") from None
             outs = out if isinstance(out, tuple) else (out,)
             for j, nb in enumerate(g.out_bytes):
                 arr = np.ascontiguousarray(np.asarray(outs[j]).astype(out_types[j].numpy, copy=False))

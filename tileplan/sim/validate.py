@@ -91,19 +91,19 @@ def depth_factor(depth: int) -> float:
     return math.sqrt(max(1.0, depth / FP8_FITTED_DEPTH))
 
 
-def _load_npz(path, what: str) -> dict[str, np.ndarray]:
-    """An npz of real numbers by tensor name; anything else (strings, complex, objects, booleans) is
-    an error naming the array."""
-    import zipfile
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except FileNotFoundError:
-        raise TileplanError(f"{path}: no such {what} file") from None
-    except IsADirectoryError:
-        raise TileplanError(f"{path}: is a folder, not an .npz {what} file") from None
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise TileplanError(f"{path}: not a readable .npz {what} file ({type(exc).__name__})") from None
+def _load_npz(path, what: str, tensors) -> dict[str, np.ndarray]:
+    """An npz of real numbers by tensor name, read through ``safeio.load_npz``; anything else
+    (strings, complex, objects, booleans, an ``.npy`` rather than an ``.npz``) is an error naming
+    the file and the array.
+
+    Design decision: the arrays it may declare are bounded by the tensors it may hold (``tensors``:
+    the model's inputs and parameters, or its outputs), at 8 bytes a value (float64, the widest a
+    user is likely to give), plus 1 MiB so that a stray member is named by the per-array checks
+    rather than by the total: a zip bomb or an ``.npy`` header claiming terabytes is refused before
+    anything is decompressed."""
+    from ..safeio import MiB, load_npz
+    limit = 8 * sum(t.size for t in tensors) + MiB
+    arrays = load_npz(path, limit, f"{what} file")
     for k, a in arrays.items():
         if a.dtype.kind not in "iuf":
             raise TileplanError(f"{path}: array {k!r} holds {a.dtype} values; {what} must be real numbers")
@@ -132,7 +132,8 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
     stored.update(pkg.params)
     given: set[str] = set(pkg.params)
     if inputs_path is not None:
-        for name, arr in _load_npz(inputs_path, "inputs").items():
+        for name, arr in _load_npz(inputs_path, "inputs", [t for t in graph.tensors.values()
+                                                            if t.role in (Role.INPUT, Role.PARAMETER)]).items():
             t = graph.tensors.get(name)
             if t is None or t.role not in (Role.INPUT, Role.PARAMETER):
                 raise TileplanError(f"{inputs_path}: {name!r} is not an input or parameter of model {graph.name!r}")
@@ -145,8 +146,8 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
         if missing:
             raise TileplanError(f"{inputs_path}: holds no values for the input{'s' if len(missing) > 1 else ''} "
                                 f"{', '.join(repr(m) for m in missing)} of model {graph.name!r}")
-    expected = _load_npz(expected_path, "expected outputs") if expected_path is not None else None
     outs = [t for t in graph.tensors.values() if t.role is Role.OUTPUT]
+    expected = _load_npz(expected_path, "expected outputs", outs) if expected_path is not None else None
     if expected is not None:
         for name, arr in expected.items():
             t = graph.tensors.get(name)
@@ -177,6 +178,7 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol
     results, values = {}, {}
+    poisoned = nonfinite_sources(graph, stored)
     for t in outs:
         bufs = [b for b in pkg.program.buffers if b.tensor == t.name and b.kind == "output"]
         if t.name in graph.folded:              # folded at plan time: the host writes it, no tile holds it
@@ -210,8 +212,58 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
         with np.errstate(invalid="ignore"):
             within = matched | (diff <= out_atol + rtol * np.abs(np.where(matched, 0.0, want)))
         fig["passed"] = bool(np.all(within) and fig["nonfinite_unexpected"] == 0)
+        why = _nonfinite_reason(fig, poisoned.get(t.name, ()), expected is not None)
+        if why:
+            fig["why"] = why
+            fig["passed"] = fig["passed"] and not poisoned.get(t.name)
         results[t.name] = fig
     return Validation(results, profile, atol, rtol, values)
+
+
+def nonfinite_sources(graph, stored: dict[str, np.ndarray]) -> dict[str, tuple[str, ...]]:
+    """Per tensor, the inputs and parameters holding NaN or infinity that it is computed from
+    (graph ops run in execution order; tensors from finite data only are left out).
+
+    Design decision: a NaN or infinity the float64 reference computes from finite inputs (an FP8
+    cast with ``saturate = 0``, a reduction over an empty axis) is a value to match, and the output
+    passes when it matches; one that is there because an input or parameter already held it proves
+    nothing (every output it reaches is NaN on the device and in the reference alike), so an output
+    with non-finite values traced to such data fails validation, and says which data."""
+    bad = {}
+    for name, v in stored.items():
+        t = graph.tensors.get(name)
+        if t is not None and not _all_finite(v, t):
+            bad[name] = (name,)
+    for op in graph.ops:
+        src = sorted({s for i in op.inputs for s in bad.get(i, ())})
+        if src:
+            bad[op.output] = tuple(src)
+    return bad
+
+
+def _all_finite(stored: np.ndarray, t, chunk: int = 1 << 20) -> bool:
+    """Every stored value of tensor ``t`` is finite (widened a chunk at a time: a tower's parameters
+    in float64 at once would be gigabytes)."""
+    flat = np.asarray(stored).reshape(-1)
+    return all(np.isfinite(dequantise(flat[i:i + chunk], t.dtype, t.scale)).all()
+               for i in range(0, flat.size, chunk))
+
+
+def _nonfinite_reason(fig: dict, sources: tuple[str, ...], user_expected: bool) -> str:
+    """Why an output's non-finite values fail (or, where they match a reference computed from
+    finite data, what they are), for the table's reader; empty when the output is finite."""
+    got, want = fig.get("nonfinite_got", 0), fig.get("nonfinite_want", 0)
+    if not (got or want):
+        return ""
+    ref = "the expected values" if user_expected else "the float64 reference"
+    if sources:
+        names = ", ".join(repr(s) for s in sources[:4]) + (", ..." if len(sources) > 4 else "")
+        return (f"{got:,} values of the output and {want:,} of {ref} are NaN or infinite because the input or "
+                f"parameter values {names} hold NaN or infinity; nothing is validated")
+    if fig.get("nonfinite_unexpected"):
+        return (f"{fig['nonfinite_unexpected']:,} values are non-finite in the output where {ref} is finite "
+                f"or differs ({want:,} non-finite in {ref})")
+    return f"{ref} itself is NaN or infinite at {want:,} values, and the output matches them"
 
 
 # ---- the run's record in the package ----------------------------------------------------------
@@ -241,6 +293,22 @@ def tile_cycles(v: Validation) -> np.ndarray:
     for i, s in enumerate(steps):
         out[i, :len(s.tile_cycles)] = s.tile_cycles
     return out
+
+
+def check_validation_destination(pkg) -> None:
+    """Refuse now what ``write_validation`` would refuse after the run: ``validation.json`` or
+    ``validation.npz`` in the package that is not a regular file (a folder, a FIFO, a link), or a
+    package folder this process cannot write into. Design decision: the check runs before the IPU
+    model, so a run whose record cannot be kept prints no table (a passing table followed by an
+    error would read as a pass)."""
+    import os
+
+    from ..atomic import check_file
+    for name in ("validation.json", TRACE_FILE):
+        check_file(pkg.path / name)
+    if not os.access(pkg.path, os.W_OK | os.X_OK):
+        raise TileplanError(f"{pkg.path}: the package folder is not writable; validate records its run "
+                            f"there (validation.json, {TRACE_FILE})")
 
 
 def write_validation(pkg, v: Validation) -> None:
