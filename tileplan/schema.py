@@ -8,8 +8,10 @@ A spec is built from a handful of node types and checked with ``check(doc, spec,
 - ``Str(max_len)``, ``Bool()``, ``Enum(*values)``, ``Any()``;
 - ``Opt(spec)``: ``null`` or ``spec``;
 - ``List(item, min_len, max_len)`` (``length=n``: exactly ``n`` items);
-- ``Obj(required, optional)``: an object with the ``required`` keys (each checked by its spec)
-  and, when present, the ``optional`` ones; other keys are allowed and left alone;
+- ``Obj(required, optional, closed=False)``: an object with the ``required`` keys (each checked
+  by its spec) and, when present, the ``optional`` ones; other keys are allowed and left alone,
+  or refused with ``closed=True``;
+- ``NumText()``: a number, or the text of one JSON cannot hold (``"nan"``, ``"-inf"``);
 - ``Map(value, max_len)``: an object of any string keys, each value checked by ``value``.
 
 A violation raises ``TileplanError("{where}: {path}: {problem}")``, the path written as code
@@ -132,6 +134,20 @@ class Bool(Spec):
             self.wrong(v, path)
 
 
+class NumText(Spec):
+    what = "a number or the text of one"
+
+    def check(self, v, path):
+        if isinstance(v, str) and len(v) <= 40:
+            try:
+                float(v)
+                return
+            except ValueError:
+                pass
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise SchemaError(path, f"{_show(v)} is not a number")
+
+
 class Any(Spec):
     def check(self, v, path):
         pass
@@ -188,13 +204,19 @@ def _key_path(path: str, key: str, dotted: bool) -> str:
 class Obj(Spec):
     what = "an object"
 
-    def __init__(self, required: dict[str, Spec] | None = None, optional: dict[str, Spec] | None = None):
+    def __init__(self, required: dict[str, Spec] | None = None, optional: dict[str, Spec] | None = None,
+                 closed: bool = False):
         self.required = required or {}
         self.optional = optional or {}
+        self.closed = closed          # unknown keys refused (a document whose every field is read)
 
     def check(self, v, path):
         if not isinstance(v, dict):
             self.wrong(v, path)
+        if self.closed:
+            for key in v:
+                if key not in self.required and key not in self.optional:
+                    raise SchemaError(_key_path(path, str(key), True), "not a known field")
         for key, spec in self.required.items():
             if key not in v:
                 raise SchemaError(_key_path(path, key, True), "missing")

@@ -221,190 +221,84 @@ def _first_bad(bad: np.ndarray, where: str, what: str, values: np.ndarray) -> No
 
 # ---- the package's JSON documents, before use ------------------------------------------------
 
-_BUFFER_KEYS = {"name": str, "dtype": str, "shape": list, "kind": str, "region": str, "layout": str,
-                "tensor": (str, type(None)), "transpose": bool, "scale": int}
-_BUFFER_OPTIONAL = {"alias_of": (str, type(None)), "span": (list, type(None)), "space": str}
 _MAX_DIMS = 16                   # dimensions of a tensor or buffer
 _MAX_DIM = 1 << 40               # one dimension
 
 
-class _Schema:
-    """Field checks of one document: each failure is one ``TileplanError`` naming the file and the
-    field (``where``: a dotted path such as ``buffers[3].shape``)."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def fail(self, where: str, what: str):
-        raise TileplanError(f"{self.path}: damaged {self.path.name} (field {where}: {what})")
-
-    def get(self, d: dict, key: str, types, where: str, optional: bool = False, default=None):
-        if key not in d:
-            if optional:
-                return default
-            self.fail(f"{where}{key}", "missing")
-        v = d[key]
-        types = types if isinstance(types, tuple) else (types,)
-        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-            names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
-            self.fail(f"{where}{key}", f"{_json_type(v)}, expected {names}")
-        return v
-
-    def count(self, d: dict, key: str, where: str, lo: int = 0, hi: int = 1 << 62, optional=False, default=0) -> int:
-        v = self.get(d, key, int, where, optional, default)
-        if not lo <= v <= hi:
-            self.fail(f"{where}{key}", f"{v} is outside [{lo}, {hi}]")
-        return v
-
-    def objects(self, d: dict, key: str, where: str, optional: bool = False) -> list:
-        items = self.get(d, key, list, where, optional, [])
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                self.fail(f"{where}{key}[{i}]", f"{_json_type(item)}, expected an object")
-        return items
-
-    def strings(self, d: dict, key: str, where: str, optional: bool = False) -> list:
-        items = self.get(d, key, list, where, optional, [])
-        for i, item in enumerate(items):
-            if not isinstance(item, str):
-                self.fail(f"{where}{key}[{i}]", f"{_json_type(item)}, expected a string")
-        return items
-
-    def dims(self, d: dict, key: str, where: str, lo: int) -> list:
-        shape = self.get(d, key, list, where)
-        if len(shape) > _MAX_DIMS or not all(isinstance(x, int) and not isinstance(x, bool) and lo <= x <= _MAX_DIM
-                                              for x in shape):
-            self.fail(f"{where}{key}", f"{str(shape)[:80]} is not a list of at most {_MAX_DIMS} integers "
-                                       f"in [{lo}, {_MAX_DIM}]")
-        return shape
-
-
-def _float_text(v) -> bool:
-    if not isinstance(v, str) or len(v) > 40:
-        return False
-    try:
-        float(v)
-    except ValueError:
-        return False
-    return True
-
-
-def _json_type(v) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
+def _document_specs(target_fields: dict, steps: int):
+    """The schema (``tileplan.schema``) of each JSON document a package holds, as loading and
+    validation read them; ``steps``: the tile program's step count, bounding buffer spans."""
+    from ..schema import Bool, Int, List, Map, Num, NumText, Obj, Opt, Str
+    dims = lambda lo: List(Int(lo, _MAX_DIM), max_len=_MAX_DIMS)     # noqa: E731
+    scale = Int(-1000, 1000)
+    names = List(Str())
+    kinds = {"str": Str(), "float": Num(), "int": Int()}
+    target = Obj({k: kinds.get(str(t), Int()) for k, t in target_fields.items()}, closed=True)
+    model = Obj({"name": Str(), "ops": List(Obj({"name": Str(), "kind": Str(), "output": Str(), "inputs": names})),
+                 "tensors": List(Obj({"name": Str(), "dtype": Str(), "role": Str(), "shape": dims(0)},
+                                     {"scale": scale})),
+                 "outputs": names},
+                {"unread": names, "target": Opt(Str()), "folded": Map(NumText())})
+    arrays = {"arrays": Map(Str())}
+    group = Obj({"call": Obj(), "variant": Str(), "cycles": Int(0, 1 << 48),
+                 "in_bytes": List(Int(0, 1 << 40), max_len=64), "out_bytes": List(Int(0, 1 << 40), max_len=64)},
+                arrays)
+    step = Obj({"kind": Str(), "name": Str()}, {"groups": List(group), **arrays})
+    span = Opt(List(Int(0, max(steps - 1, 0)), length=2))
+    buffer = Obj({"name": Str(), "dtype": Str(), "shape": dims(1), "kind": Str(), "region": Str(),
+                  "layout": Str(), "tensor": Opt(Str()), "transpose": Bool(), "scale": scale},
+                 {"alias_of": Opt(Str()), "span": span, "space": Str()}, closed=True)
+    program = Obj({"tiles": Int(1, 1 << 24), "buffers": List(buffer), "steps": List(step), "io": names},
+                  {"passes": names})
+    plan = Obj(optional={"weights": Opt(Str()), "prearranged": List(Obj({"tensor": Str()}))})
+    report = Obj(optional={"roofline_cycles": Opt(Num()), "estimate": Obj(optional={"cycles": Opt(Num())})})
+    return {"target.json": target, "model.json": model, "program.json": program, "plan.json": plan,
+            "report.json": report}
 
 
 def check_documents(docs: dict, root) -> None:
     """The fields of the package's JSON documents that loading and validation use, checked before
-    use: types, ranges, list lengths, and every index or name that refers elsewhere within bounds
-    (``program.json``'s tiles against ``target.json``'s, its io list against its buffers, its steps'
-    array references as strings, its buffers' spans within its steps).
+    use against one schema each (``_document_specs``, written with ``tileplan.schema``: types,
+    ranges, list lengths), then the references between them: ``program.json``'s tiles against
+    ``target.json``'s, its io list against its buffers, its steps' kinds, a buffer's span within the
+    steps, a buffer's space.
 
-    Design decision: one pass over each document's structure, so that a malformed document (a list
-    for an object, a string for a count, a 60-digit tile count) is one error naming the file and
-    the field, rather than whichever ``KeyError`` or ``TypeError`` the first use of the field would
-    raise; the meaning of the values (addresses, sizes, the graph's consistency) is checked after,
-    by ``Target``, ``graph_from_dict`` and ``check_program``."""
+    Design decision: a malformed document (a list for an object, a string for a count, a 60-digit
+    tile count) is one error naming the file and the field, rather than whichever ``KeyError`` or
+    ``TypeError`` the first use of the field would raise; the meaning of the values (addresses,
+    sizes, the graph's consistency) is checked after, by ``Target``, ``graph_from_dict`` and
+    ``check_program``."""
     from dataclasses import fields
 
+    from ..schema import check
     from ..target import Target
-    t = _Schema(root / "target.json")
-    target = docs["target.json"]
-    known = {f.name: f.type for f in fields(Target)}
-    for key in target:
-        if key not in known:
-            t.fail(key, "not a field of a target")
-    for key, kind in known.items():
-        t.get(target, key, str if kind == "str" else ((int, float) if kind == "float" else int), "")
-    tiles = t.count(target, "tiles", "", 1, 1 << 24)
+    steps = docs["program.json"].get("steps")
+    specs = _document_specs({f.name: f.type for f in fields(Target)}, len(steps) if isinstance(steps, list) else 0)
+    for name, spec in specs.items():
+        if name in docs:
+            check(docs[name], spec, f"{root / name}: damaged {name}")
 
-    m = _Schema(root / "model.json")
-    model = docs["model.json"]
-    m.get(model, "name", str, "")
-    for i, tensor in enumerate(m.objects(model, "tensors", "")):
-        w = f"tensors[{i}]."
-        for key in ("name", "dtype", "role"):
-            m.get(tensor, key, str, w)
-        m.dims(tensor, "shape", w, 0)
-        m.count(tensor, "scale", w, -1000, 1000)
-    for i, op in enumerate(m.objects(model, "ops", "")):
-        w = f"ops[{i}]."
-        for key in ("name", "kind", "output"):
-            m.get(op, key, str, w)
-        m.strings(op, "inputs", w)
-    m.strings(model, "outputs", "")
-    m.strings(model, "unread", "", optional=True)
-    m.get(model, "target", (str, type(None)), "", optional=True)
-    folded = m.get(model, "folded", dict, "", optional=True, default={})
-    for k, v in folded.items():           # a number, or the text of one JSON cannot hold ("-inf", "nan")
-        if not (isinstance(v, (int, float)) and not isinstance(v, bool)) and not _float_text(v):
-            m.fail(f"folded.{k[:80]}", f"{str(v)[:40]!r} is not a number")
+    def fail(path: str, problem: str):
+        raise TileplanError(f"{root / 'program.json'}: damaged program.json: {path}: {problem}")
 
-    p = _Schema(root / "program.json")
     prog = docs["program.json"]
-    ptiles = p.count(prog, "tiles", "", 1, 1 << 24)
-    if ptiles != tiles:
-        p.fail("tiles", f"the tile program has {ptiles} tiles, its target {tiles} (target.json)")
-    buffers = p.objects(prog, "buffers", "")
-    steps = p.objects(prog, "steps", "")
-    names = set()
-    for i, b in enumerate(buffers):
-        w = f"buffers[{i}]."
-        for key in b:
-            if key not in _BUFFER_KEYS and key not in _BUFFER_OPTIONAL:
-                p.fail(f"{w}{key}", "not a field of a buffer")
-        for key, types in _BUFFER_KEYS.items():
-            p.get(b, key, types, w)
-        for key, types in _BUFFER_OPTIONAL.items():
-            p.get(b, key, types, w, optional=True)
-        p.dims(b, "shape", w, 1)
-        p.count(b, "scale", w, -1000, 1000)
+    if prog["tiles"] != docs["target.json"]["tiles"]:
+        fail("tiles", f"the tile program has {prog['tiles']} tiles, its target {docs['target.json']['tiles']} "
+                      "(target.json)")
+    buffers = {b["name"] for b in prog["buffers"]}
+    for i, b in enumerate(prog["buffers"]):
         space = b.get("space", "rows")
-        if space != "rows" and not (space.startswith("panels") and space[6:].isdigit() and 0 < int(space[6:]) <= _MAX_DIM):
-            p.fail(f"{w}space", f"{space[:40]!r} is neither 'rows' nor 'panels<width>'")
-        if b.get("span") is not None:
-            span = b["span"]
-            if not (len(span) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in span)
-                    and 0 <= span[0] <= span[1] < max(len(steps), 1)):
-                p.fail(f"{w}span", f"{str(span)[:60]} is not [first, last] within the program's {len(steps)} steps")
-        names.add(b["name"])
-    for i, st in enumerate(steps):
-        w = f"steps[{i}]."
-        kind = p.get(st, "kind", str, w)
-        p.get(st, "name", str, w)
-        refs = [(w, st)]
-        if kind == "compute":
-            for j, g in enumerate(p.objects(st, "groups", w)):
-                wg = f"{w}groups[{j}]."
-                p.get(g, "call", dict, wg)
-                p.get(g, "variant", str, wg)
-                p.count(g, "cycles", wg, 0, 1 << 48)
-                for key in ("in_bytes", "out_bytes"):
-                    nb = p.get(g, key, list, wg)
-                    if len(nb) > 64 or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 1 << 40
-                                               for x in nb):
-                        p.fail(f"{wg}{key}", f"{str(nb)[:60]} is not a list of byte counts")
-                refs.append((wg, g))
-        elif kind != "exchange":
-            p.fail(f"{w}kind", f"{kind[:40]!r} is neither 'compute' nor 'exchange'")
-        for wr, d in refs:
-            arrays = p.get(d, "arrays", dict, wr, optional=True, default={})
-            for k, v in arrays.items():
-                if not isinstance(v, str):
-                    p.fail(f"{wr}arrays.{k[:40]}", f"{_json_type(v)}, expected a program.npz member name")
-    for i, name in enumerate(p.strings(prog, "io", "")):
-        if name not in names:
-            p.fail(f"io[{i}]", f"{name[:80]!r} is not a buffer of the program")
-    p.strings(prog, "passes", "", optional=True)
-
-    pl = _Schema(root / "plan.json")
-    plan = docs["plan.json"]
-    pl.get(plan, "weights", (str, type(None)), "", optional=True)
-    for i, e in enumerate(pl.objects(plan, "prearranged", "", optional=True)):
-        pl.get(e, "tensor", str, f"prearranged[{i}].")
-    if "report.json" in docs:
-        r = _Schema(root / "report.json")
-        report = docs["report.json"]
-        r.get(report, "roofline_cycles", (int, float, type(None)), "", optional=True)
-        est = r.get(report, "estimate", dict, "", optional=True, default={})
-        r.get(est, "cycles", (int, float, type(None)), "estimate.", optional=True)
+        if space != "rows" and not (space.startswith("panels") and space[6:].isdigit()
+                                    and 0 < int(space[6:]) <= _MAX_DIM):
+            fail(f"buffers[{i}].space", f"{space[:40]!r} is neither 'rows' nor 'panels<width>'")
+        span = b.get("span")
+        if span is not None and span[0] > span[1]:
+            fail(f"buffers[{i}].span", f"{span} is not [first, last]")
+    for i, st in enumerate(prog["steps"]):
+        if st["kind"] not in ("compute", "exchange"):
+            fail(f"steps[{i}].kind", f"{st['kind'][:40]!r} is neither 'compute' nor 'exchange'")
+        if st["kind"] == "compute" and "groups" not in st:
+            fail(f"steps[{i}].groups", "missing")
+    for i, name in enumerate(prog["io"]):
+        if name not in buffers:
+            fail(f"io[{i}]", f"{name[:80]!r} is not a buffer of the program")
