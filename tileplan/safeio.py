@@ -49,6 +49,9 @@ LIMITS = {
     "json": 256 * MiB,
     "npz": 16 * GiB,          # decompressed; callers bound it tighter where they know the shapes
     "cache_entry": 256 * MiB,
+    "onnx": 2 * GiB,          # protobuf's own limit for one message; larger models keep weights as external data
+    "model_toml": 64 * MiB,   # a TOML model (the 27-layer tower's is under 100 KB: parameters are seeded, not listed)
+    "small_toml": 4 * MiB,    # a target or pins file
 }
 
 _INT64 = 1 << 63
@@ -103,19 +106,19 @@ def read_file(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
     try:
         fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise TileplanError(f"{where}: no such {what}") from None
+        raise TileplanError(f"no such {what}", source=where) from None
     except IsADirectoryError:
-        raise TileplanError(f"{where}: is a folder, not a {what}") from None
+        raise TileplanError(f"is a folder, not a {what}", source=where) from None
     except OSError as exc:
-        raise TileplanError(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
+        raise TileplanError(f"cannot read the {what} ({exc.strerror or exc})", source=where) from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise TileplanError(f"{where}: is a folder, not a {what}")
+            raise TileplanError(f"is a folder, not a {what}", source=where)
         if not stat.S_ISREG(st.st_mode):
-            raise TileplanError(f"{where}: is a {_kind(st.st_mode)}, not a regular file; refusing to read the {what}")
+            raise TileplanError(f"is a {_kind(st.st_mode)}, not a regular file; refusing to read the {what}", source=where)
         if st.st_size > limit:
-            raise TileplanError(f"{where}: the {what} is {st.st_size:,} bytes, more than the limit of {limit:,}")
+            raise TileplanError(f"the {what} is {st.st_size:,} bytes, more than the limit of {limit:,}", source=where)
         os.set_blocking(fd, True)
         chunks, got = [], 0
         while got <= limit:
@@ -125,10 +128,10 @@ def read_file(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
             chunks.append(chunk)
             got += len(chunk)
         if got > limit:
-            raise TileplanError(f"{where}: the {what} grew past the limit of {limit:,} bytes while read")
+            raise TileplanError(f"the {what} grew past the limit of {limit:,} bytes while read", source=where)
         return b"".join(chunks)
     except OSError as exc:
-        raise TileplanError(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
+        raise TileplanError(f"cannot read the {what} ({exc.strerror or exc})", source=where) from None
     finally:
         os.close(fd)
 
@@ -286,11 +289,11 @@ def regular_file(path: str | os.PathLike, what: str = "file") -> Path:
     try:
         st = os.stat(p)
     except FileNotFoundError:
-        raise TileplanError(f"{p}: no such {what}") from None
+        raise TileplanError(f"no such {what}", source=str(p)) from None
     except OSError as exc:
-        raise TileplanError(f"{p}: cannot read the {what} ({exc.strerror or exc})") from None
+        raise TileplanError(f"cannot read the {what} ({exc.strerror or exc})", source=str(p)) from None
     if stat.S_ISDIR(st.st_mode):
-        raise TileplanError(f"{p}: is a folder, not a {what}")
+        raise TileplanError(f"is a folder, not a {what}", source=str(p))
     if not stat.S_ISREG(st.st_mode):
-        raise TileplanError(f"{p}: is a {_kind(st.st_mode)}, not a regular file; refusing to read the {what}")
+        raise TileplanError(f"is a {_kind(st.st_mode)}, not a regular file; refusing to read the {what}", source=str(p))
     return p

@@ -170,8 +170,9 @@ def _resolve(spec: str, seen: tuple[str, ...], base_dir: Path | None = None) -> 
     key = str(path.resolve())
     if key in seen:
         raise TileplanError(f"target {spec!r} inherits from itself")
+    from .safeio import LIMITS, read_file
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(read_file(path, LIMITS["small_toml"], "target file").decode())
     except tomllib.TOMLDecodeError as exc:
         raise TileplanError(f"malformed TOML: {exc}", source=str(path)) from None
     except UnicodeDecodeError:

@@ -38,8 +38,9 @@ def load_model_and_params(path: str | Path, target=None, *,
     source = str(path)
     params = None
     try:
-        if not path.is_file() and not path.suffix.startswith(".py:"):
-            raise TileplanError("no such model file")
+        if not path.suffix.startswith(".py:"):
+            from ..safeio import regular_file
+            regular_file(path, "model file")        # (a FIFO or a device is named as such, never opened)
         if path.suffix == ".toml":
             from .toml import load_toml
             graph, params = load_toml(path), None

@@ -162,10 +162,10 @@ def _read(path_or_model: Any):
     else:
         path = Path(path_or_model)
         source = str(path)
-        if not path.is_file():
-            raise TileplanError("no such ONNX file", source=source)
+        from ..safeio import LIMITS, read_file
+        data = read_file(path, LIMITS["onnx"], "ONNX file")
         try:
-            model = onnx.load(str(path), load_external_data=False)    # (read below: _load_external_data)
+            model = onnx.load_model_from_string(data)    # (external data read below: _load_external_data)
         except Exception as exc:   # protobuf DecodeError, ...
             raise TileplanError(f"not a readable ONNX model ({type(exc).__name__}: {exc})",
                                 source=source) from None

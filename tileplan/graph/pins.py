@@ -135,11 +135,10 @@ def _epilogue(op: str, value: str, where: str) -> str:
 
 def read_pins_file(path: str | Path) -> list[Pin]:
     """The ``[pin]`` table of a TOML file (what ``--emit-pins`` writes)."""
+    from ..safeio import LIMITS, read_file
     path = Path(path)
     try:
-        doc = tomllib.loads(path.read_text())
-    except OSError as e:
-        raise TileplanError(f"{path}: cannot read the pins file: {e.strerror or e}") from None
+        doc = tomllib.loads(read_file(path, LIMITS["small_toml"], "pins file").decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise TileplanError(f"{path}: not a TOML file: {e}") from None
     return pins_from_table(doc.get("pin", {}), str(path), strict_keys=set(doc) - {"pin"})

@@ -481,9 +481,11 @@ def _outputs(model: dict, entries: list[_OpEntry], table: dict[str, Tensor]) -> 
 
 def load_toml(path: str | Path) -> Graph:
     """Read and check a TOML model file (errors without the file prefix; see loaders)."""
+    from ..safeio import LIMITS, read_file
     path = Path(path)
+    text = read_file(path, LIMITS["model_toml"], "model file")
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(text.decode())
     except tomllib.TOMLDecodeError as exc:
         raise TileplanError(f"malformed TOML: {exc}") from None
     except UnicodeDecodeError:
