@@ -541,7 +541,39 @@ def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_resul
         "benchmarks": results,
         "targets": target_figures(results),
         "reference": REFERENCE,
+        "calibration": calibration_report(),
     }
+
+
+def calibration_report() -> dict:
+    """The kernel entries of ``tileplan calibrate`` (the layout entries each plan a 1472-tile fixture:
+    too slow for the bench)."""
+    from .calibrate import report
+    return report(kernels_only=True)
+
+
+def calibration_lines(doc: dict) -> list[str]:
+    """BENCH.md's calibration section: every kernel entry's model / hardware, then the summary."""
+    cal = doc.get("calibration")
+    if not cal:
+        return []
+    from .calibrate import ENTRY_COLUMNS, SUMMARY_COLUMNS, entry_cells, fit_line, summary_cells
+    return [
+        "## Calibration against hardware (kernels)",
+        "",
+        f"`tileplan calibrate --kernels-only` on {cal['target']}: tileplan's kernel cycles (the registry's, "
+        f"as the planner prices them) against public IPU21 measurements ({cal['data']}; sources per row). "
+        "Many kernel formulas were fitted to these very points, so a ratio of 1.000 there shows the "
+        "formula is the published one, not an independent check; the later kernel revisions and the "
+        "held-out split are the test.",
+        "",
+        _md_table(list(SUMMARY_COLUMNS), [summary_cells(s) for s in cal["summary"]]),
+        "",
+        fit_line(cal) + ".",
+        "",
+        _md_table(list(ENTRY_COLUMNS), [entry_cells(r) for r in cal["entries"]]),
+        "",
+    ]
 
 
 # ---- targets and tables ------------------------------------------------------------------------
@@ -873,6 +905,7 @@ def markdown(doc: dict) -> str:
         f"replaced by the exact (unbounded) DP when the product of choices exceeds {MAX_EXHAUSTIVE:,}.",
         "",
     ]
+    lines += calibration_lines(doc)
     problems = [(n, r) for n, r in results.items() if r["status"] != "ok"]
     if problems:
         lines += ["## Timeouts, failures and skips", ""]

@@ -568,6 +568,34 @@ def bench_command(
     console.document(doc)
 
 
+@app.command("calibrate")
+def calibrate_command(
+    kernels_only: Annotated[bool, typer.Option("--kernels-only", help="Skip the layout entries (each plans a "
+                                               "1472-tile fixture).")] = False,
+    jobs: JobsOption = None,
+    as_json: JsonOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Compare tileplan's cost model with public IPU21 hardware measurements (model / hardware per entry)."""
+    from . import calibrate as cal
+    from .report.terminal import PlainTable
+
+    out = Output(as_json, quiet)
+    _at("calibrating")
+    doc = cal.report(kernels_only=kernels_only, jobs=jobs or os.cpu_count() or 1,
+                     progress=lambda e: out.print(plain(f"planning {e.id}")) if e.kind == "layout" else None)
+    table = PlainTable(*cal.ENTRY_COLUMNS, title=f"tileplan calibrate: model vs hardware on {doc['target']}")
+    for r in doc["entries"]:
+        table.add_row(*cal.entry_cells(r))
+    out.print(table)
+    sums = PlainTable(*cal.SUMMARY_COLUMNS, title="model / hardware per group and split")
+    for s in doc["summary"]:
+        sums.add_row(*cal.summary_cells(s))
+    out.print(sums)
+    out.print(plain(cal.fit_line(doc)))
+    out.document(doc)
+
+
 cache_app = typer.Typer(help="Inspect or empty the plan cache (GEMM catalogues already costed).",
                         no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(cache_app, name="cache")
