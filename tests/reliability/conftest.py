@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reliability_corpus import FIXTURES, SMOKE
+from reliability_corpus import FIXTURES, SMOKE, fresh_copy
 
 
 @pytest.fixture(scope="session")
@@ -36,9 +36,7 @@ def onnx_package(tmp_path_factory) -> Path:
 @pytest.fixture
 def damaged(small_package, tmp_path):
     """A fresh copy of the small package to damage."""
-    dst = tmp_path / "pkg"
-    shutil.copytree(small_package, dst)
-    return dst
+    return fresh_copy(small_package, tmp_path)
 
 
 @pytest.fixture(scope="session")

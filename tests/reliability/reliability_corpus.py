@@ -37,3 +37,10 @@ def rehash(pkg: Path) -> None:
     manifest = json.loads(mpath.read_text())
     manifest["files"] = {n: hashlib.sha256((pkg / n).read_bytes()).hexdigest() for n in manifest["files"]}
     mpath.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def fresh_copy(package: Path, tmp_path: Path) -> Path:
+    """A copy of a session package in this test's folder, to damage or validate in place."""
+    dst = tmp_path / "pkg"
+    shutil.copytree(package, dst)
+    return dst

@@ -155,10 +155,8 @@ def test_report_refuses_a_package_whose_report_json_is_damaged(cli, damaged):
 
 @pytest.fixture
 def damaged_onnx(onnx_package, tmp_path):
-    import shutil
-    dst = tmp_path / "pkg"
-    shutil.copytree(onnx_package, dst)
-    return dst
+    from reliability_corpus import fresh_copy
+    return fresh_copy(onnx_package, tmp_path)
 
 
 def test_a_garbage_params_npz_is_refused(cli, damaged_onnx):
