@@ -92,7 +92,8 @@ import numpy as np
 from ..errors import TileplanError
 from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
                    ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh, Tensor)
-from .importing import BF16_HELP, check_cast_bf16, reduce_ops, transpose_ops, unsupported_error
+from .importing import (BF16_HELP, check_cast_bf16, patch_conv_ops, patch_conv_refusal, reduce_ops, transpose_ops,
+                        unsupported_error)
 from .dtypes import DType, quantise
 from .patterns import fuse
 
@@ -242,13 +243,20 @@ class _Importer:
     ops: list[Op] = field(default_factory=list)
     converted: int = 0                       # bf16 tensors converted under cast_bf16
     pieces: dict[str, tuple] = field(default_factory=dict)   # a split's fx node -> (source, dim, bounds, squeeze)
+    consts: dict[str, Any] = field(default_factory=dict)      # fx node -> its torch value known at import
+    const_names: dict[str, str] = field(default_factory=dict)  # fx node -> tensor name, if it becomes one
+    folded: set[str] = field(default_factory=set)    # fx nodes computed at import (not parameters as such)
+    consumed: set[str] = field(default_factory=set)  # fx nodes another node's handler has imported
 
     def run(self) -> TorchModel:
         sig = self.program.graph_signature
         specs = {spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")}
         missing: dict[str, list[str]] = {}
+        self._plan_folding(specs)
         for node in self.program.graph.nodes:
             target = _target_name(node.target) if node.op == "call_function" else None
+            if node.name in self.folded:
+                continue
             if node.op == "call_function" and target not in _HANDLERS and target not in _SKIPPED:
                 missing.setdefault(target, []).append(node.name)
             elif node.op not in ("placeholder", "call_function", "output"):
@@ -287,6 +295,72 @@ class _Importer:
             graph.imported = {"cast_bf16": self.cast_bf16, "converted_bf16_tensors": self.converted}
         return TorchModel(graph, params)
 
+    def _plan_folding(self, specs: dict) -> None:
+        """Which nodes are computed at import (``folded``): every ATen call whose tensor operands are
+        all known at import (parameters, buffers, lifted constants, earlier folded values) and that
+        is not a pure function of parameters alone, i.e. it has no tensor operand (``arange``,
+        ``zeros``, ``full``) or reads an integer/bool buffer or a folded value (``position_ids``
+        and the ``embedding`` of a parameter by them, comparisons, ``where`` over such masks).
+        Non-float buffers and constants are folded values themselves: they never become tensors.
+
+        Design decision: a folded node is evaluated by calling its own ATen op on the torch values
+        (``_fold``), not a numpy re-implementation: torch's semantics exactly, for any op, and the
+        values are small index and shape tensors. A node reading parameters only (``t(W)``, a Cast
+        of an FP8 weight) stays an op: the MatMul transpose flags and the ``fp8-matmul`` pattern
+        need to see it. What a real op then reads of a folded value becomes a parameter (float)
+        or is refused naming its dtype (``read``).
+        """
+        known: set[str] = set()
+        for node in self.program.graph.nodes:
+            if node.op == "placeholder":
+                spec = specs.get(node.name)
+                if spec is not None and spec.kind.name in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+                    known.add(node.name)
+                    val = node.meta.get("val")
+                    if _is_tensor(val) and str(val.dtype).removeprefix("torch.") not in _FLOAT_DTYPES:
+                        self.folded.add(node.name)
+            elif node.op == "call_function":
+                if _target_name(node.target) in _SKIPPED:
+                    continue
+                operands = _tensor_operands(node)
+                if all(a in known for a in operands) and (not operands or any(a in self.folded for a in operands)):
+                    known.add(node.name)
+                    self.folded.add(node.name)
+
+    def _fold(self, node) -> None:
+        """Evaluate a folded node's ATen op on the values known at import."""
+        torch = _torch()
+        from torch.fx.node import map_arg
+        args = map_arg(node.args, lambda n: self.consts[n.name])
+        kwargs = map_arg(node.kwargs, lambda n: self.consts[n.name])
+        try:
+            with torch.no_grad():
+                self.consts[node.name] = node.target(*args, **kwargs)
+        except Exception as exc:
+            first = " ".join(str(exc).split())[:200]
+            raise _node_err(node, f"evaluating it at import (its operands are constants) failed: "
+                                  f"{type(exc).__name__}: {first}") from None
+        self.const_names[node.name] = node.name
+
+    def _materialise(self, key: str, reader: str) -> str:
+        """A folded value read by an op: a parameter (float), refused otherwise."""
+        val = self.consts[key]
+        tname = self.const_names.get(key, key)
+        if not _is_tensor(val):
+            raise TileplanError(f"{reader}: operand {tname!r} is a {type(val).__name__} computed at import; "
+                                "tileplan imports tensor operands only")
+        text = str(val.dtype).removeprefix("torch.")
+        if text not in _FLOAT_DTYPES:
+            raise TileplanError(f"{reader} reads {tname!r}, a {text} tensor known at import; tileplan "
+                                "computes on float32, float16 and float8_e4m3fnuz tensors (integer values "
+                                "may only index or shape constants)")
+        shape = tuple(int(d) for d in val.shape) or (1,)
+        dt = self.dtype(val.dtype, tname)
+        self.params[tname] = _numpy(val, tname, dt).reshape(shape)
+        self.known[tname] = self.declared[tname] = Tensor(tname, shape, dt, Role.PARAMETER)
+        self.value[key] = tname
+        return tname
+
     def scalar(self, t: str) -> float | None:
         """The value of a parameter whose elements are all equal (for the pattern table)."""
         v = self.params.get(t)
@@ -324,6 +398,10 @@ class _Importer:
             dt = self.dtype(val.dtype, tname)
         else:
             tname, role = spec.target, Role.PARAMETER
+            self.consts[node.name] = self._parameter_value(tname, kind)
+            self.const_names[node.name] = tname
+            if node.name in self.folded:      # an integer/bool buffer: a value for folding only
+                return
             shape = _static_shape(val, tname) or (1,)     # a 0-d constant broadcasts as [1]
             dt = self.dtype(val.dtype, tname)
             self.params[tname] = _numpy(self._parameter_value(tname, kind), tname, dt).reshape(shape)
@@ -346,6 +424,8 @@ class _Importer:
         if isinstance(key, str) and key in self.transposed:
             raise _node_err(self.transposed[key][1], f"{reader} reads its output; tileplan folds a "
                                                      "transpose only into a MatMul operand")
+        if isinstance(key, str) and key in self.folded and key not in self.value:
+            return self._materialise(key, reader)
         if not isinstance(key, str) or key not in self.value:
             raise TileplanError(f"{reader}: operand {arg!r} is not a tensor; tileplan imports tensor "
                                 "operands only (no Python numbers)")
@@ -407,7 +487,10 @@ class _Importer:
 
     def _call(self, node) -> None:
         target = _target_name(node.target)
-        if target in _SKIPPED:
+        if target in _SKIPPED or node.name in self.consumed:
+            return
+        if node.name in self.folded:
+            self._fold(node)
             return
         handler = _HANDLERS.get(target)
         if handler is None:
@@ -491,6 +574,56 @@ def _transpose_view(imp: _Importer, node) -> None:
     x = imp.read(src, _describe(node))
     for op in transpose_ops(node.name, x, node.name, tuple(perm)):     # planned rearrangements
         imp.emit(node, op)
+
+
+def _conv2d(imp: _Importer, node) -> None:
+    """``conv2d`` (``.default`` and ``.padding``) and ``convolution`` as a patch embedding: a GEMM
+    over the patches (``importing.patch_conv_ops``), the weight re-laid at import as the parameter
+    ``<weight>.patches`` ``[D, C*kh*kw]``. When the output is read only by ``flatten(2)`` read only by
+    ``transpose(1, 2)`` (``nn.Conv2d`` then vision transformers' tokens), the GEMM's rows are the
+    tokens and the transpose's value is written directly as ``[B, h*w, D]`` (no transpose pair).
+    Other convolutions are refused naming what differs (``importing.patch_conv_refusal``)."""
+    target = _target_name(node.target)
+    x_node, w_node = node.args[0], node.args[1]
+    bias = _arg(node, 2, "bias")
+    if target == "aten.convolution.default":
+        stride, padding, dilation = node.args[3], node.args[4], node.args[5]
+        if node.args[6]:
+            raise _node_err(node, "a transposed convolution; tileplan imports patch-embedding convolutions")
+        groups = node.args[8]
+    else:
+        stride, padding = _arg(node, 3, "stride", 1), _arg(node, 4, "padding", 0)
+        dilation, groups = _arg(node, 5, "dilation", 1), _arg(node, 6, "groups", 1)
+    x_shape, w_shape = (tuple(int(d) for d in n.meta["val"].shape) for n in (x_node, w_node))
+    kernel = w_shape[2:]
+    pair = lambda v: [int(v)] * 2 if isinstance(v, int) else [int(e) for e in v]     # noqa: E731
+    if isinstance(padding, str):
+        padding = [0, 0] if padding == "valid" or kernel == (1, 1) else [1, 1]     # 'same' pads a kernel > 1
+    reason = patch_conv_refusal(x_shape, w_shape, stride=pair(stride), padding=pair(padding),
+                                dilation=pair(dilation), groups=int(groups))
+    if reason is not None:
+        raise _node_err(node, reason)
+    x = imp.read(x_node, _describe(node))
+    w = imp.read(w_node, _describe(node))
+    if imp.known[w].role is not Role.PARAMETER or w not in imp.params:
+        raise _node_err(node, f"weight {w!r} is computed; tileplan imports convolutions by a parameter weight")
+    weight = f"{w}.patches"
+    imp.params[weight] = np.ascontiguousarray(imp.params[w].reshape(w_shape[0], -1))
+    imp.known[weight] = imp.declared[weight] = Tensor(weight, imp.params[weight].shape, imp.known[w].dtype,
+                                                      Role.PARAMETER)
+    b = imp.read(bias, _describe(node)) if bias is not None else None
+    out_node, tokens = node, False
+    users = list(node.users)
+    if len(users) == 1 and _target_name(users[0].target) == "aten.flatten.using_ints" \
+            and [int(d) % 4 for d in (_arg(users[0], 1, "start_dim", 0), _arg(users[0], 2, "end_dim", -1))] == [2, 3]:
+        after = list(users[0].users)
+        if len(after) == 1 and _target_name(after[0].target) == "aten.transpose.int" \
+                and sorted(int(d) % 3 for d in after[0].args[1:3]) == [1, 2]:
+            out_node, tokens = after[0], True
+            imp.consumed |= {users[0].name, after[0].name}
+    ops, _ = patch_conv_ops(out_node.name, x, x_shape, weight, b, kernel, w_shape[0], out_node.name, tokens=tokens)
+    for op in ops:
+        imp.emit(out_node, op)
 
 
 def _gelu(imp: _Importer, node) -> None:
@@ -738,6 +871,9 @@ _HANDLERS = {
     "aten.permute.default": _transpose_view,
     "aten.transpose.int": _transpose_view,
     "aten.gelu.default": _gelu,
+    "aten.conv2d.default": _conv2d,
+    "aten.conv2d.padding": _conv2d,
+    "aten.convolution.default": _conv2d,
     "aten.add.Tensor": _binary(Add),
     "aten.add.Scalar": _binary(Add),
     "aten.sub.Tensor": _binary(Sub),
@@ -810,6 +946,17 @@ def _describe(node) -> str:
 
 def _node_err(node, message: str) -> TileplanError:
     return TileplanError(f"{_describe(node)}: {message}")
+
+
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fnuz")
+
+
+def _tensor_operands(node) -> list[str]:
+    """The fx nodes a call reads (in its args and kwargs, lists included)."""
+    from torch.fx.node import map_arg
+    found: list[str] = []
+    map_arg((node.args, node.kwargs), lambda n: found.append(n.name))
+    return found
 
 
 def _is_tensor(val: Any) -> bool:
