@@ -298,15 +298,18 @@ class _Importer:
     def _plan_folding(self, specs: dict) -> None:
         """Which nodes are computed at import (``folded``): every ATen call whose tensor operands are
         all known at import (parameters, buffers, lifted constants, earlier folded values) and that
-        is not a pure function of parameters alone, i.e. it has no tensor operand (``arange``,
-        ``zeros``, ``full``) or reads an integer/bool buffer or a folded value (``position_ids``
-        and the ``embedding`` of a parameter by them, comparisons, ``where`` over such masks).
+        has no tensor operand (``arange``, ``zeros``, ``full``), reads an integer/bool buffer or a
+        folded value (``position_ids`` and the ``embedding`` of a parameter by them, comparisons,
+        ``where`` over such masks), or is an op tileplan does not import as such (the bicubic
+        resize of ``interpolate_pos_encoding`` at the fixed exported size); and, so that such a node
+        has its operands' values, every node known at import that a folded node reads (the
+        reshape and permute of the position table before the resize).
         Non-float buffers and constants are folded values themselves: they never become tensors.
 
         Design decision: a folded node is evaluated by calling its own ATen op on the torch values
         (``_fold``), not a numpy re-implementation: torch's semantics exactly, for any op, and the
-        values are small index and shape tensors. A node reading parameters only (``t(W)``, a Cast
-        of an FP8 weight) stays an op: the MatMul transpose flags and the ``fp8-matmul`` pattern
+        values are small index and shape tensors. A node of an imported op reading parameters only
+        (``t(W)``, a Cast of an FP8 weight) stays an op: the MatMul transpose flags and the ``fp8-matmul`` pattern
         need to see it. What a real op then reads of a folded value becomes a parameter (float)
         or is refused naming its dtype (``read``).
         """
@@ -323,9 +326,15 @@ class _Importer:
                 if _target_name(node.target) in _SKIPPED:
                     continue
                 operands = _tensor_operands(node)
-                if all(a in known for a in operands) and (not operands or any(a in self.folded for a in operands)):
+                if all(a in known for a in operands):
                     known.add(node.name)
-                    self.folded.add(node.name)
+                    if not operands or _target_name(node.target) not in _HANDLERS or \
+                            any(a in self.folded for a in operands):
+                        self.folded.add(node.name)
+        calls = {n.name for n in self.program.graph.nodes if n.op == "call_function"}
+        for node in reversed(list(self.program.graph.nodes)):   # what a folded node reads is folded too
+            if node.name in self.folded and node.op == "call_function":
+                self.folded |= {a for a in _tensor_operands(node) if a in known and a in calls}
 
     def _fold(self, node) -> None:
         """Evaluate a folded node's ATen op on the values known at import."""
