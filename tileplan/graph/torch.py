@@ -63,13 +63,26 @@ What maps to what:
 - ``clone``, ``contiguous``, ``alias``, ``detach``, ``dropout`` (eval; ``train=True``
   is refused) are dropped; ``_assert_tensor_metadata`` and other assertions are
   skipped.
+- ``conv2d`` / ``convolution`` with stride == kernel, no padding, dilation 1, groups 1 (a
+  vision transformer's patch embedding): a GEMM over the patches (``importing.patch_conv_ops``:
+  Reshape, Transpose, Reshape of the pixel input, MatMul by ``<weight>.patches`` ``[D, C*kh*kw]``,
+  bias Add); followed by ``flatten(2).transpose(1, 2)`` the tokens ``[B, h*w, D]`` are written
+  straight from the GEMM. Other convolutions are refused naming what differs.
+- Values known at import are computed at import (``_Importer._plan_folding``): a node whose
+  tensor operands are all parameters, buffers, constants or such values and that has no tensor
+  operand, reads an integer/bool buffer or a computed value, or is an op tileplan does not import
+  (``embedding`` of the position table by ``position_ids``, ``arange``, comparisons, ``where``,
+  the resize of ``interpolate_pos_encoding``) runs its own ATen op on the values; what an imported
+  op reads of the result is a parameter named after the node. An integer buffer no op reads is
+  no tensor at all; one an op reads is refused naming it and its dtype.
 - Anything else: one ``TileplanError`` listing every unsupported node by target
   (``3 unsupported nodes: aten.relu.default (2: relu, relu_1), ...``).
 
 Dtypes: float32, float16, float8_e4m3fnuz; bfloat16 is refused naming
 ``--cast-bf16 fp16`` (``import_module(..., cast_bf16="fp16")`` converts it to
 float16 and records it in ``Graph.imported``); integer and bool tensors are an
-error naming the tensor and its dtype.
+error naming the tensor and its dtype where an op computes on them (indices and masks known at
+import are folded, above).
 
 ``load_python_factory("path/to/model.py:factory")`` imports that file, calls
 ``factory()``, which returns ``(module, example_inputs)`` (a tensor or a tuple of
