@@ -327,7 +327,9 @@ class _Importer:
         or is refused naming its dtype (``read``).
         """
         known: set[str] = set()
-        for node in self.program.graph.nodes:
+        nodes = list(self.program.graph.nodes)
+        calls = {n.name for n in nodes if n.op == "call_function"}
+        for node in nodes:
             if node.op == "placeholder":
                 spec = specs.get(node.name)
                 if spec is not None and spec.kind.name in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
@@ -341,13 +343,18 @@ class _Importer:
                 operands = _tensor_operands(node)
                 if all(a in known for a in operands):
                     known.add(node.name)
-                    if not operands or _target_name(node.target) not in _HANDLERS or \
-                            any(a in self.folded for a in operands):
+                    if not operands or _target_name(node.target) not in _HANDLERS:
                         self.folded.add(node.name)
-        calls = {n.name for n in self.program.graph.nodes if n.op == "call_function"}
-        for node in reversed(list(self.program.graph.nodes)):   # what a folded node reads is folded too
-            if node.name in self.folded and node.op == "call_function":
-                self.folded |= {a for a in _tensor_operands(node) if a in known and a in calls}
+        while True:        # what a folded node reads is folded; what reads only folded values too
+            before = len(self.folded)
+            for node in reversed(nodes):
+                if node.name in self.folded and node.op == "call_function":
+                    self.folded |= {a for a in _tensor_operands(node) if a in known and a in calls}
+            for node in nodes:
+                if node.name in calls and node.name in known and any(a in self.folded for a in _tensor_operands(node)):
+                    self.folded.add(node.name)
+            if len(self.folded) == before:
+                return
 
     def _fold(self, node) -> None:
         """Evaluate a folded node's ATen op on the values known at import."""
@@ -589,11 +596,7 @@ def _transpose_view(imp: _Importer, node) -> None:
     if swap and all(_target_name(u.target) in _MATMULS for u in node.users):
         imp.transposed[node.name] = (imp.read(src, _describe(node)), node)    # a MatMul transpose flag
         return
-    if imp.reshaped(src):
-        raise _node_err(node, f"permutes axes {perm} of {src.name!r}, a reshape tileplan dropped (it keeps the "
-                              f"shape {list(imp.known[imp.value[src.name]].shape)}); a Transpose needs the axes "
-                              "as written")
-    x = imp.read(src, _describe(node))
+    x = _source(imp, node, src)        # a dropped reshape is made real first: the axes as written
     for op in transpose_ops(node.name, x, node.name, tuple(perm)):     # planned rearrangements
         imp.emit(node, op)
 
@@ -706,9 +709,8 @@ def _softmax(imp: _Importer, node) -> None:
         raise _node_err(node, "half_to_float=True; tileplan computes softmax in the input's type")
     dtype = _arg(node, 2, "dtype") if _target_name(node.target) == "aten.softmax.int" else None
     dim = int(node.args[1])
-    if imp.reshaped(node.args[0]) and dim % len(node.args[0].meta["val"].shape) != len(node.args[0].meta["val"].shape) - 1:
-        raise _node_err(node, "softmax over a leading axis of a reshape tileplan dropped; the axes would change")
-    x = imp.read(node.args[0], _describe(node))
+    rank = len(node.args[0].meta["val"].shape)
+    x = _source(imp, node, node.args[0]) if dim % rank != rank - 1 else imp.read(node.args[0], _describe(node))
     if dtype is not None and imp.dtype(dtype, node.name) is not imp.known[x].dtype:
         # softmax(x, dim, dtype=...) (HF eager attention asks FP32): the input cast first, as torch does.
         cast = Tensor(f"{node.name}.cast", imp.known[x].shape, imp.dtype(dtype, node.name))
@@ -748,9 +750,8 @@ def _reduction(cls: type[Op]):
             raise _node_err(node, "a dtype argument; cast the input first")
         rank = len(src.meta["val"].shape)
         dims = list(range(rank)) if dims is None or list(dims) == [] else [int(d) % rank for d in dims]
-        if imp.reshaped(src) and dims != [rank - 1]:
-            raise _node_err(node, f"reduces axes {dims} of a reshape tileplan dropped; the axes would change")
-        x = imp.read(src, _describe(node))
+        # a dropped reshape is made real first where another axis than the last is reduced
+        x = _source(imp, node, src) if dims != [rank - 1] else imp.read(src, _describe(node))
         shape = imp.known[x].shape
         dims = [d - rank + len(shape) for d in dims]
         out = tuple(1 if d in dims else s for d, s in enumerate(shape)) if keepdim else \
@@ -870,6 +871,18 @@ def _slice(imp: _Importer, node) -> None:
     _slice_of(imp, node, src, dim, a, b, step=st)
 
 
+def _select(imp: _Importer, node) -> None:
+    """``select.int(x, dim, index)``: a one-wide ``Slice`` with the axis dropped (a Reshape)."""
+    src = node.args[0]
+    shape = tuple(src.meta["val"].shape)
+    dim = int(_arg(node, 1, "dim")) % len(shape)
+    index = int(_arg(node, 2, "index"))
+    if not -shape[dim] <= index < shape[dim]:
+        raise _node_err(node, f"index {index} is out of range for axis {dim} of length {shape[dim]}")
+    index %= shape[dim]
+    _slice_of(imp, node, src, dim, index, index + 1, squeeze=True)
+
+
 def _dropout(imp: _Importer, node) -> None:
     """Inference dropout is its input; ``train=True`` is refused."""
     if _arg(node, 2, "train", False):
@@ -930,6 +943,7 @@ _HANDLERS = {
     "aten.reshape.default": _reshape,
     "aten._unsafe_view.default": _reshape,
     "aten.flatten.using_ints": _reshape,
+    "aten.unflatten.int": _reshape,
     "aten.squeeze.dim": _reshape,
     "aten.squeeze.dims": _reshape,
     "aten.squeeze.default": _reshape,
@@ -945,6 +959,7 @@ _HANDLERS = {
     "aten.unbind.int": _split,
     "getitem": _getitem,
     "aten.slice.Tensor": _slice,
+    "aten.select.int": _select,
 }
 def supported() -> str:
     names = sorted(t.removeprefix("aten.") for t in _HANDLERS)
