@@ -24,23 +24,25 @@ HIDDEN, LAYERS, PATCH = 64, 2, 8
 
 
 class LastHidden(torch.nn.Module):
-    """``SiglipVisionModel(pixel_values).last_hidden_state`` (the output a user compares)."""
+    """``SiglipVisionModel(pixel_values).last_hidden_state`` (the output a user compares), or with
+    the MAP head its ``pooler_output``."""
 
-    def __init__(self, model, interpolate: bool):
+    def __init__(self, model, interpolate: bool, pooled: bool = False):
         super().__init__()
-        self.model, self.interpolate = model, interpolate
+        self.model, self.interpolate, self.pooled = model, interpolate, pooled
 
     def forward(self, pixel_values):
-        return self.model(pixel_values=pixel_values, interpolate_pos_encoding=self.interpolate).last_hidden_state
+        out = self.model(pixel_values=pixel_values, interpolate_pos_encoding=self.interpolate)
+        return out.pooler_output if self.pooled else out.last_hidden_state
 
 
-def siglip_vision(dtype: str, interpolate: bool = False) -> torch.nn.Module:
+def siglip_vision(dtype: str, interpolate: bool = False, head: bool = False) -> torch.nn.Module:
     from transformers import SiglipVisionConfig, SiglipVisionModel
     cfg = SiglipVisionConfig(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4,
                              num_hidden_layers=LAYERS, image_size=32, patch_size=PATCH, num_channels=3,
-                             vision_use_head=False, attn_implementation="eager")
+                             vision_use_head=head, attn_implementation="eager")
     torch.manual_seed(0)
-    return LastHidden(SiglipVisionModel(cfg), interpolate).eval().to(getattr(torch, dtype))
+    return LastHidden(SiglipVisionModel(cfg), interpolate, head).eval().to(getattr(torch, dtype))
 
 
 def check_imported(model, batch: int, h: int, w: int) -> None:
@@ -94,6 +96,27 @@ def test_siglip_vision_model_imports_through_onnx_export(tmp_path):
     export_onnx(module, x, tmp_path / "siglip.onnx")
     model = import_onnx(tmp_path / "siglip.onnx")
     check_imported(model, 1, 32, 32)
+
+
+def test_siglip_vision_model_with_map_head_imports_the_probe_query_computed_at_import():
+    """The MAP head: a learned probe repeated over the batch, ``nn.MultiheadAttention`` with one
+    query row (its packed ``in_proj`` split), a LayerNorm and an MLP; the probe's query projection
+    reads parameters only, so it is computed at import: one MatMul fewer."""
+    module = siglip_vision("float32", head=True)
+    model = import_module(module, (torch.randn(2, 3, 32, 32),))
+    kinds = [op.kind for op in model.graph.ops]
+    assert kinds.count("softmax") == LAYERS + 1 and kinds.count("layernorm") == 2 * LAYERS + 2
+    # patch GEMM, 8 per layer; the head's packed k|v, q@k, p@v, out_proj, fc1, fc2 (not the probe's q)
+    assert kinds.count("matmul") == 1 + 8 * LAYERS + 6
+    (out,) = model.graph.by_role(Role.OUTPUT)
+    assert out.shape == (2, HIDDEN)
+
+
+@pytest.mark.slow
+def test_siglip_vision_model_with_map_head_compiles_and_validates(tmp_path):
+    module = siglip_vision("float32", head=True)
+    x = torch.randn(2, 3, 32, 32)
+    compile_and_validate(import_module(module, (x,)), module, x, tmp_path)
 
 
 @pytest.mark.slow
