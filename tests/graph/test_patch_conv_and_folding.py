@@ -125,7 +125,7 @@ def test_torch_an_integer_value_read_by_a_computed_op_is_refused_naming_it():
 
         def forward(self, x):
             return x + self.ids
-    with pytest.raises(TileplanError, match=r"'ids', a int64 tensor known at import"):
+    with pytest.raises(TileplanError, match=r"node 'add' \(aten.add.Tensor\) reads 'ids' \(int64, known at import\)"):
         import_module(M(), (torch.randn(2, 4),))
 
 
@@ -226,3 +226,16 @@ def test_onnx_gather_with_out_of_range_constant_indices_is_refused():
     model.ir_version = 10
     with pytest.raises(TileplanError, match=r"node 'g' \(Gather\): indices 0..4 are out of range"):
         import_onnx(model)
+
+
+def test_torch_transpose_reduction_and_select_of_a_dropped_reshape_use_torchs_axes():
+    """A reshape tileplan drops (it keeps the last axis) read where the axes matter is made real:
+    ``view`` then ``transpose``, ``mean`` over a leading axis and ``select`` give torch's values."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            flat = x.reshape(6, 4)                                   # [2, 3, 4] -> [6, 4]: dropped
+            return flat.transpose(0, 1).sum(dim=1) + flat.mean(dim=0) + flat[5]
+    x = torch.randn(2, 3, 4)
+    model = import_module(M(), (x,))
+    assert "reshape" in [op.kind for op in model.graph.ops]
+    np.testing.assert_allclose(run(model, x=x.numpy()), M()(x).numpy(), rtol=1e-6, atol=1e-6)

@@ -51,9 +51,11 @@ What maps to what:
   leading dimension folded), so such a reshape changes nothing they compute;
   the value keeps the shape of the op that wrote it (an ``[B, T, K]`` input
   stays ``[B, T, K]`` through ``view([B*T, K])`` and ``addmm``). A reshaped value
-  may not feed a MatMul of two activations or one with a batched parameter, nor
-  a transpose (the axes would change meaning); a dropped view that is a graph
-  output becomes a Reshape op (the output keeps torch's shape). Reshapes that
+  may not feed a MatMul of two activations or one with a batched parameter; read
+  by a transpose, or by a reduction or softmax over another axis than the last
+  (where the axes matter), it becomes a Reshape op ``<reader>.shape`` to torch's
+  shape first, as does a dropped view that is a graph output (the output keeps
+  torch's shape). ``select.int`` is a one-wide Slice and a Reshape. Reshapes that
   change the last dimension are Reshape ops.
 - ``softmax``/``_softmax``: Softmax over its dim; ``layer_norm`` over the last axis (no
   weight/bias: ones/zeros parameters ``<node>.weight``/``.bias``); ``mean.dim``,
@@ -380,7 +382,7 @@ class _Importer:
                                 "tileplan imports tensor operands only")
         text = str(val.dtype).removeprefix("torch.")
         if text not in _FLOAT_DTYPES:
-            raise TileplanError(f"{reader} reads {tname!r}, a {text} tensor known at import; tileplan "
+            raise TileplanError(f"{reader} reads {tname!r} ({text}, known at import); tileplan "
                                 "computes on float32, float16 and float8_e4m3fnuz tensors (integer values "
                                 "may only index or shape constants)")
         shape = tuple(int(d) for d in val.shape) or (1,)
