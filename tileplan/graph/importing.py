@@ -1,12 +1,13 @@
 """What the ONNX and torch importers share: bf16 handling, the one unsupported-nodes error,
-Transposes of any permutation and reductions over any axes as the ops tileplan plans."""
+Transposes of any permutation and reductions over any axes as the ops tileplan plans, and a
+patch-embedding convolution as a GEMM over patches."""
 
 from __future__ import annotations
 
 import math
 
 from ..errors import TileplanError
-from .core import Op, Reshape, Transpose
+from .core import Add, MatMul, Op, Reshape, Transpose
 
 CAST_BF16 = ("fp16",)       # what --cast-bf16 converts bf16 models to
 BF16_HELP = ("the IPU has no bf16 arithmetic: convert the model to FP16 with --cast-bf16 fp16 "
@@ -77,3 +78,73 @@ def reduce_ops(cls: type[Op], name: str, x: str, y: str, shape: tuple[int, ...],
         return ops + [cls(name, (cur,), y, keepdims=True)]
     ops.append(cls(f"{name}.reduced", (cur,), f"{y}.reduced", keepdims=True))
     return ops + [Reshape(name, (f"{y}.reduced",), y, shape=tuple(out_shape))]
+
+
+def patch_conv_refusal(x_shape: tuple[int, ...], w_shape: tuple[int, ...], *, stride, padding, dilation,
+                       groups: int) -> str | None:
+    """Why a 2-D convolution is not a patch embedding tileplan imports (None when it is).
+
+    Design decision: tileplan has no convolution kernel. The convolution vision transformers open
+    with (one patch a token: kernel == stride, no padding, dilation 1, groups 1) reads every input
+    element exactly once, so it *is* a GEMM over the patches (``patch_conv_ops``), which the planner
+    already tiles; any other convolution overlaps or skips input elements and is refused with what
+    differs rather than lowered to a slow im2col.
+    """
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        return (f"input {list(x_shape)} and weight {list(w_shape)}; tileplan imports 2-D convolutions of "
+                "NCHW inputs")
+    kernel = tuple(int(k) for k in w_shape[2:])
+    pads = [int(p) for p in padding]
+    if int(groups) != 1:
+        return f"groups={groups}; tileplan imports convolutions with groups=1 (patch embeddings)"
+    if tuple(int(s) for s in stride) != kernel:
+        return (f"stride {[int(s) for s in stride]} differs from the kernel {list(kernel)}; tileplan imports "
+                "convolutions whose stride equals the kernel (patch embeddings)")
+    if any(pads):
+        return f"padding {pads}; tileplan imports unpadded convolutions (patch embeddings)"
+    if any(int(d) != 1 for d in dilation):
+        return f"dilation {[int(d) for d in dilation]}; tileplan imports convolutions with dilation 1"
+    if x_shape[1] != w_shape[1]:
+        return f"input has {x_shape[1]} channels, the weight {w_shape[1]}"
+    if x_shape[2] % kernel[0] or x_shape[3] % kernel[1]:
+        return (f"image {list(x_shape[2:])} is not a whole number of {list(kernel)} patches; tileplan imports "
+                "convolutions that cover the image exactly (crop the input)")
+    return None
+
+
+def patch_conv_ops(name: str, x: str, x_shape: tuple[int, ...], weight: str, bias: str | None,
+                   kernel: tuple[int, int], channels: int, y: str, *, tokens: bool) -> tuple[list[Op], tuple[int, ...]]:
+    """A patch-embedding convolution (``patch_conv_refusal`` says None) as tileplan ops:
+    ``x[B, C, H, W]`` -> Reshape ``<y>.split`` ``[B, C, h, kh, w, kw]`` -> Transpose ``<y>.patches``
+    ``[B, h, w, C, kh, kw]`` -> Reshape ``<y>.rows`` ``[B*h*w, C*kh*kw]`` -> MatMul by ``weight``
+    (the convolution's weight re-laid at import as ``[D, C*kh*kw]``, read with ``transpose_b``, as
+    ``nn.Linear``'s) -> bias Add -> a Reshape writing ``y``: ``[B, h*w, D]`` with ``tokens`` (the
+    conv's output flattened and transposed, what vision transformers do next: the transpose pair
+    cancels), else the convolution's ``[B, D, h, w]`` (Reshape ``[B, h, w, D]`` and a Transpose).
+    Returns the ops (the last named ``name`` writing ``y``) and ``y``'s shape.
+
+    Design decision: the graph keeps the pixel input ``[B, C, H, W]`` (what the user feeds and what
+    ``tileplan validate`` checks) and the patch gather is a Reshape/Transpose/Reshape the planner
+    costs like any other rearrangement; the Transpose keeps the last axis (``kw``), a permutation of
+    rows the View family moves whole.
+    """
+    b, c, hh, ww = x_shape
+    kh, kw = kernel
+    h, w = hh // kh, ww // kw
+    ops: list[Op] = [
+        Reshape(f"{name}.split", (x,), f"{y}.split", shape=(b, c, h, kh, w, kw)),
+        *transpose_ops(f"{name}.patches", f"{y}.split", f"{y}.patches", (0, 2, 4, 1, 3, 5)),
+        Reshape(f"{name}.rows", (f"{y}.patches",), f"{y}.rows", shape=(b * h * w, c * kh * kw)),
+    ]
+    out = f"{y}.matmul"
+    ops.append(MatMul(f"{name}.matmul", (f"{y}.rows", weight), out, transpose_b=True))
+    if bias is not None:
+        ops.append(Add(f"{name}.bias", (out, bias), f"{y}.biased"))
+        out = f"{y}.biased"
+    d = channels
+    if tokens:
+        ops.append(Reshape(name, (out,), y, shape=(b, h * w, d)))
+        return ops, (b, h * w, d)
+    ops.append(Reshape(f"{name}.grid", (out,), f"{y}.grid", shape=(b, h, w, d)))
+    ops += transpose_ops(name, f"{y}.grid", y, (0, 3, 1, 2))
+    return ops, (b, d, h, w)

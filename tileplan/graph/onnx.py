@@ -105,7 +105,8 @@ from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul
                    ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor,
                    Transpose, Slice)
 from .dtypes import DType, dequantise, quantise
-from .importing import BF16_HELP, check_cast_bf16, reduce_ops, transpose_ops, unsupported_error
+from .importing import (BF16_HELP, check_cast_bf16, patch_conv_ops, patch_conv_refusal, reduce_ops, transpose_ops,
+                        unsupported_error)
 from .patterns import Declared, fuse
 
 SCALE_KEY = "tileplan.scale."
@@ -330,12 +331,14 @@ class _Importer:
     metadata: dict[str, str] = field(default_factory=dict)
     converted: int = 0                  # bf16 tensors converted under cast_bf16
     opset: int = OPSET                  # the model's default-domain opset
+    consumed: set[str] = field(default_factory=set)   # nodes another node's lowering imported
 
     def run(self) -> OnnxModel:
         self._unpack()
         self._rewrite()
         self._drop_identities()
         self._fold_constants()
+        self._reinfer_shapes()
         self._fold_transposes()
         ops, declared = self._lower()
         rescaled: dict[str, int] = {}
@@ -441,6 +444,43 @@ class _Importer:
                 env[op.output], dts[op.output] = dequantise(stored, dt, self._scale(op.output)), dt
                 self.constants[op.output] = stored
         self.nodes = kept
+
+    def _reinfer_shapes(self) -> None:
+        """Shapes ONNX inference left symbolic because they came from a shape subgraph (``Shape`` ->
+        ``Slice`` -> ``Concat`` -> ``Reshape``: ``unk__0`` down the rest of the graph), inferred again
+        now that the subgraph is folded: the remaining nodes, every constant declared by type and
+        shape, and integer constants (the shapes and indices inference reads) by value. Only
+        dimensions that were not static change."""
+        if all(_all_static(dims) for _, dims in self.types.values()):
+            return
+        onnx = _onnx()
+        helper = onnx.helper
+        consts, inits = [], []
+        for t, v in self.constants.items():
+            elem = _np_elem_type(v)
+            if np.issubdtype(v.dtype, np.integer) and v.size <= 1 << 16:
+                inits.append(onnx.numpy_helper.from_array(v, t))
+            elif elem:
+                consts.append(helper.make_tensor_value_info(t, elem, list(v.shape)))
+        inputs = [helper.make_tensor_value_info(t, self.types[t][0], self.types[t][1]) for t in self.inputs
+                  if t in self.types]
+        nodes = [helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, domain=n.domain or "", **n.attrs)
+                 for n in self.nodes]
+        graph = helper.make_graph(nodes, "reinfer", inputs + consts, [], initializer=inits)
+        model = helper.make_model(graph, opset_imports=list(self.model.opset_import))
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+        except Exception:
+            return                  # keep what the first inference gave; the lowering names the tensor
+        for vi in inferred.graph.value_info:
+            old = self.types.get(vi.name)
+            if old is None or _all_static(old[1]) or not vi.type.HasField("tensor_type"):
+                continue
+            tt = vi.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] \
+                if tt.HasField("shape") else None
+            if _all_static(dims) and (old[1] is None or len(dims) == len(old[1])):
+                self.types[vi.name] = (old[0], dims)
 
     def _dequantises_weight(self, n: _Node, readers: dict) -> bool:
         """Whether ``n`` is a Cast of an FP8 initializer (not a scalar) whose value reaches a MatMul
@@ -548,6 +588,8 @@ class _Importer:
         ops: list[Op] = []
         declared: dict[str, Tensor] = {}
         for n in self.nodes:
+            if n.name in self.consumed:
+                continue
             new_ops = _LOWER[n.op_type].lower(self, n)
             ops.extend(new_ops)
             for op in new_ops:
@@ -1020,6 +1062,65 @@ def _constant_of_shape(n: _Node, shape):
     return np.full([int(d) for d in shape], fill.ravel()[0], dtype=fill.dtype)
 
 
+def _fold_gather(imp: _Importer, n: _Node):
+    """``Gather`` of a constant by integer constant indices: shape arithmetic, or a lookup table
+    read at indices fixed at export (a position embedding by ``position_ids = arange``), whose
+    rows become a parameter named after the output. Out-of-range indices are refused."""
+    data, idx = (imp.constants.get(t) for t in n.inputs[:2])
+    if data is None or idx is None or not np.issubdtype(np.asarray(idx).dtype, np.integer):
+        return None
+    axis = int(n.attrs.get("axis", 0))
+    rank = np.ndim(data)
+    if not -rank <= axis < rank:
+        raise n.err(f"axis {axis} is out of range for data of rank {rank}")
+    length = np.shape(data)[axis]
+    idx = np.asarray(idx)
+    if idx.size and (idx.min() < -length or idx.max() >= length):
+        raise n.err(f"indices {int(idx.min())}..{int(idx.max())} are out of range for axis {axis} of length {length}")
+    return np.take(data, idx, axis=axis)
+
+
+def _lower_conv(imp: _Importer, n: _Node) -> list[Op]:
+    """``Conv`` as a patch embedding: a GEMM over the patches (``importing.patch_conv_ops``), the
+    initializer weight re-laid as ``<weight>.patches`` ``[D, C*kh*kw]``. When the output's only
+    reader is a Reshape to ``[B, D, h*w]`` whose only reader is a Transpose ``[0, 2, 1]`` (the
+    exporters' ``flatten(2).transpose(1, 2)``), the GEMM's rows are those tokens: the Transpose's
+    output is written directly as ``[B, h*w, D]`` and the two nodes add nothing. Other convolutions
+    are refused naming what differs (``importing.patch_conv_refusal``)."""
+    x, w = n.inputs[0], n.inputs[1]
+    bias = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
+    if w not in imp.constants:
+        raise n.err(f"weight {w!r} is not an initializer; tileplan imports convolutions by a constant weight")
+    x_shape = imp._static(x, what="Conv input")
+    w_shape = tuple(int(d) for d in imp.constants[w].shape)
+    auto_pad = n.attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    if auto_pad not in ("NOTSET", "VALID"):
+        raise n.err(f"auto_pad={auto_pad}; tileplan imports unpadded convolutions (patch embeddings)")
+    spatial = max(len(w_shape) - 2, 0)
+    reason = patch_conv_refusal(x_shape, w_shape, stride=n.attrs.get("strides", [1] * spatial),
+                                padding=n.attrs.get("pads", [0] * 2 * spatial),
+                                dilation=n.attrs.get("dilations", [1] * spatial), groups=n.attrs.get("group", 1))
+    if "kernel_shape" in n.attrs and [int(k) for k in n.attrs["kernel_shape"]] != list(w_shape[2:]):
+        reason = reason or f"kernel_shape {list(n.attrs['kernel_shape'])} differs from the weight's {list(w_shape[2:])}"
+    if reason is not None:
+        raise n.err(reason)
+    weight = f"{w}.patches"
+    imp.constants[weight] = np.ascontiguousarray(imp.constants[w].reshape(w_shape[0], -1))
+    y, name, tokens = n.outputs[0], n.name, False
+    readers = [r for r in imp.nodes if y in r.inputs]
+    b, d, h, wd = x_shape[0], w_shape[0], x_shape[2] // w_shape[2], x_shape[3] // w_shape[3]
+    if len(readers) == 1 and readers[0].op_type in ("Reshape", "Flatten") and y not in imp.outputs:
+        flat = readers[0]
+        after = [r for r in imp.nodes if flat.outputs[0] in r.inputs]
+        if tuple(imp._dims(flat.outputs[0]) or ()) == (b, d, h * wd) and flat.outputs[0] not in imp.outputs \
+                and len(after) == 1 and after[0].op_type == "Transpose" and list(after[0].attrs.get("perm", ())) == [0, 2, 1]:
+            y, name, tokens = after[0].outputs[0], after[0].name, True
+            imp.consumed |= {flat.name, after[0].name}
+    ops, _ = patch_conv_ops(name, x, x_shape, weight, bias, tuple(w_shape[2:]), d, y, tokens=tokens)
+    return ops
+
+
 # Shape arithmetic on integer constants, evaluated at import (tileplan plans static shapes).
 _SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
     "Shape": _fold_shape,
@@ -1027,7 +1128,7 @@ _SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
     "Slice": _fold_int(_slice),
     "Concat": _fold_int(lambda n, *xs: np.concatenate([np.atleast_1d(x) for x in xs], axis=n.attrs["axis"])),
     "ConstantOfShape": _fold_int(_constant_of_shape),
-    "Gather": _fold_int(lambda n, x, i: np.take(x, i, axis=n.attrs.get("axis", 0))),
+    "Gather": _fold_gather,
     "Neg": _fold_int(lambda n, a: -a),
     "Add": _fold_int(lambda n, a, b: a + b),
     "Sub": _fold_int(lambda n, a, b: a - b),
@@ -1046,6 +1147,7 @@ class _Row:
 _LOWER: dict[str, _Row] = {
     "MatMul": _Row(_lower_matmul),
     "Gemm": _Row(_lower_gemm, fold=False),
+    "Conv": _Row(_lower_conv, fold=False),
     "Add": _Row(_pointwise(Add)),
     "Sub": _Row(_pointwise(Sub)),
     "Mul": _Row(_pointwise(Mul)),

@@ -51,9 +51,11 @@ What maps to what:
   leading dimension folded), so such a reshape changes nothing they compute;
   the value keeps the shape of the op that wrote it (an ``[B, T, K]`` input
   stays ``[B, T, K]`` through ``view([B*T, K])`` and ``addmm``). A reshaped value
-  may not feed a MatMul of two activations or one with a batched parameter, nor
-  a transpose (the axes would change meaning); a dropped view that is a graph
-  output becomes a Reshape op (the output keeps torch's shape). Reshapes that
+  may not feed a MatMul of two activations or one with a batched parameter; read
+  by a transpose, or by a reduction or softmax over another axis than the last
+  (where the axes matter), it becomes a Reshape op ``<reader>.shape`` to torch's
+  shape first, as does a dropped view that is a graph output (the output keeps
+  torch's shape). ``select.int`` is a one-wide Slice and a Reshape. Reshapes that
   change the last dimension are Reshape ops.
 - ``softmax``/``_softmax``: Softmax over its dim; ``layer_norm`` over the last axis (no
   weight/bias: ones/zeros parameters ``<node>.weight``/``.bias``); ``mean.dim``,
@@ -63,13 +65,26 @@ What maps to what:
 - ``clone``, ``contiguous``, ``alias``, ``detach``, ``dropout`` (eval; ``train=True``
   is refused) are dropped; ``_assert_tensor_metadata`` and other assertions are
   skipped.
+- ``conv2d`` / ``convolution`` with stride == kernel, no padding, dilation 1, groups 1 (a
+  vision transformer's patch embedding): a GEMM over the patches (``importing.patch_conv_ops``:
+  Reshape, Transpose, Reshape of the pixel input, MatMul by ``<weight>.patches`` ``[D, C*kh*kw]``,
+  bias Add); followed by ``flatten(2).transpose(1, 2)`` the tokens ``[B, h*w, D]`` are written
+  straight from the GEMM. Other convolutions are refused naming what differs.
+- Values known at import are computed at import (``_Importer._plan_folding``): a node whose
+  tensor operands are all parameters, buffers, constants or such values and that has no tensor
+  operand, reads an integer/bool buffer or a computed value, or is an op tileplan does not import
+  (``embedding`` of the position table by ``position_ids``, ``arange``, comparisons, ``where``,
+  the resize of ``interpolate_pos_encoding``) runs its own ATen op on the values; what an imported
+  op reads of the result is a parameter named after the node. An integer buffer no op reads is
+  no tensor at all; one an op reads is refused naming it and its dtype.
 - Anything else: one ``TileplanError`` listing every unsupported node by target
   (``3 unsupported nodes: aten.relu.default (2: relu, relu_1), ...``).
 
 Dtypes: float32, float16, float8_e4m3fnuz; bfloat16 is refused naming
 ``--cast-bf16 fp16`` (``import_module(..., cast_bf16="fp16")`` converts it to
 float16 and records it in ``Graph.imported``); integer and bool tensors are an
-error naming the tensor and its dtype.
+error naming the tensor and its dtype where an op computes on them (indices and masks known at
+import are folded, above).
 
 ``load_python_factory("path/to/model.py:factory")`` imports that file, calls
 ``factory()``, which returns ``(module, example_inputs)`` (a tensor or a tuple of
@@ -93,7 +108,8 @@ from .. import checked
 from ..errors import TileplanError
 from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
                    ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh, Tensor)
-from .importing import BF16_HELP, check_cast_bf16, reduce_ops, transpose_ops, unsupported_error
+from .importing import (BF16_HELP, check_cast_bf16, patch_conv_ops, patch_conv_refusal, reduce_ops, transpose_ops,
+                        unsupported_error)
 from .dtypes import DType, quantise
 from .patterns import fuse
 
@@ -243,13 +259,20 @@ class _Importer:
     ops: list[Op] = field(default_factory=list)
     converted: int = 0                       # bf16 tensors converted under cast_bf16
     pieces: dict[str, tuple] = field(default_factory=dict)   # a split's fx node -> (source, dim, bounds, squeeze)
+    consts: dict[str, Any] = field(default_factory=dict)      # fx node -> its torch value known at import
+    const_names: dict[str, str] = field(default_factory=dict)  # fx node -> tensor name, if it becomes one
+    folded: set[str] = field(default_factory=set)    # fx nodes computed at import (not parameters as such)
+    consumed: set[str] = field(default_factory=set)  # fx nodes another node's handler has imported
 
     def run(self) -> TorchModel:
         sig = self.program.graph_signature
         specs = {spec.arg.name: spec for spec in sig.input_specs if hasattr(spec.arg, "name")}
         missing: dict[str, list[str]] = {}
+        self._plan_folding(specs)
         for node in self.program.graph.nodes:
             target = _target_name(node.target) if node.op == "call_function" else None
+            if node.name in self.folded:
+                continue
             if node.op == "call_function" and target not in _HANDLERS and target not in _SKIPPED:
                 missing.setdefault(target, []).append(node.name)
             elif node.op not in ("placeholder", "call_function", "output"):
@@ -288,6 +311,88 @@ class _Importer:
             graph.imported = {"cast_bf16": self.cast_bf16, "converted_bf16_tensors": self.converted}
         return TorchModel(graph, params)
 
+    def _plan_folding(self, specs: dict) -> None:
+        """Which nodes are computed at import (``folded``): every ATen call whose tensor operands are
+        all known at import (parameters, buffers, lifted constants, earlier folded values) and that
+        has no tensor operand (``arange``, ``zeros``, ``full``), reads an integer/bool buffer or a
+        folded value (``position_ids`` and the ``embedding`` of a parameter by them, comparisons,
+        ``where`` over such masks), or is an op tileplan does not import as such (the bicubic
+        resize of ``interpolate_pos_encoding`` at the fixed exported size); and, so that such a node
+        has its operands' values, every node known at import that a folded node reads (the
+        reshape and permute of the position table before the resize).
+        Non-float buffers and constants are folded values themselves: they never become tensors.
+
+        Design decision: a folded node is evaluated by calling its own ATen op on the torch values
+        (``_fold``), not a numpy re-implementation: torch's semantics exactly, for any op, and the
+        values are small index and shape tensors. A node of an imported op reading parameters only
+        (``t(W)``, a Cast of an FP8 weight) stays an op: the MatMul transpose flags and the ``fp8-matmul`` pattern
+        need to see it. What a real op then reads of a folded value becomes a parameter (float)
+        or is refused naming its dtype (``read``).
+        """
+        known: set[str] = set()
+        nodes = list(self.program.graph.nodes)
+        calls = {n.name for n in nodes if n.op == "call_function"}
+        for node in nodes:
+            if node.op == "placeholder":
+                spec = specs.get(node.name)
+                if spec is not None and spec.kind.name in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+                    known.add(node.name)
+                    val = node.meta.get("val")
+                    if _is_tensor(val) and str(val.dtype).removeprefix("torch.") not in _FLOAT_DTYPES:
+                        self.folded.add(node.name)
+            elif node.op == "call_function":
+                if _target_name(node.target) in _SKIPPED:
+                    continue
+                operands = _tensor_operands(node)
+                if all(a in known for a in operands):
+                    known.add(node.name)
+                    if not operands or _target_name(node.target) not in _HANDLERS:
+                        self.folded.add(node.name)
+        while True:        # what a folded node reads is folded; what reads only folded values too
+            before = len(self.folded)
+            for node in reversed(nodes):
+                if node.name in self.folded and node.op == "call_function":
+                    self.folded |= {a for a in _tensor_operands(node) if a in known and a in calls}
+            for node in nodes:
+                if node.name in calls and node.name in known and any(a in self.folded for a in _tensor_operands(node)):
+                    self.folded.add(node.name)
+            if len(self.folded) == before:
+                return
+
+    def _fold(self, node) -> None:
+        """Evaluate a folded node's ATen op on the values known at import."""
+        torch = _torch()
+        from torch.fx.node import map_arg
+        args = map_arg(node.args, lambda n: self.consts[n.name])
+        kwargs = map_arg(node.kwargs, lambda n: self.consts[n.name])
+        try:
+            with torch.no_grad():
+                self.consts[node.name] = node.target(*args, **kwargs)
+        except Exception as exc:
+            first = " ".join(str(exc).split())[:200]
+            raise _node_err(node, f"evaluating it at import (its operands are constants) failed: "
+                                  f"{type(exc).__name__}: {first}") from None
+        self.const_names[node.name] = node.name
+
+    def _materialise(self, key: str, reader: str) -> str:
+        """A folded value read by an op: a parameter (float), refused otherwise."""
+        val = self.consts[key]
+        tname = self.const_names.get(key, key)
+        if not _is_tensor(val):
+            raise TileplanError(f"{reader}: operand {tname!r} is a {type(val).__name__} computed at import; "
+                                "tileplan imports tensor operands only")
+        text = str(val.dtype).removeprefix("torch.")
+        if text not in _FLOAT_DTYPES:
+            raise TileplanError(f"{reader} reads {tname!r} ({text}, known at import); tileplan "
+                                "computes on float32, float16 and float8_e4m3fnuz tensors (integer values "
+                                "may only index or shape constants)")
+        shape = tuple(int(d) for d in val.shape) or (1,)
+        dt = self.dtype(val.dtype, tname)
+        self.params[tname] = _numpy(val, tname, dt).reshape(shape)
+        self.known[tname] = self.declared[tname] = Tensor(tname, shape, dt, Role.PARAMETER)
+        self.value[key] = tname
+        return tname
+
     def scalar(self, t: str) -> float | None:
         """The value of a parameter whose elements are all equal (for the pattern table)."""
         v = self.params.get(t)
@@ -325,6 +430,10 @@ class _Importer:
             dt = self.dtype(val.dtype, tname)
         else:
             tname, role = spec.target, Role.PARAMETER
+            self.consts[node.name] = self._parameter_value(tname, kind)
+            self.const_names[node.name] = tname
+            if node.name in self.folded:      # an integer/bool buffer: a value for folding only
+                return
             shape = _static_shape(val, tname) or (1,)     # a 0-d constant broadcasts as [1]
             dt = self.dtype(val.dtype, tname)
             self.params[tname] = _numpy(self._parameter_value(tname, kind), tname, dt).reshape(shape)
@@ -347,6 +456,8 @@ class _Importer:
         if isinstance(key, str) and key in self.transposed:
             raise _node_err(self.transposed[key][1], f"{reader} reads its output; tileplan folds a "
                                                      "transpose only into a MatMul operand")
+        if isinstance(key, str) and key in self.folded and key not in self.value:
+            return self._materialise(key, reader)
         if not isinstance(key, str) or key not in self.value:
             raise TileplanError(f"{reader}: operand {arg!r} is not a tensor; tileplan imports tensor "
                                 "operands only (no Python numbers)")
@@ -408,7 +519,10 @@ class _Importer:
 
     def _call(self, node) -> None:
         target = _target_name(node.target)
-        if target in _SKIPPED:
+        if target in _SKIPPED or node.name in self.consumed:
+            return
+        if node.name in self.folded:
+            self._fold(node)
             return
         handler = _HANDLERS.get(target)
         if handler is None:
@@ -485,13 +599,59 @@ def _transpose_view(imp: _Importer, node) -> None:
     if swap and all(_target_name(u.target) in _MATMULS for u in node.users):
         imp.transposed[node.name] = (imp.read(src, _describe(node)), node)    # a MatMul transpose flag
         return
-    if imp.reshaped(src):
-        raise _node_err(node, f"permutes axes {perm} of {src.name!r}, a reshape tileplan dropped (it keeps the "
-                              f"shape {list(imp.known[imp.value[src.name]].shape)}); a Transpose needs the axes "
-                              "as written")
-    x = imp.read(src, _describe(node))
+    x = _source(imp, node, src)        # a dropped reshape is made real first: the axes as written
     for op in transpose_ops(node.name, x, node.name, tuple(perm)):     # planned rearrangements
         imp.emit(node, op)
+
+
+def _conv2d(imp: _Importer, node) -> None:
+    """``conv2d`` (``.default`` and ``.padding``) and ``convolution`` as a patch embedding: a GEMM
+    over the patches (``importing.patch_conv_ops``), the weight re-laid at import as the parameter
+    ``<weight>.patches`` ``[D, C*kh*kw]``. When the output is read only by ``flatten(2)`` read only by
+    ``transpose(1, 2)`` (``nn.Conv2d`` then vision transformers' tokens), the GEMM's rows are the
+    tokens and the transpose's value is written directly as ``[B, h*w, D]`` (no transpose pair).
+    Other convolutions are refused naming what differs (``importing.patch_conv_refusal``)."""
+    target = _target_name(node.target)
+    x_node, w_node = node.args[0], node.args[1]
+    bias = _arg(node, 2, "bias")
+    if target == "aten.convolution.default":
+        stride, padding, dilation = node.args[3], node.args[4], node.args[5]
+        if node.args[6]:
+            raise _node_err(node, "a transposed convolution; tileplan imports patch-embedding convolutions")
+        groups = node.args[8]
+    else:
+        stride, padding = _arg(node, 3, "stride", 1), _arg(node, 4, "padding", 0)
+        dilation, groups = _arg(node, 5, "dilation", 1), _arg(node, 6, "groups", 1)
+    x_shape, w_shape = (tuple(int(d) for d in n.meta["val"].shape) for n in (x_node, w_node))
+    kernel = w_shape[2:]
+    pair = lambda v: [int(v)] * 2 if isinstance(v, int) else [int(e) for e in v]     # noqa: E731
+    if isinstance(padding, str):
+        padding = [0, 0] if padding == "valid" or kernel == (1, 1) else [1, 1]     # 'same' pads a kernel > 1
+    reason = patch_conv_refusal(x_shape, w_shape, stride=pair(stride), padding=pair(padding),
+                                dilation=pair(dilation), groups=int(groups))
+    if reason is not None:
+        raise _node_err(node, reason)
+    x = imp.read(x_node, _describe(node))
+    w = imp.read(w_node, _describe(node))
+    if imp.known[w].role is not Role.PARAMETER or w not in imp.params:
+        raise _node_err(node, f"weight {w!r} is computed; tileplan imports convolutions by a parameter weight")
+    weight = f"{w}.patches"
+    imp.params[weight] = np.ascontiguousarray(imp.params[w].reshape(w_shape[0], -1))
+    imp.known[weight] = imp.declared[weight] = Tensor(weight, imp.params[weight].shape, imp.known[w].dtype,
+                                                      Role.PARAMETER)
+    b = imp.read(bias, _describe(node)) if bias is not None else None
+    out_node, tokens = node, False
+    users = list(node.users)
+    if len(users) == 1 and _target_name(users[0].target) == "aten.flatten.using_ints" \
+            and [int(d) % 4 for d in (_arg(users[0], 1, "start_dim", 0), _arg(users[0], 2, "end_dim", -1))] == [2, 3]:
+        after = list(users[0].users)
+        if len(after) == 1 and _target_name(after[0].target) == "aten.transpose.int" \
+                and sorted(int(d) % 3 for d in after[0].args[1:3]) == [1, 2]:
+            out_node, tokens = after[0], True
+            imp.consumed |= {users[0].name, after[0].name}
+    ops, _ = patch_conv_ops(out_node.name, x, x_shape, weight, b, kernel, w_shape[0], out_node.name, tokens=tokens)
+    for op in ops:
+        imp.emit(out_node, op)
 
 
 def _gelu(imp: _Importer, node) -> None:
@@ -552,9 +712,8 @@ def _softmax(imp: _Importer, node) -> None:
         raise _node_err(node, "half_to_float=True; tileplan computes softmax in the input's type")
     dtype = _arg(node, 2, "dtype") if _target_name(node.target) == "aten.softmax.int" else None
     dim = int(node.args[1])
-    if imp.reshaped(node.args[0]) and dim % len(node.args[0].meta["val"].shape) != len(node.args[0].meta["val"].shape) - 1:
-        raise _node_err(node, "softmax over a leading axis of a reshape tileplan dropped; the axes would change")
-    x = imp.read(node.args[0], _describe(node))
+    rank = len(node.args[0].meta["val"].shape)
+    x = _source(imp, node, node.args[0]) if dim % rank != rank - 1 else imp.read(node.args[0], _describe(node))
     if dtype is not None and imp.dtype(dtype, node.name) is not imp.known[x].dtype:
         # softmax(x, dim, dtype=...) (HF eager attention asks FP32): the input cast first, as torch does.
         cast = Tensor(f"{node.name}.cast", imp.known[x].shape, imp.dtype(dtype, node.name))
@@ -594,9 +753,8 @@ def _reduction(cls: type[Op]):
             raise _node_err(node, "a dtype argument; cast the input first")
         rank = len(src.meta["val"].shape)
         dims = list(range(rank)) if dims is None or list(dims) == [] else [int(d) % rank for d in dims]
-        if imp.reshaped(src) and dims != [rank - 1]:
-            raise _node_err(node, f"reduces axes {dims} of a reshape tileplan dropped; the axes would change")
-        x = imp.read(src, _describe(node))
+        # a dropped reshape is made real first where another axis than the last is reduced
+        x = _source(imp, node, src) if dims != [rank - 1] else imp.read(src, _describe(node))
         shape = imp.known[x].shape
         dims = [d - rank + len(shape) for d in dims]
         out = tuple(1 if d in dims else s for d, s in enumerate(shape)) if keepdim else \
@@ -716,6 +874,18 @@ def _slice(imp: _Importer, node) -> None:
     _slice_of(imp, node, src, dim, a, b, step=st)
 
 
+def _select(imp: _Importer, node) -> None:
+    """``select.int(x, dim, index)``: a one-wide ``Slice`` with the axis dropped (a Reshape)."""
+    src = node.args[0]
+    shape = tuple(src.meta["val"].shape)
+    dim = int(_arg(node, 1, "dim")) % len(shape)
+    index = int(_arg(node, 2, "index"))
+    if not -shape[dim] <= index < shape[dim]:
+        raise _node_err(node, f"index {index} is out of range for axis {dim} of length {shape[dim]}")
+    index %= shape[dim]
+    _slice_of(imp, node, src, dim, index, index + 1, squeeze=True)
+
+
 def _dropout(imp: _Importer, node) -> None:
     """Inference dropout is its input; ``train=True`` is refused."""
     if _arg(node, 2, "train", False):
@@ -739,6 +909,9 @@ _HANDLERS = {
     "aten.permute.default": _transpose_view,
     "aten.transpose.int": _transpose_view,
     "aten.gelu.default": _gelu,
+    "aten.conv2d.default": _conv2d,
+    "aten.conv2d.padding": _conv2d,
+    "aten.convolution.default": _conv2d,
     "aten.add.Tensor": _binary(Add),
     "aten.add.Scalar": _binary(Add),
     "aten.sub.Tensor": _binary(Sub),
@@ -773,6 +946,7 @@ _HANDLERS = {
     "aten.reshape.default": _reshape,
     "aten._unsafe_view.default": _reshape,
     "aten.flatten.using_ints": _reshape,
+    "aten.unflatten.int": _reshape,
     "aten.squeeze.dim": _reshape,
     "aten.squeeze.dims": _reshape,
     "aten.squeeze.default": _reshape,
@@ -788,6 +962,7 @@ _HANDLERS = {
     "aten.unbind.int": _split,
     "getitem": _getitem,
     "aten.slice.Tensor": _slice,
+    "aten.select.int": _select,
 }
 def supported() -> str:
     names = sorted(t.removeprefix("aten.") for t in _HANDLERS)
@@ -811,6 +986,17 @@ def _describe(node) -> str:
 
 def _node_err(node, message: str) -> TileplanError:
     return TileplanError(f"{_describe(node)}: {message}")
+
+
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fnuz")
+
+
+def _tensor_operands(node) -> list[str]:
+    """The fx nodes a call reads (in its args and kwargs, lists included)."""
+    from torch.fx.node import map_arg
+    found: list[str] = []
+    map_arg((node.args, node.kwargs), lambda n: found.append(n.name))
+    return found
 
 
 def _is_tensor(val: Any) -> bool:

@@ -1,0 +1,137 @@
+"""A whole Hugging Face vision model (``SiglipVisionModel`` without its pooling head; random init, a
+small config, eager attention, no download): the patch-embedding convolution, the position
+embedding looked up by the ``position_ids`` buffer, two encoder layers and the post-LayerNorm,
+imported through torch.export and through ONNX export, compiled onto ipu21-64 and validated on the
+IPU model against torch's own ``last_hidden_state``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from tileplan.graph.core import Role  # noqa: E402
+from tileplan.graph.onnx import import_onnx  # noqa: E402
+from tileplan.graph.torch import import_module  # noqa: E402
+from tileplan.lowering.compile import compile_model  # noqa: E402
+from tileplan.lowering.package import load_package  # noqa: E402
+from tileplan.sim.validate import validate_package  # noqa: E402
+from tileplan.target import load_target  # noqa: E402
+
+HIDDEN, LAYERS, PATCH = 64, 2, 8
+
+
+class LastHidden(torch.nn.Module):
+    """``SiglipVisionModel(pixel_values).last_hidden_state`` (the output a user compares), or with
+    the MAP head its ``pooler_output``."""
+
+    def __init__(self, model, interpolate: bool, pooled: bool = False):
+        super().__init__()
+        self.model, self.interpolate, self.pooled = model, interpolate, pooled
+
+    def forward(self, pixel_values):
+        out = self.model(pixel_values=pixel_values, interpolate_pos_encoding=self.interpolate)
+        return out.pooler_output if self.pooled else out.last_hidden_state
+
+
+def siglip_vision(dtype: str, interpolate: bool = False, head: bool = False) -> torch.nn.Module:
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+    cfg = SiglipVisionConfig(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4,
+                             num_hidden_layers=LAYERS, image_size=32, patch_size=PATCH, num_channels=3,
+                             vision_use_head=head, attn_implementation="eager")
+    torch.manual_seed(0)
+    return LastHidden(SiglipVisionModel(cfg), interpolate, head).eval().to(getattr(torch, dtype))
+
+
+def check_imported(model, batch: int, h: int, w: int) -> None:
+    kinds = [op.kind for op in model.graph.ops]
+    assert kinds.count("layernorm") == 2 * LAYERS + 1 and kinds.count("softmax") == LAYERS
+    assert kinds.count("matmul") == 1 + LAYERS * 8     # the patch GEMM; q, k, v, out, fc1, fc2, q@k, p@v
+    (inp,) = model.graph.by_role(Role.INPUT)
+    assert inp.shape == (batch, 3, h, w)                          # pixels in, as the user feeds them
+    tokens = (h // PATCH) * (w // PATCH)
+    (out,) = model.graph.by_role(Role.OUTPUT)
+    assert out.shape == (batch, tokens, HIDDEN)
+    assert all(np.issubdtype(v.dtype, np.floating) for v in model.params.values())   # no int64 buffer
+    tables = [v for v in model.params.values() if v.shape == (1, tokens, HIDDEN)]
+    assert len(tables) == 1                                       # the position rows, folded at import
+
+
+def compile_and_validate(model, module, x, tmp_path) -> None:
+    _, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", params=model.params, jobs=1)
+    (inp,) = model.graph.by_role(Role.INPUT)
+    (out,) = model.graph.by_role(Role.OUTPUT)
+    with torch.no_grad():
+        want = module.float()(x.float()).numpy()     # fp16: the same fp16-valued weights, torch in fp32
+    np.savez(tmp_path / "inputs.npz", **{inp.name: x.float().numpy()})
+    np.savez(tmp_path / "expected.npz", **{out.name: want.reshape(out.shape)})
+    v = validate_package(load_package(path), inputs_path=tmp_path / "inputs.npz",
+                         expected_path=tmp_path / "expected.npz")
+    assert v.passed, v.outputs
+    assert v.outputs[out.name]["cosine"] > 0.999
+
+
+def export_onnx(module, x, path) -> None:
+    """torch.onnx's TorchScript exporter (the dynamo one needs onnxscript), opset 17: Conv, the
+    Shape/Slice/Concat subgraph of ``flatten(2)``, Gather of the position table, LayerNormalization."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), str(path), dynamo=False, opset_version=17, input_names=["pixel_values"],
+                          output_names=["last_hidden_state"])
+
+
+@pytest.mark.parametrize("batch,h,w", [(1, 32, 32), (2, 32, 48)])
+def test_siglip_vision_model_imports_through_torch_export(batch, h, w):
+    module = siglip_vision("float32", interpolate=(h, w) != (32, 32))
+    model = import_module(module, (torch.randn(batch, 3, h, w),))
+    check_imported(model, batch, h, w)
+
+
+def test_siglip_vision_model_imports_through_onnx_export(tmp_path):
+    module = siglip_vision("float32")
+    x = torch.randn(1, 3, 32, 32)
+    export_onnx(module, x, tmp_path / "siglip.onnx")
+    model = import_onnx(tmp_path / "siglip.onnx")
+    check_imported(model, 1, 32, 32)
+
+
+def test_siglip_vision_model_with_map_head_imports_the_probe_query_computed_at_import():
+    """The MAP head: a learned probe repeated over the batch, ``nn.MultiheadAttention`` with one
+    query row (its packed ``in_proj`` split), a LayerNorm and an MLP; the probe's query projection
+    reads parameters only, so it is computed at import: one MatMul fewer."""
+    module = siglip_vision("float32", head=True)
+    model = import_module(module, (torch.randn(2, 3, 32, 32),))
+    kinds = [op.kind for op in model.graph.ops]
+    assert kinds.count("softmax") == LAYERS + 1 and kinds.count("layernorm") == 2 * LAYERS + 2
+    # patch GEMM, 8 per layer; the head's packed k|v, q@k, p@v, out_proj, fc1, fc2 (not the probe's q)
+    assert kinds.count("matmul") == 1 + 8 * LAYERS + 6
+    (out,) = model.graph.by_role(Role.OUTPUT)
+    assert out.shape == (2, HIDDEN)
+
+
+@pytest.mark.slow
+def test_siglip_vision_model_with_map_head_compiles_and_validates(tmp_path):
+    module = siglip_vision("float32", head=True)
+    x = torch.randn(2, 3, 32, 32)
+    compile_and_validate(import_module(module, (x,)), module, x, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch,h,w,dtype", [(1, 32, 32, "float32"), (2, 32, 48, "float32"), (2, 32, 32, "float16")])
+def test_siglip_vision_model_through_torch_export_compiles_and_validates(batch, h, w, dtype, tmp_path):
+    module = siglip_vision(dtype, interpolate=(h, w) != (32, 32))
+    x = torch.randn(batch, 3, h, w, dtype=getattr(torch, dtype))
+    model = import_module(module, (x,))
+    compile_and_validate(model, module, x, tmp_path)
+
+
+@pytest.mark.slow
+def test_siglip_vision_model_through_onnx_export_compiles_and_validates(tmp_path):
+    module = siglip_vision("float32")
+    x = torch.randn(1, 3, 32, 32)
+    export_onnx(module, x, tmp_path / "siglip.onnx")
+    model = import_onnx(tmp_path / "siglip.onnx")
+    compile_and_validate(model, module, x, tmp_path)
