@@ -42,6 +42,7 @@ import jinja2
 
 from ..errors import TileplanError
 from . import plots
+from .terminal import candidate_name, floor_groups
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,7 @@ def context(data: ReportData, compare: list[ReportData] = ()) -> dict:
         "roofline": plan["roofline_cycles"],
         "ops": ops,
         "convs": convs,
+        "floors": floor_groups(ops),
         "conversions": plan["conversions"],
         "gemms": gemms,
         "manifest_sha": data.manifest_sha,
@@ -270,6 +272,7 @@ def _environment() -> jinja2.Environment:
                              keep_trailing_newline=True)
     env.filters["num"] = _num
     env.filters["slug"] = _slug
+    env.filters["candidate"] = candidate_name
     env.filters["signed"] = lambda x: "-" if x is None else f"{int(x):+,}"
     env.filters["round"] = lambda x: round(x)
     return env
