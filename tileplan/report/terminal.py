@@ -40,6 +40,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..checked import printable
+from .legend import MEMORY
 
 
 RUNNER_UPS = 5          # per GEMM in the terminal
@@ -249,7 +250,7 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
     lines = [
         f"total: {tot['cycles']:,} cycles (compute {tot['compute']:,}, exchange {tot['exchange']:,}, "
         f"sync {tot['sync']:,}); {tot['bytes_moved']:,} B moved",
-        f"memory peak: {tot['total_memory']:,} B on tile {tot['peak_tile']} "
+        f"memory peak ({MEMORY['estimate']}): {tot['total_memory']:,} B on tile {tot['peak_tile']} "
         f"(standard {tot['standard']:,} B, interleaved {tot['interleaved']:,} B, worst tiles)",
         (f"roofline bound: {data['roofline_cycles']:,.0f} cycles; ratio {data['ratio']:.2f}x"
          if data['roofline_cycles'] else f"roofline bound: {NO_ROOFLINE}"),
@@ -387,13 +388,14 @@ def validation_parts(validation: dict, report: dict, roofline: float) -> list:
                          f"estimated {est.get(worst['name'], 0):,}")
     peak = v["memory_peak"]
     if peak:
-        lines.append(f"memory peak of the run: {max(peak):,} B on tile {peak.index(max(peak))}")
+        lines.append(f"memory peak ({MEMORY['simulated']}): {max(peak):,} B on tile {peak.index(max(peak))}")
     return [t, Text("\n").join(plain(line) for line in lines)]
 
 
 def render_package(data: dict, report: dict | None = None, validation: dict | None = None,
-                   verbose: bool = False) -> Group:
-    """The terminal report of a package: plan, layouts, runner-ups, totals, program, validation run."""
+                   verbose: bool = False, allocation: list[int] | None = None) -> Group:
+    """The terminal report of a package: plan, layouts, runner-ups, totals, program, validation run
+    (``allocation``: the allocation's peak per tile, ``html.allocation_peaks``)."""
     parts = list(render(data, verbose=verbose).renderables)
     parts.insert(2 if floor_notes(data) else 1, layouts_table(data, verbose))    # after the plan and its notes
     report = report or {}
@@ -401,6 +403,10 @@ def render_package(data: dict, report: dict | None = None, validation: dict | No
         steps = report.get("program_steps", [])
         parts.append(plain(f"lowered program: {len(steps)} steps, {report['program_cycles']:,} cycles "
                           f"(static count under the shared cycle model)"))
+    if allocation:
+        worst = max(range(len(allocation)), key=lambda i: (allocation[i], -i))
+        parts.append(plain(f"memory peak ({MEMORY['allocation']}): {allocation[worst]:,} B on tile {worst} (highest "
+                           f"address used in each region, summed; `tileplan report --legend`: why the figures differ)"))
     if validation is not None:
         parts.extend(validation_parts(validation, report, data["roofline_cycles"]))
     else:

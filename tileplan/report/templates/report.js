@@ -83,7 +83,7 @@
                             fill: colour(hi > lo ? (vals[t] - lo) / (hi - lo) : 0.5), "data-tile": t,
                             class: "tile" + (t === chosenTile ? " chosen" : "")}, svg);
       r.addEventListener("mouseenter", (e) => {
-        const lines = [fmt(vals[t]) + " " + UNITS[m] + " (" + stepName + ")", "memory peak: " + fmt(D.memory[t]) + " B"];
+        const lines = [fmt(vals[t]) + " " + UNITS[m] + " (" + stepName + ")", D.memory_label + ": " + fmt(D.memory[t]) + " B"];
         if (D.trace && st !== "") lines.push("step cycles: " + fmt(D.trace[Number(st)][t]));
         showTip(e, "tile " + t, "", lines);
       });
