@@ -194,11 +194,14 @@
       head.addEventListener("mouseenter", (e) => showTip(e, D.steps[s].name, " (step " + s + ", " + kind + ")",
         [fmt(len[s]) + " cycles incl. sync " + fmt(sync) + ", starts at " + fmt(start[s])]));
       head.addEventListener("mouseleave", hideTip);
-      const room = Math.floor((x1 - x0 - 6) / 6.2);
-      if (room >= 4) {
+      const vx0 = Math.max(x0, L), avail = Math.min(x1, W - 10) - vx0 - 6;    // the visible part of the column
+      if (avail >= 24) {                          // the name, cut (measured) to fit its column
         const name = D.steps[s].name;
-        el("text", {x: Math.max(x0, L) + 3, y: TOP - 12, class: "axis step-name", "data-step": s}, plot).textContent =
-          name.length <= room ? name : name.slice(0, room - 1) + "\u2026";
+        const label = el("text", {x: vx0 + 3, y: TOP - 12, class: "axis step-name", "data-step": s}, plot);
+        label.textContent = name;
+        for (let k = name.length - 1; k > 0 && label.getComputedTextLength() > avail; k--)
+          label.textContent = name.slice(0, k) + "\u2026";
+        if (label.getComputedTextLength() > avail) label.remove();
       }
       if (sync > 0) el("rect", {x: x0, y: TOP, width: Math.max(0.3, x(start[s] + sync) - x0), height: H, fill: "#d0d0d0"}, plot);
       for (let b = 0; b < rowsN; b++) {
