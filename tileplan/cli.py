@@ -419,7 +419,7 @@ def compile_command(
                     f"(plan {p.plan_seconds:.2f} s)"))
     out.print(f"estimate: {_n(est.cycles)} cycles (compute {_n(est.compute)}, exchange {_n(est.exchange)}, "
               f"sync {_n(est.sync)}), {roofline_ratio_text(est.cycles, p.roofline)}; "
-              f"peak {_n(est.total_memory)} B per tile")
+              f"memory peak (planner's estimate): {_n(est.total_memory)} B per tile")
     out.print(f"tile program: {len(state.tile_program.steps)} steps; passes: {', '.join(state.tile_program.passes)}")
     if p.graph.folded:                       # planner.rewrite: results known at plan time, written by the host
         out.print(plain("folded at plan time (host data, 0 cycles): " + ", ".join(
@@ -470,7 +470,7 @@ def validate_command(
               f"sync {_n(prof.sync)}), {roofline_ratio_text(prof.cycles, roof)}")
     if est:
         out.print(f"planner estimate: {_n(est)} cycles; estimate / simulated = {est / max(prof.cycles, 1):.3f}")
-    out.print(f"memory peak: {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "
+    out.print(f"memory peak (IPU model's simulated peak): {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "
               f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g}"
               f"{' x max(1, max |want|)' if atol is None else ''}"
               f"{' x sqrt(FP8 GEMM depth / 2)' if any('fp8_depth' in o for o in v.outputs.values()) else ''}"
@@ -512,7 +512,7 @@ def report_command(
     verbose: VerboseOption = False,
 ) -> None:
     """Print a package's cost report and write it as one self-contained HTML file with plots."""
-    from .report.html import load_report_data, write_html
+    from .report.html import allocation_peaks, load_report_data, write_html
     from .report.terminal import compare_table, legend_table, render_package
 
     from .atomic import check_file
@@ -529,7 +529,8 @@ def report_command(
     data = load_report_data(package)
     others = [load_report_data(c) for c in compare or ()]
     _at("rendering the report")
-    out.print(render_package(data.plan, data.report, data.validation, verbose=verbose))
+    out.print(render_package(data.plan, data.report, data.validation, verbose=verbose,
+                             allocation=allocation_peaks(data)))
     for other in others:
         out.print(compare_table(data, other, verbose=verbose))
     path = write_html(data, html if html is not None else package / "report.html", compare=others)

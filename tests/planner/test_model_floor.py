@@ -148,3 +148,30 @@ def test_a_towers_model_floor_costs_each_distinct_op_once_and_equals_the_floor_o
     monkeypatch.setattr(quality, "_FLOOR_MEMO", {})
     monkeypatch.setattr(quality, "_FLOOR_MEMO_SIZE", 0)          # nothing remembered: every op afresh
     assert model_floor(graph, target) == floor
+
+
+@pytest.mark.parametrize("fixture", SMALL)
+def test_every_reported_floor_is_at_most_the_cycles_it_is_shown_beside(fixture):
+    """What both reports print (``report.terminal.floor_groups`` over plan.json): each op's floor,
+    or a GEMM's floor over its epilogue chain, is at most the chosen candidates' cycles of the same
+    ops; an op a GEMM's floor covers names that GEMM, and the floors add up to the model floor."""
+    from tileplan.planner.planjson import plan_to_json
+    from tileplan.report.terminal import floor_cell, floor_groups, floor_notes
+    _graph, _target, p = planned(fixture)
+    doc = plan_to_json(p)
+    groups = floor_groups(doc["ops"])
+    assert set(groups) == {op["name"] for op in doc["ops"]}
+    heads = {n: g for n, g in groups.items() if "in" not in g}
+    for name, g in heads.items():
+        assert g["floor"] <= g["cycles"], (fixture, g)
+        assert g["ops"][0] == name
+    for name, g in groups.items():
+        if "in" in g:
+            assert name in heads[g["in"]]["ops"] and floor_cell(groups, name) == f"in {g['in']}"
+    assert sum(g["floor"] for g in heads.values()) == doc["model_floor"]["cycles"]
+    chains = [g for g in heads.values() if len(g["ops"]) > 1]
+    assert len(floor_notes(doc)) == len(chains)
+    if fixture in ("mlp_smoke_fp8", "mlp_fp16_small"):
+        # fc1's floor covers its bias-GeLU chain, which this plan does as a pass apart
+        fc1 = heads["fc1"]
+        assert len(fc1["ops"]) > 1 and fc1["floor"] > next(op for op in doc["ops"] if op["name"] == "fc1")["estimate"]["cycles"]

@@ -263,3 +263,85 @@ def test_the_page_carries_a_content_security_policy_of_its_own_script(browser, h
     # byte-deterministic: the same package gives the same page
     again = tileplan.report(hostile["package"], html=hostile["html"].with_name("again.html"))
     assert again.read_bytes() == hostile["html"].read_bytes()
+
+
+# ---- layout of the drawn charts: no label over another, none over the bars ----------------------
+
+_BOXES = """(sel) => [...document.querySelectorAll(sel)].map(e => {
+    const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom, e.textContent || ""]; })"""
+
+
+def _overlaps(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _pairwise_clear(boxes) -> list:
+    return [(a[4], b[4]) for i, a in enumerate(boxes) for b in boxes[i + 1:] if _overlaps(a, b)]
+
+
+def _check_chart_layout(p, zoom: int = 0) -> None:
+    """``zoom``: clicks on the trace's zoom-in first (a step's name is written where it fits)."""
+    for chart in ("#live-worst", "#live-chosen"):
+        ticks = p.evaluate(_BOXES, f"{chart} text.tick")
+        assert len(ticks) >= 2 and _pairwise_clear(ticks) == [], chart
+        bars = p.evaluate(_BOXES, f"{chart} rect.bar")
+        label = p.evaluate(_BOXES, f"{chart} text.always-label")
+        assert bars and len(label) == 1 and "always live" in label[0][4]
+        assert not any(_overlaps(label[0], b) for b in bars), f"{chart}: the always-live label is over a bar"
+        keys = p.evaluate(_BOXES, f"{chart} text.legend-key")
+        assert not any(_overlaps(k, b) for k in keys for b in bars)
+    for _ in range(zoom):
+        p.click("#zoom-in")
+    ticks = p.evaluate(_BOXES, "#trace text.cycle-tick")
+    names = p.evaluate(_BOXES, "#trace text.step-name")
+    cells = p.evaluate(_BOXES, "#trace rect.cell")
+    assert len(ticks) >= 3 and _pairwise_clear(ticks) == []
+    assert names and _pairwise_clear(names) == []
+    assert not any(_overlaps(n, c) for n in names for c in cells), "a step name is over the trace"
+    assert max(n[3] for n in names) <= min(c[1] for c in cells) <= max(c[3] for c in cells) <= min(t[1] for t in ticks)
+
+
+def test_the_step_chart_and_the_trace_keep_their_labels_apart(browser, small, tmp_path):
+    """Tick labels of the liveness charts and of the trace's cycle axis never meet, the always-live
+    label and the class key stay off the bars, the trace names its steps above its rows; then the
+    same page with 8 times the steps (its JSON data edited: the script draws what it is given),
+    where every step labelled would collide."""
+    page = Page(browser, small["html"]).ready()
+    p = page.page
+    _check_chart_layout(p)
+    assert "fc1.amp" in [n[4] for n in p.evaluate(_BOXES, "#trace text.step-name")]
+    for view in ("#liveness", "#trace-section"):
+        p.locator(view).screenshot(path=str(tmp_path / f"{view[1:]}.png"))
+    html = small["html"].read_text()
+    start = html.index('<script type="application/json" id="page-data">') + len('<script type="application/json" id="page-data">')
+    end = html.index("</script>", start)
+    d = json.loads(html[start:end])
+    k = 8
+    d["steps"] = [dict(s, name=f"{s['name']}#{i}") for i in range(k) for s in d["steps"]]
+    d["live"] = [[row for _ in range(k) for row in cls] for cls in d["live"]]
+    d["trace"] = [row for _ in range(k) for row in d["trace"]]
+    d["sync"] = d["sync"] * k
+    many = tmp_path / "many-steps.html"
+    many.write_text(html[:start] + json.dumps(d).replace("</", "<\\/") + html[end:])
+    page = Page(browser, many).ready()
+    assert page.errors == []
+    _check_chart_layout(page.page, zoom=3)
+    assert page.page.locator("#live-worst text.tick").count() < len(d["steps"]) / 2
+    page.page.locator("#liveness").screenshot(path=str(tmp_path / "many-steps.png"))
+
+
+def test_the_memory_map_names_its_buffers_where_find_reaches_them(browser, small):
+    """The browser's find (``window.find``) meets a buffer's name in the memory map's SVG, and each
+    memory figure appears once in the figures table under its label."""
+    from tileplan.report.legend import MEMORY
+    page = Page(browser, small["html"]).ready()
+    p = page.page
+    names = p.evaluate("() => [...document.querySelectorAll('#memory svg.buffer-map text')].map(t => t.textContent)")
+    assert "w1" in names
+    assert p.evaluate("() => { window.getSelection().removeAllRanges(); return window.find('fc1.C'); }")
+    assert p.evaluate("() => document.querySelector('#memory svg.buffer-map').contains("
+                      "window.getSelection().anchorNode)")
+    labels = p.locator("#memory-figures td:first-child").all_inner_texts()
+    assert labels == list(MEMORY.values())
+    p.hover("#memory svg.buffer-map g.buffer >> nth=0")
+    assert page.errors == []

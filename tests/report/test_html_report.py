@@ -21,7 +21,7 @@ from tileplan.report.plots import pareto, tile_grid
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "fixtures" / "mlp_smoke_fp8.toml"
 GEMMS = ("fc1", "fc2")
-PLOTS = ("totals", "frontier-fc1", "frontier-fc2", "memory-map", "timeline")
+PLOTS = ("totals", "frontier-fc1", "frontier-fc2", "timeline")
 
 
 def cli(*argv: str) -> tuple[int, str, str]:
@@ -72,6 +72,7 @@ class Dom(HTMLParser):
     def __init__(self, text: str):
         super().__init__()
         self.svgs: list[str] = []
+        self.maps: list[str] = []
         self.tables: list[str] = []
         self.refs: list[tuple[str, str, str]] = []
         self.tags: list[str] = []
@@ -83,6 +84,8 @@ class Dom(HTMLParser):
         self.tags.append(tag)
         if tag == "svg" and "plot" in (a.get("class") or ""):
             self.svgs.append(a.get("aria-label", ""))
+        if tag == "svg" and (a.get("class") or "") in ("memory-panel", "buffer-map"):
+            self.maps.append(a.get("aria-label", ""))
         if tag == "table":
             self.tables.append(a.get("id") or a.get("class") or "")
         for key in ("src", "href", "xlink:href", "data", "action", "srcset"):
@@ -155,7 +158,7 @@ def test_an_unvalidated_package_reports_without_the_timeline(packages, tmp_path)
     assert code == 0, out + err
     assert "not validated" in out
     dom = Dom(out_html.read_text())
-    assert dom.svgs == ["totals", "frontier-fc1", "frontier-fc2", "memory-map"]
+    assert dom.svgs == ["totals", "frontier-fc1", "frontier-fc2"]
     assert "step-table" not in dom.tables and "has not been validated" in " ".join(dom.text)
     assert not (packages["unvalidated"] / "report.html").exists()
 
@@ -188,3 +191,72 @@ def test_tile_grids_fit_the_machines():
 
 def test_pareto_keeps_only_undominated_points_by_memory():
     assert pareto([(10, 5), (8, 9), (12, 5), (9, 9), (7, 12), (11, 4)]) == [(7, 12), (8, 9), (10, 5), (11, 4)]
+
+
+def _section(html: str, ident: str) -> str:
+    start = html.index(f'<section id="{ident}">')
+    return html[start:html.index("</section>", start)]
+
+
+def test_each_memory_figure_is_shown_once_under_its_one_label(packages, report):
+    """Three memory figures, three labels (``legend.MEMORY``): the figures table holds each once, the
+    memory map draws a panel of each, the legend says what each is, and the terminal prints each
+    under the same label with the same bytes."""
+    from tileplan.report.legend import LEGEND, MEMORY
+    html, out = report
+    text = html.read_text()
+    plan = json.loads((packages["validated"] / "plan.json").read_text())
+    rep = json.loads((packages["validated"] / "report.json").read_text())
+    validation = json.loads((packages["validated"] / "validation.json").read_text())
+    rows = re.findall(r'<tr data-figure="(\w+)"><td>([^<]*)</td><td class="n">(\d+)</td><td class="n">([\d,]+)</td>', text)
+    assert [(k, lab) for k, lab, _t, _b in rows] == [(k, MEMORY[k].replace("'", "&#39;")) for k in MEMORY]
+    figures = {k: int(b.replace(",", "")) for k, _l, _t, b in rows}
+    # the planner's estimate is one figure: plan.json's totals and report.json's tiles agree
+    assert figures["estimate"] == plan["totals"]["total_memory"] == max(rep["memory"]["tile_estimate"])
+    assert figures["simulated"] == max(validation["memory_peak"])
+    assert figures["allocation"] >= max(validation["memory_peak"]) > 0
+    memory = _section(text, "memory")
+    assert "planner estimate" not in memory and "(planner)" not in memory   # the old, ambiguous labels
+    for label in MEMORY.values():
+        assert memory.count(f">{label.replace(chr(39), '&#39;')}") >= 1, label
+    assert {m for _g, m, _d in LEGEND} >= set(MEMORY.values())
+    for key, label in MEMORY.items():      # the terminal: one line per figure, its label, its bytes
+        lines = [ln for ln in out.splitlines() if ln.startswith(f"memory peak ({label}): ")]
+        assert len(lines) == 1 and f": {figures[key]:,} B on tile" in lines[0], (label, lines)
+
+
+def test_the_memory_map_is_searchable_svg_naming_each_buffer(packages, report):
+    """No image: panels and a buffer map written as SVG from the data, buffer names as text."""
+    html, _ = report
+    text = html.read_text()
+    dom = Dom(text)
+    assert dom.maps[:5] == [f"memory-map-{i}" for i in range(5)] and dom.maps[5:] == ["buffer-map"]
+    memory = _section(text, "memory")
+    assert "<image" not in memory and "data:image" not in memory and "style=" not in memory
+    names = re.findall(r'<g class="buffer">.*?<title>([^:<]+):', memory)
+    program = json.loads((packages["validated"] / "program.json").read_text())
+    assert names and set(names) <= {b["name"] for b in program["buffers"]}
+    assert "w1" in names and re.search(r'<text [^>]*font-size="9">w1</text>', memory)   # drawn as text too
+    assert len(text) < 600_000
+
+
+def test_the_chosen_row_names_its_candidate_as_its_runner_ups_are_named(packages, report):
+    """The starred row and the runner-ups come from one function (``terminal.candidate_name``): a
+    runner-up of the chosen candidate's own implementation reads exactly as the starred row."""
+    from tileplan.report.terminal import candidate_name, short_candidate
+    html, out = report
+    text = html.read_text()
+    plan = json.loads((packages["validated"] / "plan.json").read_text())
+    for op in plan["ops"]:
+        losers = plan["runner_ups"].get(op["name"])
+        if losers is None:
+            continue
+        name = candidate_name(op["candidate"])
+        assert "B pre-arranged" in name and "A:" not in name and "->" not in name
+        assert f'<tr class="chosen"><td>&#9733;</td><td class="mono">{name}</td>' in text.replace("&#39;", "'")
+        for r in losers:
+            assert candidate_name(r["candidate"]) == r["implementation"]
+        assert f"{op['name']}: chosen {short_candidate(op['candidate'])}" in out
+    assert candidate_name("A:Grid(7x9 r1) grid 7x1x9 bijl rows fp16, B pre-arranged -> Iv(64,a16)") == \
+        "grid 7x1x9 bijl rows fp16, B pre-arranged"
+    assert candidate_name("A:Rows(64) B:Rows(64) add on Rows(64) -> Rows(64)") == "add on Rows(64)"

@@ -57,6 +57,9 @@ def build_report(plan, state, target, est=None) -> dict:
     tp = state.tile_program
     est = cost_program(plan.mid.program, target) if est is None else est
     prog_steps = program_cycles(tp, target)
+    # The memory figures are the planner's own (the scheduled program's, as plan.json's totals):
+    # one "planner's estimate" per tile, never a second one of the unscheduled program.
+    planned = plan.detailed if getattr(plan.detailed, "memory", None) is not None else est
     used = tp.addr >= 0
     top = np.where(used, tp.addr + tp.size, 0).max(axis=0) if used.any() else np.zeros(tp.tiles, np.int64)
     return {
@@ -70,10 +73,10 @@ def build_report(plan, state, target, est=None) -> dict:
         "program_cycles": sum(s["cycles"] + s["sync"] for s in prog_steps),
         "memory": {
             "tile_top": top.tolist(),                               # highest allocated byte + 1 per tile
-            "tile_estimate": [int(x) for x in est.tile_memory],    # planner's peak per tile
-            "by_kind": {k: [int(x) for x in v] for k, v in sorted(est.memory.by_kind.items())},
-            "standard": [int(x) for x in est.memory.standard],
-            "interleaved": [int(x) for x in est.memory.interleaved],
+            "tile_estimate": [int(x) for x in planned.tile_memory],    # planner's peak per tile
+            "by_kind": {k: [int(x) for x in v] for k, v in sorted(planned.memory.by_kind.items())},
+            "standard": [int(x) for x in planned.memory.standard],
+            "interleaved": [int(x) for x in planned.memory.interleaved],
         },
         "passes": list(tp.passes),
         "pass_log": list(state.log),

@@ -25,7 +25,8 @@ Contents:
   and the tile with the highest memory peak; ``roofline_cycles`` and ``ratio``;
   ``model_floor`` (``quality.model_floor``: no plan in the candidate space is
   faster) with its ratio to the roofline and the plan's ratio to it; each op's
-  ``floor`` is its share of it;
+  ``floor`` is its share of it (``floor_group``, on a GEMM with an epilogue chain: the ops
+  its floor covers, the GEMM first; the chain ops' own floors are then 0);
 - ``imported`` (only when an importer converted the model, e.g. ``--cast-bf16 fp16``):
   ``Graph.imported``, ``{"cast_bf16": "fp16", "converted_bf16_tensors": N}``;
 - ``folded`` (only when the planner folded outputs at plan time, ``planner.rewrite``): per graph
@@ -205,7 +206,10 @@ def plan_to_json(plan) -> dict:
     from .quality import model_floor
     floor = model_floor(plan.graph, plan.target, plan.weights)
     for entry in ops:
-        entry["floor"] = floor["ops"].get(entry["name"], {}).get("cycles")
+        share = floor["ops"].get(entry["name"], {})
+        entry["floor"] = share.get("cycles")
+        if share.get("group"):                # a GEMM's floor covers its epilogue chain's ops too
+            entry["floor_group"] = list(share["group"])
     doc = {
         "format": FORMAT,
         "model": plan.graph.name,

@@ -440,7 +440,12 @@ def gemm_epilogue_floor(graph, op, target, storage, chain) -> int:
 def _epilogue_shares(graph, target, storage, ops: dict, tkey) -> None:
     """A GEMM whose reducers may do an epilogue chain (``planner.epilogue``): its share becomes the
     lesser of its own plus the chain ops' shares (the chain done apart) and the least floor of its
-    fused candidates (``gemm_epilogue_floor``); the chain ops then count 0 (their work is in it)."""
+    fused candidates (``gemm_epilogue_floor``); the chain ops then count 0 (their work is in it).
+
+    Design decision: the GEMM's share bounds the GEMM together with its chain, whether the plan
+    fuses the chain into the reducers (the chain ops cost 0 there) or does it apart (a bias-GeLU
+    pass has cycles of its own), so it is compared with the cycles of the whole group, never with
+    the GEMM's alone; ``group`` names the ops it covers, the GEMM first, for the reports."""
     from . import canon
     from .epilogue import gemm_chain
     from . import elementwise as ew
@@ -458,7 +463,7 @@ def _epilogue_shares(graph, target, storage, ops: dict, tkey) -> None:
             if _FLOOR_MEMO_SIZE:
                 _FLOOR_MEMO[key] = fused
         ops[op.name] = {**ops[op.name], "cycles": min(ops[op.name]["cycles"] + absorbed, fused),
-                        "absorbed": absorbed, "fused": fused}
+                        "absorbed": absorbed, "fused": fused, "group": [op.name, *(o.name for o in chain.ops)]}
         for o in chain.ops:
             ops[o.name] = {**ops[o.name], "cycles": 0}
 

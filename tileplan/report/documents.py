@@ -45,7 +45,7 @@ def plan_spec(tiles: int, ops: int, runner_ups: int) -> Obj:
     memory = Obj({"standard": COUNT, "interleaved": COUNT, "total": COUNT})
     op = Obj({"name": NAME, "kind": NAME, "candidate": TEXT, "estimate": _phases(), "memory": memory,
               "layouts": Obj({"inputs": Map(TEXT, max_len=1024), "output": TEXT}), "grid": Opt(grid)},
-             {"floor": Opt(COUNT), "fused_with": Opt(NAME), "absorbed": Opt(Bool()), "absorbed_into": Opt(NAME)})
+             {"floor": Opt(COUNT), "floor_group": Opt(List(NAME, max_len=ops)), "fused_with": Opt(NAME), "absorbed": Opt(Bool()), "absorbed_into": Opt(NAME)})
     conversion = Obj({"for_op": NAME, "tensor": NAME, "from": TEXT, "to": TEXT, "bytes": COUNT,
                       "estimate": _phases()})
     loser = Obj({"implementation": TEXT, "candidate": TEXT, "lost": TEXT,

@@ -42,6 +42,7 @@ import jinja2
 
 from ..errors import TileplanError
 from . import plots
+from .terminal import candidate_name, floor_groups
 
 
 @dataclass(frozen=True)
@@ -144,21 +145,56 @@ def step_rows(data: ReportData) -> list[dict]:
 
 
 def memory_panels(data: ReportData) -> list[tuple[str, list[int], int]]:
-    """The planner's per-tile peaks by class (report.json), then the IPU model run's when validated."""
+    """Per tile, each memory figure under its one label (``legend.MEMORY``): the planner's estimate
+    (report.json, by region too), the allocation's peak (the tile program's addresses), and the
+    IPU model's simulated peak when validated."""
+    from . import views
+    from .legend import MEMORY
     mem, t = data.report["memory"], data.target
     usable = t["sram_bytes"] - t["reserve_bytes"]
+    std_cap, il_cap = t["standard_bytes"] - t["reserve_bytes"], t["interleaved_bytes"]
     panels = [
-        ("total (planner estimate)", mem["tile_estimate"], usable),
-        ("standard region (planner)", mem["standard"], t["standard_bytes"] - t["reserve_bytes"]),
-        ("interleaved region (planner)", mem["interleaved"], t["interleaved_bytes"]),
+        (f"{MEMORY['estimate']}: both regions", mem["tile_estimate"], usable),
+        (f"{MEMORY['estimate']}: standard region", mem["standard"], std_cap),
+        (f"{MEMORY['estimate']}: interleaved region", mem["interleaved"], il_cap),
     ]
+    if data.program is not None:
+        alloc = views.allocation(data.program, t)
+        panels.append((f"{MEMORY['allocation']}: both regions", [int(x) for x in alloc["total"]], usable))
     if data.validation is not None and len(data.validation["memory_peak"]) == len(mem["tile_estimate"]):
-        panels.append(("IPU model run", data.validation["memory_peak"], usable))
+        panels.append((MEMORY["simulated"], data.validation["memory_peak"], usable))
     return panels
+
+
+def allocation_peaks(data: ReportData) -> list[int] | None:
+    """The allocation's peak per tile (``views.allocation``), or None without a tile program."""
+    from . import views
+    return None if data.program is None else [int(x) for x in views.allocation(data.program, data.target)["total"]]
+
+
+def memory_figures(data: ReportData) -> list[dict]:
+    """One row per memory figure: its label, its worst tile and bytes there, and where it comes from."""
+    from . import views
+    from .legend import MEMORY
+    rows = []
+
+    def row(key, values, source):
+        if len(values):
+            worst = max(range(len(values)), key=lambda i: (int(values[i]), -i))
+            rows.append({"key": key, "label": MEMORY[key], "bytes": int(values[worst]), "tile": worst,
+                         "source": source})
+    row("estimate", data.report["memory"]["tile_estimate"], "report.json: the planned program's liveness")
+    if data.program is not None:
+        row("allocation", views.allocation(data.program, data.target)["total"],
+            "the tile program's addresses (highest address used per region)")
+    if data.validation is not None:
+        row("simulated", data.validation["memory_peak"], "validation.json: the IPU model run")
+    return rows
 
 
 def page_data(data: ReportData, live: dict, ex: list[dict]) -> dict:
     """The JSON the page's script draws from: per tile and step, exact integers."""
+    from .legend import MEMORY
     tp = data.program
     v = data.validation
     rows, cols = plots.tile_grid(tp.tiles)
@@ -167,6 +203,7 @@ def page_data(data: ReportData, live: dict, ex: list[dict]) -> dict:
            "live": live["live"].tolist(), "worst": live["worst_tile"],
            "always": [int(x) for x in live["always_bytes"]],
            "memory": [int(x) for x in (v["memory_peak"] if v else live["live"].sum(axis=0).max(axis=0))],
+           "memory_label": MEMORY["simulated"] if v else "most bytes live at once",
            "sent": {str(e["step"]): e["sent"].tolist() for e in ex},
            "received": {str(e["step"]): e["received"].tolist() for e in ex},
            "trace": None, "sync": None}
@@ -191,7 +228,7 @@ def context(data: ReportData, compare: list[ReportData] = ()) -> dict:
     """Everything the template shows, as plain values and SVG strings."""
     from .._version import __version__
     from . import views
-    from .legend import LEGEND
+    from .legend import LEGEND, MEMORY
     from .terminal import package_label
 
     plan, report, v = data.plan, data.report, data.validation
@@ -215,6 +252,7 @@ def context(data: ReportData, compare: list[ReportData] = ()) -> dict:
         "roofline": plan["roofline_cycles"],
         "ops": ops,
         "convs": convs,
+        "floors": floor_groups(ops),
         "conversions": plan["conversions"],
         "gemms": gemms,
         "manifest_sha": data.manifest_sha,
@@ -224,6 +262,8 @@ def context(data: ReportData, compare: list[ReportData] = ()) -> dict:
         "colours": plots.COLOURS,
         "totals_svg": plots.totals_plot(plan["totals"], plan["roofline_cycles"], simulated),
         "memory_svg": plots.memory_map(memory_panels(data), "memory-map"),
+        "memory_figures": memory_figures(data),
+        "memory_labels": MEMORY,
         "memory_tiles": plots.tile_grid(plan["tiles"]),
         "validation": v,
         "legend": LEGEND,
@@ -233,6 +273,13 @@ def context(data: ReportData, compare: list[ReportData] = ()) -> dict:
     if data.program is not None:
         live = views.liveness(data.program)
         ex = views.exchanges(data.program)
+        alloc = views.allocation(data.program, data.target)
+        worst = int(alloc["total"].argmax()) if alloc["total"].size else 0
+        buffers = views.tile_buffers(data.program, worst, data.target)
+        ctx.update({"buffer_tile": worst, "tile_buffers": buffers,
+                    "buffer_svg": plots.buffer_map(buffers, [st.name for st in data.program.steps], worst,
+                                                   {k: int(alloc[k][worst]) for k in ("standard", "interleaved")},
+                                                   "buffer-map")})
         ctx.update({"live": live, "compute_sets": views.compute_sets(data.program), "exchanges": ex,
                     "classes": views.CLASSES, "class_colours": plots.CLASS_COLOURS,
                     "steps_all": [st.name for st in data.program.steps],
@@ -270,6 +317,7 @@ def _environment() -> jinja2.Environment:
                              keep_trailing_newline=True)
     env.filters["num"] = _num
     env.filters["slug"] = _slug
+    env.filters["candidate"] = candidate_name
     env.filters["signed"] = lambda x: "-" if x is None else f"{int(x):+,}"
     env.filters["round"] = lambda x: round(x)
     return env

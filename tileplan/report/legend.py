@@ -10,6 +10,15 @@ notations are the ``str`` of the layout values (``layout/layouts.py``,
 
 from __future__ import annotations
 
+# The three memory figures a report prints, each under one label everywhere (HTML, terminal, the
+# CLI's compile and validate lines): what the planner estimated, what the allocation placed, what
+# the IPU model measured. They differ; the legend says why.
+MEMORY = {
+    "estimate": "planner's estimate",
+    "allocation": "allocation's peak",
+    "simulated": "IPU model's simulated peak",
+}
+
 LEGEND: list[tuple[str, str, str]] = [
     ("layout", "Rows(k)", "whole rows over tiles 0..k-1, contiguous row ranges, the first n % k tiles one row more"),
     ("layout", "Rows(k@t)", "as Rows(k), starting at tile t"),
@@ -49,6 +58,18 @@ LEGEND: list[tuple[str, str, str]] = [
     ("memory", "parameters / activations / partials / transient",
      "liveness classes: model parameters; inputs, outputs and intermediate tensors; a GEMM's partial sums "
      "(buffers .C, .P, .Pr); other buffers private to one op (its operand blocks, staging)"),
+    ("memory", MEMORY["estimate"],
+     "the planner's memory peak of a tile: the most bytes its buffers hold at once, from their liveness over "
+     "the planned program (estimate/memory.py), each buffer rounded up to the target's alignment"),
+    ("memory", MEMORY["allocation"],
+     "what the allocator placed (lowering/allocate.py): in each region the highest address used above the "
+     "region's start, summed over the two regions; at least the estimate: buffers keep their address while "
+     "live, so the gaps a freed buffer leaves between live ones (fragmentation) and the region each buffer must "
+     "sit in count, and a buffer that shares another's memory (a donated buffer, a no-op copy) counts once"),
+    ("memory", MEMORY["simulated"],
+     "the most bytes live at once on a tile in the IPU model's run of the tile program (tileplan validate): "
+     "the lowered program's buffers, after the lowering passes; below the estimate where a pass shortened a "
+     "buffer's life or donated one buffer's memory to another, above it where lowering added staging buffers"),
     ("memory", "always live", "a buffer live over the whole program (parameters, resident weights)"),
     ("step", "op.prep / op.amp / op.reduce.exchange / op.reduce / op.out",
      "a GEMM's steps: operand preparation exchange, AMP compute set, split-K partials exchange and reduction "

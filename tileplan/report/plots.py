@@ -10,7 +10,9 @@ into an HTML page:
   the chosen point marked, detailed and coarse estimates apart, and the Pareto
   frontier of the detailed points;
 - ``memory_map``: all tiles as a grid of cells coloured by peak bytes, one
-  panel per memory class;
+  panel per memory figure (hand-written SVG, text searchable);
+- ``buffer_map``: the buffers placed on one tile, by address and the steps
+  they are live (hand-written SVG, each buffer named);
 - ``timeline_plot``: the superstep timeline of a run (compute, sync, exchange
   per step) beside estimate vs simulated cycles per step.
 
@@ -176,7 +178,7 @@ def frontier_plot(op: dict, losers: list[dict], slug: str) -> str:
                     color=COLOURS["chosen"], zorder=5,
                     bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
 
-        ax.set_xlabel("memory peak per tile (bytes, worst tile)")
+        ax.set_xlabel("planner's estimate of the memory peak (bytes, worst tile)")
         ax.set_ylabel("cycles")
         _bytes_axis(ax, "x", max(m for m, _ in detailed + coarse_only + coarse_of_detailed + [chosen]))
         _cycles_axis(ax, "y")
@@ -224,49 +226,103 @@ def tile_grid(tiles: int) -> tuple[int, int]:
     return rows, cols
 
 
+VIRIDIS = ("#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c", "#22a884", "#44bf70",
+           "#7ad151", "#bddf26", "#fde725")     # matplotlib's viridis at 11 even steps: one per level
+CLASS_FILL = {"parameters": "#c9c1e3", "activations": "#b8cbe6", "partials": "#f1c9a8", "transient": "#bfe0c6"}
+
+
+def _esc(text) -> str:
+    from html import escape
+    return escape(str(text), quote=True)
+
+
 def memory_map(panels: list[tuple[str, list[int], int]], slug: str) -> str:
     """One panel per (title, bytes per tile, capacity in bytes): tiles as cells, tile 0 top left,
-    row-major; colour by bytes, scaled from the lowest to the highest tile of that panel."""
-    import numpy as np
+    row-major, coloured in ``len(VIRIDIS)`` levels from the panel's lowest to its highest tile.
 
-    with matplotlib.rc_context(RC):
-        tiles = len(panels[0][1])
-        rows, cols = tile_grid(tiles)
-        per_row = 2 if cols > 24 else len(panels)      # big machines: two panels a row, cells still visible
-        cell = min(0.3, (5.0 if per_row == 2 else 2.8) / cols)
-        width = max(cols * cell + 1.0, 3.2)
-        height = rows * cell + 0.8
-        nrows = math.ceil(len(panels) / per_row)
-        fig = _figure(width * per_row, height * nrows)
-        axes = fig.subplots(nrows, per_row, squeeze=False).ravel()
-        for ax in axes[len(panels):]:
-            ax.set_visible(False)
-        for ax, (title, values, capacity) in zip(axes, panels):
-            v = np.full(rows * cols, np.nan)
-            v[:tiles] = values
-            grid = np.ma.masked_invalid(v.reshape(rows, cols))
-            lo, hi = int(min(values)), int(max(values))
-            uniform = hi == lo                  # one colour; scale from 0 so the bar reads sensibly
-            mesh = ax.pcolormesh(grid, cmap="viridis", vmin=0 if uniform else lo, vmax=max(hi, 1),
-                                 edgecolors="white", linewidth=0.3 if cols <= 64 else 0.15)
-            ax.set_xlim(0, cols)
-            ax.set_ylim(rows, 0)
-            ax.set_aspect("equal")
-            ax.grid(False)
-            for side in ("top", "right", "bottom", "left"):
-                ax.spines[side].set_visible(False)
-            ax.set_xticks([])
-            ax.set_yticks([0.5, rows - 0.5], ["tile 0", f"tile {(rows - 1) * cols}"], fontsize=7)
-            ax.tick_params(length=0)
-            peak = int(np.argmax(values))
-            share = f" = {100 * hi / capacity:.1f}% of {_n(capacity)}" if capacity else ""
-            spread = f"all {tiles:,} tiles equal" if uniform else f"lowest {_n(lo)} B"
-            ax.set_title(f"{title}\npeak {_n(hi)} B (tile {peak}){share}\n{spread}", loc="left", fontsize=8)
-            bar = fig.colorbar(mesh, ax=ax, shrink=0.85, pad=0.02, aspect=25)
-            bar.ax.tick_params(labelsize=7)
-            bar.ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _p: f"{x:,.0f}"))
-            bar.set_label("bytes", fontsize=7)
-        return to_svg(fig, slug)
+    Design decision: SVG written here from the data, not a matplotlib image: each level is one
+    ``<path>`` of unit squares (a 1472-tile panel is a few kilobytes, not hundreds), the titles,
+    peaks and scale are ``<text>`` (the browser's find reaches them), and nothing but presentation
+    attributes styles it (no ``style`` attribute for the page's CSP to list)."""
+    tiles = len(panels[0][1])
+    rows, cols = tile_grid(tiles)
+    cell = max(4, min(22, 360 // cols))
+    out = []
+    for k, (title, values, capacity) in enumerate(panels):
+        lo, hi = (int(min(values)), int(max(values))) if values else (0, 0)
+        base = 0 if hi == lo else lo
+        levels = len(VIRIDIS)
+        paths: list[list[str]] = [[] for _ in range(levels)]
+        for t, v in enumerate(values):
+            lv = 0 if hi == base else min(levels - 1, (int(v) - base) * levels // (hi - base + 1))
+            paths[lv].append(f"M{t % cols} {t // cols}h1v1h-1z")
+        peak = max(range(len(values)), key=lambda i: (values[i], -i)) if values else -1
+        share = f" = {100 * hi / capacity:.1f}% of {_n(capacity)} B" if capacity else ""
+        spread = f"all {tiles:,} tiles equal" if hi == lo else f"lowest {_n(lo)} B"
+        w, h = cols * cell, rows * cell
+        W, H = max(w + 8, 300), h + 86
+        svg = [f'<svg class="memory-panel" role="img" aria-label="{_esc(slug)}-{k}" viewBox="0 0 {W} {H}" '
+               f'width="{W}" height="{H}" xmlns="http://www.w3.org/2000/svg">',
+               f'<text x="0" y="13" font-size="12" font-weight="600">{_esc(title)}</text>',
+               f'<text x="0" y="28" font-size="11">peak {_n(hi)} B (tile {peak}){_esc(share)}</text>',
+               f'<text x="0" y="42" font-size="11" fill="#5f6b76">{_esc(spread)}</text>',
+               f'<g transform="translate(0 50) scale({cell})">']
+        for lv, d in enumerate(paths):
+            if d:
+                svg.append(f'<path fill="{VIRIDIS[lv]}" stroke="#fff" stroke-width="{0.6 / cell:.3f}" d="{"".join(d)}"/>')
+        svg.append("</g>")
+        y = 50 + h + 10
+        step = (hi - base + 1) / levels
+        for lv in range(levels):
+            x = lv * (W // levels)
+            svg.append(f'<rect x="{x}" y="{y}" width="{W // levels - 2}" height="8" fill="{VIRIDIS[lv]}">'
+                       f'<title>{_n(base + lv * step)} to {_n(base + (lv + 1) * step - 1)} B</title></rect>')
+        svg.append(f'<text x="0" y="{y + 22}" font-size="10" fill="#5f6b76">{_n(base)} B</text>')
+        svg.append(f'<text x="{W}" y="{y + 22}" font-size="10" fill="#5f6b76" text-anchor="end">{_n(hi)} B</text>')
+        svg.append("</svg>")
+        out.append("".join(svg))
+    return f'<div class="memory-map" id="{_esc(slug)}">' + "\n".join(out) + "</div>\n"
+
+
+def buffer_map(buffers: list[dict], steps: list[str], tile: int, regions: dict, slug: str) -> str:
+    """The placement on one tile: per region, program steps to the right and addresses down, each
+    buffer a rectangle over the steps it is live, its name written in it where it fits and in its
+    ``<title>``; ``regions``: region -> bytes drawn (the allocation's peak of the region)."""
+    n = max(len(steps), 1)
+    W, L, top = 900, 64, 30
+    out = [f'<svg class="buffer-map" role="img" aria-label="{_esc(slug)}" xmlns="http://www.w3.org/2000/svg" ']
+    parts, y0 = [], top
+    for region in ("standard", "interleaved"):
+        span = max(int(regions.get(region, 0)), 1)
+        rows = [b for b in buffers if b["region"] == region]
+        height = 60 if not rows else max(90, min(320, 22 * len(rows)))
+        parts.append(f'<text x="0" y="{y0 - 8}" font-size="11" font-weight="600">{region} region: '
+                     f'{_n(regions.get(region, 0))} B up to its highest address used</text>')
+        parts.append(f'<rect x="{L}" y="{y0}" width="{W - L}" height="{height}" fill="#fafbfc" stroke="#dfe3e8"/>')
+        for f in (0, 1):
+            parts.append(f'<text x="{L - 4}" y="{y0 + f * height + 4}" font-size="9" fill="#5f6b76" '
+                         f'text-anchor="end">{_n(f * span)}</text>')
+        sx, sy = (W - L) / n, height / span
+        for b in rows:
+            x, y = L + b["first"] * sx, y0 + b["offset"] * sy
+            w, h = max((b["last"] - b["first"] + 1) * sx, 1.0), max(b["bytes"] * sy, 0.8)
+            tip = (f'{b["name"]}: {_n(b["bytes"])} B at +{_n(b["offset"])}, steps {b["first"]}-{b["last"]}, '
+                   f'{b["class"]}' + (f'; shared with {", ".join(b["shared"])}' if b["shared"] else ""))
+            parts.append(f'<g class="buffer"><rect x="{x:.1f}" y="{y:.2f}" width="{w:.1f}" height="{h:.2f}" '
+                         f'fill="{CLASS_FILL.get(b["class"], "#ddd")}" stroke="#56606b" stroke-width="0.4"/>'
+                         f'<title>{_esc(tip)}</title>')
+            if h >= 10 and w >= 7 * min(len(b["name"]), 40):
+                parts.append(f'<text x="{x + 3:.1f}" y="{y + min(h, 14) - 3:.2f}" font-size="9">{_esc(b["name"])}</text>')
+            parts.append("</g>")
+        y0 += height + 36
+    ticks = sorted({0, n - 1} | set(range(0, n, max(1, math.ceil(n / 12)))))
+    for s in ticks:
+        parts.append(f'<text x="{L + (s + 0.5) * (W - L) / n:.1f}" y="{y0 - 20}" font-size="9" fill="#5f6b76" '
+                     f'text-anchor="middle">{s}</text>')
+    parts.append(f'<text x="{L + (W - L) / 2:.0f}" y="{y0 - 6}" font-size="10" fill="#5f6b76" '
+                 f'text-anchor="middle">program step (tile {tile})</text>')
+    out.append(f'viewBox="0 0 {W} {y0}" width="{W}" height="{y0}">')
+    return "".join(out) + "".join(parts) + "</svg>\n"
 
 
 # ---- superstep timeline ---------------------------------------------------------------

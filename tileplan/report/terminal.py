@@ -40,6 +40,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..checked import printable
+from .legend import MEMORY
 
 
 RUNNER_UPS = 5          # per GEMM in the terminal
@@ -107,15 +108,33 @@ def _pin(t: Table) -> Table:
     return t
 
 
-_INPUT = re.compile(r"^A:\S+ ")
-_OUTPUT = re.compile(r" -> \S+$")
+def candidate_name(desc: str) -> str:
+    """A candidate as its implementation, without the boundary layouts it reads and writes (those are
+    in the layouts table): ``A:Grid(7x9 r1) grid 7x1x9 bijl rows fp16, B pre-arranged -> Iv(64,a16)``
+    -> ``grid 7x1x9 bijl rows fp16, B pre-arranged``.
+
+    Design decision: the one function naming a candidate in both reports, for the chosen one and
+    its runner-ups alike, so a starred row names exactly the candidate the runner-ups are compared
+    with (rows, bias fused, B pre-arranged and all). The operand prefixes (``A:L``, ``B:L``) are
+    cut at the space after their balanced brackets, since a layout may hold a space
+    (``Grid(7x9 r1)``); the output is what follows the last `` -> ``."""
+    s = desc.rsplit(" -> ", 1)[0] if " -> " in desc else desc
+    while re.match(r"^[A-Z][A-Za-z0-9]*:", s):
+        depth = 0
+        for i, ch in enumerate(s):
+            depth += ch in "([{"
+            depth -= ch in ")]}"
+            if ch == " " and depth <= 0:
+                s = s[i + 1:]
+                break
+        else:
+            break
+    return s
 
 
 def short_candidate(desc: str) -> str:
-    """A candidate without its boundary layouts (those are in the layouts table):
-    ``A:Iv(64,a8) grid 4x5x3 bjli rows fp16, bias fused into the reduction -> Fused(..)`` ->
-    ``grid 4x5x3 bjli rows fp16 +bias``."""
-    s = _OUTPUT.sub("", _INPUT.sub("", desc))
+    """``candidate_name`` abbreviated for the compact tables: ``grid 4x5x3 bjli rows fp16 +bias``."""
+    s = candidate_name(desc)
     return s.replace(", bias fused into the reduction", " +bias").replace("fused into the ", "fused: ")
 
 
@@ -141,6 +160,49 @@ def _n(x) -> str:
     return "-" if x is None else f"{x:,}"
 
 
+def floor_groups(ops: list[dict]) -> dict[str, dict]:
+    """Per op of plan.json with a floor, what its floor is compared with: ``{"ops": [names],
+    "floor": cycles, "cycles": the chosen candidates' cycles of those ops}``; an op whose work a
+    GEMM's floor covers (its epilogue chain: ``floor_group``) gets ``{"in": that GEMM}`` instead.
+
+    Design decision: a floor is shown beside the cycles of the same work. A GEMM's floor covers
+    its epilogue chain (the bias Add, GeLU, Cast its reducers may do), whether the plan fused the
+    chain or ran it as a pass of its own, so its floor stands against the GEMM's and the chain's
+    cycles together; compared with the GEMM's cycles alone it may exceed them and read as no
+    bound. Both reports print these figures; a test checks floor <= cycles on the fixtures."""
+    cycles = {op["name"]: op["estimate"]["cycles"] for op in ops}
+    out: dict[str, dict] = {}
+    for op in ops:
+        if op.get("floor") is None:
+            continue
+        group = [n for n in (op.get("floor_group") or [op["name"]]) if n in cycles]
+        if op["name"] not in group:
+            group.insert(0, op["name"])
+        out.setdefault(op["name"], {"ops": group, "floor": op["floor"], "cycles": sum(cycles[n] for n in group)})
+        for n in group:
+            if n != op["name"]:
+                out[n] = {"in": op["name"]}
+    return out
+
+
+def floor_cell(groups: dict, name: str) -> str:
+    """The floor column's cell: the floor, marked ``*`` when it covers other ops too (a note says
+    which), or ``in GEMM`` for an op whose work another op's floor covers."""
+    g = groups.get(name)
+    if g is None:
+        return "-"
+    if "in" in g:
+        return f"in {g['in']}"
+    return f"{g['floor']:,}" + (" *" if len(g["ops"]) > 1 else "")
+
+
+def floor_notes(data: dict) -> list[str]:
+    """One line per floor that covers several ops: which, and the floor against their cycles."""
+    return [f"* floor of {', '.join(g['ops'])} together (a GEMM and its epilogue chain, fused or done apart): "
+            f"{g['floor']:,} against their {g['cycles']:,} cycles"
+            for g in floor_groups(data["ops"]).values() if len(g.get("ops", ())) > 1]
+
+
 def plan_table(data: dict, verbose: bool = False) -> Table:
     title = f"Plan: {data['model']} on {data['target']} ({data['tiles']:,} tiles, solver {data['solver']})"
     if verbose:
@@ -154,6 +216,7 @@ def plan_table(data: dict, verbose: bool = False) -> Table:
     convs: dict[str, list[dict]] = {}
     for c in data["conversions"]:
         convs.setdefault(c["for_op"], []).append(c)
+    floors = floor_groups(data["ops"])
     for op in data["ops"]:
         for c in convs.get(op["name"], []):
             e = c["estimate"]
@@ -164,7 +227,7 @@ def plan_table(data: dict, verbose: bool = False) -> Table:
         e, m = op["estimate"], op["memory"]
         mem = (_n(m["standard"]), _n(m["interleaved"]), _n(m["total"])) if verbose else (_n(m["total"]),)
         t.add_row(op["name"], op["kind"], op["candidate"] if verbose else short_candidate(op["candidate"]),
-                  _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]), _n(e["cycles"]), _n(op.get("floor")), *mem)
+                  _n(e["compute"]), _n(e["exchange"]), _n(e["sync"]), _n(e["cycles"]), floor_cell(floors, op["name"]), *mem)
     return _pin(t)
 
 
@@ -187,7 +250,7 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
     lines = [
         f"total: {tot['cycles']:,} cycles (compute {tot['compute']:,}, exchange {tot['exchange']:,}, "
         f"sync {tot['sync']:,}); {tot['bytes_moved']:,} B moved",
-        f"memory peak: {tot['total_memory']:,} B on tile {tot['peak_tile']} "
+        f"memory peak ({MEMORY['estimate']}): {tot['total_memory']:,} B on tile {tot['peak_tile']} "
         f"(standard {tot['standard']:,} B, interleaved {tot['interleaved']:,} B, worst tiles)",
         (f"roofline bound: {data['roofline_cycles']:,.0f} cycles; ratio {data['ratio']:.2f}x"
          if data['roofline_cycles'] else f"roofline bound: {NO_ROOFLINE}"),
@@ -231,6 +294,9 @@ def qkv_line(qkv: dict) -> str:
 
 def render(data: dict, plan_seconds: float | None = None, verbose: bool = False) -> Group:
     parts = [plan_table(data, verbose)]
+    notes = floor_notes(data)
+    if notes:
+        parts.append(Text("\n").join(plain((line, "dim")) for line in notes))
     chosen = {op["name"]: op["candidate"] for op in data["ops"]}
     for op in chosen:                          # execution order (plan.json sorts its keys)
         losers = data["runner_ups"].get(op)
@@ -322,20 +388,25 @@ def validation_parts(validation: dict, report: dict, roofline: float) -> list:
                          f"estimated {est.get(worst['name'], 0):,}")
     peak = v["memory_peak"]
     if peak:
-        lines.append(f"memory peak of the run: {max(peak):,} B on tile {peak.index(max(peak))}")
+        lines.append(f"memory peak ({MEMORY['simulated']}): {max(peak):,} B on tile {peak.index(max(peak))}")
     return [t, Text("\n").join(plain(line) for line in lines)]
 
 
 def render_package(data: dict, report: dict | None = None, validation: dict | None = None,
-                   verbose: bool = False) -> Group:
-    """The terminal report of a package: plan, layouts, runner-ups, totals, program, validation run."""
+                   verbose: bool = False, allocation: list[int] | None = None) -> Group:
+    """The terminal report of a package: plan, layouts, runner-ups, totals, program, validation run
+    (``allocation``: the allocation's peak per tile, ``html.allocation_peaks``)."""
     parts = list(render(data, verbose=verbose).renderables)
-    parts.insert(1, layouts_table(data, verbose))
+    parts.insert(2 if floor_notes(data) else 1, layouts_table(data, verbose))    # after the plan and its notes
     report = report or {}
     if report.get("program_cycles") is not None:
         steps = report.get("program_steps", [])
         parts.append(plain(f"lowered program: {len(steps)} steps, {report['program_cycles']:,} cycles "
                           f"(static count under the shared cycle model)"))
+    if allocation:
+        worst = max(range(len(allocation)), key=lambda i: (allocation[i], -i))
+        parts.append(plain(f"memory peak ({MEMORY['allocation']}): {allocation[worst]:,} B on tile {worst} (highest "
+                           f"address used in each region, summed; `tileplan report --legend`: why the figures differ)"))
     if validation is not None:
         parts.extend(validation_parts(validation, report, data["roofline_cycles"]))
     else:

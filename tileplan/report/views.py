@@ -129,3 +129,38 @@ def exchanges(tp) -> list[dict]:
                     "max_received": int(recv.max(initial=0)), "max_received_tile": int(recv.argmax()) if n else -1,
                     "senders": int((sent > 0).sum()), "receivers": int((recv > 0).sum())})
     return out
+
+
+def allocation(tp, target: dict) -> dict:
+    """Per tile, the allocation's peak (``lowering.allocate``'s placement, kept in the tile program's
+    addresses): in each region the highest address used above the region's start (the standard
+    region's start is the reserve's end), and their sum. int64 arrays [tiles]."""
+    res, sb = int(target["reserve_bytes"]), int(target["standard_bytes"])
+    used = (tp.addr >= 0) & (tp.size > 0)
+    ends = tp.addr + tp.size
+    std = np.where(used & (tp.addr < sb), ends, res).max(axis=0, initial=res) - res
+    inter = np.where(used & (tp.addr >= sb), ends, sb).max(axis=0, initial=sb) - sb
+    return {"standard": std, "interleaved": inter, "total": std + inter}
+
+
+def tile_buffers(tp, tile: int, target: dict) -> list[dict]:
+    """The buffers placed on one tile, by region then address: name, class, region, offset from the
+    region's start, bytes, the program steps it is live over, and the buffers sharing its memory."""
+    res, sb = int(target["reserve_bytes"]), int(target["standard_bytes"])
+    nsteps = len(tp.steps)
+    shared: dict[str, list[str]] = {}
+    for b in tp.buffers:
+        if b.alias_of is not None:
+            shared.setdefault(b.alias_of, []).append(b.name)
+    rows = []
+    for i, b in enumerate(tp.buffers):
+        a, n = int(tp.addr[i, tile]), int(tp.size[i, tile])
+        if a < 0 or n <= 0 or b.alias_of is not None:
+            continue
+        region = "standard" if a < sb else "interleaved"
+        span = b.span if b.span is not None else [0, max(nsteps - 1, 0)]
+        rows.append({"name": b.name, "class": buffer_class(b), "region": region,
+                     "offset": a - (res if region == "standard" else sb), "bytes": n,
+                     "first": int(span[0]), "last": int(span[1]), "shared": sorted(shared.get(b.name, []))})
+    rows.sort(key=lambda r: (r["region"] != "standard", r["offset"], r["name"]))
+    return rows
