@@ -4,6 +4,9 @@ model planned, compiled and validated on a two-IPU target of 64 tiles per IPU.""
 from __future__ import annotations
 
 import dataclasses
+import json
+
+import numpy as np
 
 import pytest
 
@@ -57,3 +60,76 @@ def test_with_tiles_keeps_whole_ipus():
     with pytest.raises(TileplanError, match="whole number"):
         TWO.with_tiles(96)
     assert dataclasses.replace(TWO, ipus=1).tiles_per_ipu == 128
+
+
+# ---- the exchange model ------------------------------------------------------------------------
+
+def _copy_program(src_tile: int, dst_tile: int, cols: int):
+    from tileplan.graph.dtypes import DType
+    from tileplan.layout.layouts import WholeRows
+    from tileplan.program import Buffer, Copy, ExchangeStep, Program
+    buffers = {"s": Buffer("s", WholeRows(1, src_tile), (1, cols), DType.FP16),
+               "d": Buffer("d", WholeRows(1, dst_tile), (1, cols), DType.FP16)}
+    return Program(buffers, [ExchangeStep("copy", (Copy("s", "d"),))])
+
+
+def test_a_cross_ipu_copy_costs_the_link_and_the_multi_ipu_sync():
+    """4,096 bytes from tile 0 (IPU 0) to tile 64 (IPU 1): the tiles take 1,024 + 2 cycles at
+    4 B/cycle, the link ceil(4096 / 21) = 196 cycles plus 1,000 of latency; the sync spans IPUs."""
+    from tileplan.estimate.detailed import cost_program
+    cross = cost_program(_copy_program(0, 64, 2048), TWO)
+    assert TWO.link_bytes_per_cycle == 21 and TWO.link_latency_cycles == 1000
+    assert (cross.estimate.exchange, cross.estimate.sync) == (-(-4096 // 21) + 1000, 1200)
+    within = cost_program(_copy_program(0, 1, 2048), TWO)          # the same copy inside IPU 0
+    assert (within.estimate.exchange, within.estimate.sync) == (4096 // 4 + 2, 600)
+    # On one IPU the copy costs what it always did.
+    one = load_target("ipu21-64")
+    assert cost_program(_copy_program(0, 1, 2048), one).estimate == within.estimate
+
+
+def test_link_bytes_are_per_ipu_pair_and_ring_routes_take_the_shorter_way(tmp_path):
+    from tileplan.estimate.exchange import fragments_to_transfers, link_bytes, link_cycles, phase_sync
+    path = tmp_path / "four.toml"
+    path.write_text('inherits = "ipu21-64x2"\nname = "four"\ntiles = 256\nipus = 4\n[link]\ntopology = "ring"\n')
+    four = load_target(str(path))
+    # IPU 0 -> IPU 1 (one hop) and IPU 0 -> IPU 2 (two hops, clockwise on the tie): 4,200 B each,
+    # both on connection 0 -> 1; IPU 3 -> IPU 0 is one hop the other way round; a copy within IPU 1.
+    tr = fragments_to_transfers(np.array([0, 0, 192, 64]), 0, np.array([64, 128, 0, 65]), 0,
+                                np.array([4200, 4200, 840, 4200]))
+    pairs = link_bytes(tr, four)
+    assert pairs.reshape(4, 4)[0, 1] == 4200 and pairs.reshape(4, 4)[0, 2] == 4200
+    assert pairs.reshape(4, 4)[3, 0] == 840 and pairs.reshape(4, 4)[1, 1] == 0
+    assert link_cycles(pairs, four) == 8400 // 21 + 2 * 1000
+    assert phase_sync(True, pairs, four) == 1200
+    # All-to-all: each pair its own connection, one hop.
+    a2a = dataclasses.replace(four, topology="all-to-all")
+    assert link_cycles(pairs, a2a) == 4200 // 21 + 1000
+    # Nothing crosses: no link time, the one-IPU sync.
+    inside = link_bytes(fragments_to_transfers(np.array([64]), 0, np.array([65]), 0, np.array([64])), four)
+    assert link_cycles(inside, four) == 0 and phase_sync(True, inside, four) == 600
+
+
+# ---- a smoke model on two IPUs -----------------------------------------------------------------
+
+def test_a_smoke_model_on_two_ipus_compiles_validates_and_pays_for_its_links(tmp_path):
+    from pathlib import Path
+
+    from tileplan.graph.loaders import load_model
+    from tileplan.lowering.compile import compile_model
+    from tileplan.lowering.package import load_package
+    from tileplan.sim.validate import validate_package
+    model = Path(__file__).parent.parent / "fixtures" / "mlp_smoke_fp8.toml"
+    graph = load_model(model)
+    _, _, path = compile_model(graph, TWO, tmp_path / "pkg", jobs=1)
+    pkg = load_package(path)
+    assert (pkg.target.ipus, pkg.target.tiles) == (2, 128)
+    v = validate_package(pkg)                    # raises when an output is out of tolerance
+    report = json.loads((path / "report.json").read_text())
+    assert report["estimate"]["cycles"] == v.profile.cycles
+    syncs = [s.sync for s in v.profile.steps if s.kind == "exchange" and s.sync]
+    assert TWO.sync_cycles_multi in syncs        # some exchange crossed the IPU-Link
+    # The same tiles as one IPU (no link, no multi-IPU sync) cost less: the links were charged.
+    flat = dataclasses.replace(TWO, ipus=1)
+    _, _, flat_path = compile_model(graph, flat, tmp_path / "flat", jobs=1)
+    flat_cycles = json.loads((flat_path / "report.json").read_text())["estimate"]["cycles"]
+    assert flat_cycles < v.profile.cycles
