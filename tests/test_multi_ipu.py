@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import numpy as np
 
@@ -128,6 +129,15 @@ def test_a_smoke_model_on_two_ipus_compiles_validates_and_pays_for_its_links(tmp
     assert report["estimate"]["cycles"] == v.profile.cycles
     syncs = [s.sync for s in v.profile.steps if s.kind == "exchange" and s.sync]
     assert TWO.sync_cycles_multi in syncs        # some exchange crossed the IPU-Link
+    # host.cpp builds a device of two IPUs of 64 tiles each, on the IPU model and on hardware.
+    host = (path / "host.cpp").read_text()
+    assert "constexpr unsigned kIpus = 2;" in host and "model.numIPUs = kIpus;" in host
+    assert "getDevices(poplar::TargetType::IPU, kIpus)" in host
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "poplar"))
+    from harness import GXX, syntax_check
+    if GXX is not None:                          # both device paths against the stand-in headers
+        (tmp_path / "hw.cpp").write_text("#define TILEPLAN_HARDWARE 1\n" + host)
+        syntax_check(tmp_path / "hw.cpp")
     # The same tiles as one IPU (no link, no multi-IPU sync) cost less: the links were charged.
     flat = dataclasses.replace(TWO, ipus=1)
     _, _, flat_path = compile_model(graph, flat, tmp_path / "flat", jobs=1)
