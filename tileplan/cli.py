@@ -179,6 +179,11 @@ def machines(
         ("exchange (B/cycle/tile)", lambda t: str(t.exchange_bytes_per_cycle)),
         ("  paired exchange", lambda t: str(t.paired_bytes_per_cycle)),
         ("sync (cycles)", lambda t: _n(t.sync_cycles)),
+        ("IPUs", lambda t: str(t.ipus)),
+        ("  link (B/cycle, each way)", lambda t: str(t.link_bytes_per_cycle) if t.ipus > 1 else "-"),
+        ("  link latency (cycles)", lambda t: _n(t.link_latency_cycles) if t.ipus > 1 else "-"),
+        ("  topology", lambda t: t.topology if t.ipus > 1 else "-"),
+        ("  sync across IPUs", lambda t: _n(t.sync_cycles_multi) if t.ipus > 1 else "-"),
     ]
     table = PlainTable(title="Targets")
     table.add_column("", style="bold")

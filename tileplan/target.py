@@ -1,15 +1,28 @@
 """The machine model: a frozen ``Target`` loaded from TOML.
 
 Presets live in ``tileplan/targets/*.toml`` (``ipu2``, ``bow``, ``ipu21``,
-``ipu21-64``); every figure there carries a comment naming its public source. A
-target file may ``inherits = "<preset or path>"`` and override any field, so a
-user's own target (``--target my.toml``) works the same way as a preset.
+``ipu21-64``, and the multi-IPU ``ipu21x2``, ``ipu21x4``, ``ipu2x4``); every figure
+there carries a comment naming its public source. A target file may
+``inherits = "<preset or path>"`` and override any field, so a user's own target
+(``--target my.toml``) works the same way as a preset.
+
+Several IPUs: ``tiles`` is the tile count of the whole device and ``ipus`` the
+number of IPUs it spans; IPU i holds tiles ``[i * tiles_per_ipu, (i + 1) *
+tiles_per_ipu)``, as Poplar numbers the tiles of a multi-IPU target. The link
+figures (``[link]`` in TOML) are read only when ``ipus > 1``.
+
+Design decision: ``link_bytes_per_cycle`` is the bandwidth of the connection between
+two directly linked IPUs, in one direction, in bytes per tile clock cycle (the
+aggregate of the IPU-Links that join the pair), not a per-tile figure: the public
+sources give link bandwidth per IPU-Link and per IPU, and the links, not the tiles'
+exchange ports, are the bottleneck (one IPU's 1472 tiles send 5,888 B/cycle; its
+IPU-Links carry a few tens).
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from . import checked
@@ -47,9 +60,20 @@ class Target:
     local_copy_bytes_per_cycle: int
     local_copy_call_cycles: int
     kernel_launch_cycles: int
+    # Several IPUs (read only when ipus > 1); defaults describe one IPU.
+    ipus: int = 1                    # IPUs the tiles span, tiles_per_ipu = tiles / ipus each
+    link_bytes_per_cycle: int = 0    # one direction between two directly linked IPUs, B/cycle
+    link_latency_cycles: int = 0     # added once per hop of the longest route in a phase
+    topology: str = "all-to-all"     # "all-to-all" (a direct connection per pair) or "ring"
+    sync_cycles_multi: int = 0       # a sync spanning IPUs (an exchange with a cross-IPU transfer)
 
     def __post_init__(self):
         for f in fields(self):
+            if f.name == "topology":
+                if self.topology not in TOPOLOGIES:
+                    raise TileplanError(f"target {self.name!r}: topology must be one of "
+                                        f"{', '.join(TOPOLOGIES)}, got {self.topology!r}")
+                continue
             if f.name in _TEXT:
                 _text(getattr(self, f.name), f.name)
                 continue
@@ -66,8 +90,22 @@ class Target:
             raise TileplanError(f"target {self.name!r}: reserve_bytes {self.reserve_bytes} must fit the standard region")
         if self.alignment <= 0 or self.alignment & (self.alignment - 1):
             raise TileplanError(f"target {self.name!r}: alignment must be a power of two")
+        if self.tiles % self.ipus:
+            raise TileplanError(f"target {self.name!r}: tiles ({self.tiles}) is not a multiple of ipus ({self.ipus})")
+        if self.ipus > 1:
+            if self.link_bytes_per_cycle <= 0:
+                raise TileplanError(f"target {self.name!r}: a target of {self.ipus} IPUs needs "
+                                    "link_bytes_per_cycle > 0 ([link] bytes_per_cycle)")
+            if self.sync_cycles_multi < self.sync_cycles:
+                raise TileplanError(f"target {self.name!r}: sync_cycles_multi ({self.sync_cycles_multi}) is below "
+                                    f"sync_cycles ({self.sync_cycles}): a sync spanning IPUs costs at least one "
+                                    "within an IPU")
 
     # ---- derived figures -----------------------------------------------------
+
+    @property
+    def tiles_per_ipu(self) -> int:
+        return self.tiles // self.ipus
 
     @property
     def usable_standard_bytes(self) -> int:
@@ -77,6 +115,17 @@ class Target:
     def usable_bytes(self) -> int:
         """Per-tile bytes available to tensors (both regions, less the reserve)."""
         return self.sram_bytes - self.reserve_bytes
+
+    def document(self) -> dict:
+        """The target as a JSON document (a package's target.json, the plan cache's key). Design
+        decision: a one-IPU target leaves the multi-IPU figures out, so its documents and keys are
+        the ones a target without those fields always had."""
+        from dataclasses import asdict
+        doc = asdict(self)
+        if self.ipus == 1:
+            for name in OPTIONAL_FIELDS:
+                del doc[name]
+        return doc
 
     def amp_flops(self, dtype: DType, partials: DType | None = None) -> int:
         """AMP peak FLOP per tile per cycle for operands of ``dtype``."""
@@ -94,8 +143,19 @@ class Target:
         return self.tiles * self.amp_flops(dtype) * self.clock_hz / 1e12
 
     def with_tiles(self, tiles: int) -> "Target":
+        """The target cut to its first ``tiles`` tiles: a cut within one IPU is a one-IPU target, a
+        cut of whole IPUs keeps those IPUs; a cut through an IPU past the first is refused (IPUs of
+        one target have equal tile counts)."""
         from dataclasses import replace
-        return replace(self, tiles=tiles, name=f"{self.name}@{tiles}")
+        per = self.tiles_per_ipu
+        if tiles <= per:
+            ipus = 1
+        elif tiles % per == 0:
+            ipus = tiles // per
+        else:
+            raise TileplanError(f"target {self.name!r}: {tiles} tiles is not a whole number of its "
+                                f"{per}-tile IPUs")
+        return replace(self, tiles=tiles, name=f"{self.name}@{tiles}", ipus=ipus)
 
 
 # Figures and their bounds (``tileplan.checked.figure``): every figure is positive but these, where 0
@@ -112,8 +172,10 @@ def _text(value, field: str) -> str:
         raise TileplanError(f"target {field} must be a string, got {value!r}")
     return value if field == "description" and value == "" else checked.name(value, "target", field)
 _ZERO_OK = ("interleaved_bytes", "reserve_bytes", "amp_fp8", "sync_cycles", "send_control_cycles",
-            "receive_control_cycles", "local_copy_call_cycles", "kernel_launch_cycles")
-_MAXIMUM = {"tiles": 1 << 24, "clock_hz": 1e12, "workers": 1 << 10}
+            "receive_control_cycles", "local_copy_call_cycles", "kernel_launch_cycles",
+            "link_bytes_per_cycle", "link_latency_cycles", "sync_cycles_multi")
+_MAXIMUM = {"tiles": 1 << 24, "clock_hz": 1e12, "workers": 1 << 10, "ipus": 1 << 10}
+TOPOLOGIES = ("all-to-all", "ring")
 
 # TOML key (section, key) -> field name.
 _SECTIONS = {
@@ -125,8 +187,12 @@ _SECTIONS = {
     "compute": {"local_copy_bytes_per_cycle": "local_copy_bytes_per_cycle",
                 "local_copy_call_cycles": "local_copy_call_cycles",
                 "kernel_launch_cycles": "kernel_launch_cycles"},
+    "link": {"bytes_per_cycle": "link_bytes_per_cycle", "latency_cycles": "link_latency_cycles",
+             "topology": "topology", "sync_cycles": "sync_cycles_multi"},
 }
 _FIELDS = {f.name: f for f in fields(Target)}
+_DEFAULTS = {f.name for f in fields(Target) if f.default is not MISSING}
+OPTIONAL_FIELDS = frozenset(_DEFAULTS)     # a document or file may leave them out (one IPU)
 
 
 def preset_names() -> list[str]:
@@ -201,7 +267,7 @@ def load_target(spec: "str | Target", base_dir: "str | Path | None" = None) -> T
     if isinstance(spec, Target):
         return spec
     values = _resolve(str(spec), (), Path(base_dir) if base_dir is not None else None)
-    missing = sorted(set(_FIELDS) - set(values))
+    missing = sorted(set(_FIELDS) - set(values) - set(_DEFAULTS))
     if missing:
         raise TileplanError(f"target {spec!r} is missing {', '.join(missing)} "
                             f"(start it with inherits = \"<preset>\" to take the rest from a preset)")
@@ -211,6 +277,8 @@ def load_target(spec: "str | Target", base_dir: "str | Path | None" = None) -> T
             raise TileplanError(f"target {spec!r}: {name} must be an integer, got {v!r}")
         if want in ("float", float) and not isinstance(v, (int, float)):
             raise TileplanError(f"target {spec!r}: {name} must be a number, got {v!r}")
+        if want in ("str", str) and not isinstance(v, str):
+            raise TileplanError(f"target {spec!r}: {name} must be a string, got {v!r}")
     values["clock_hz"] = checked.figure(values["clock_hz"], f"target {spec!r}: clock_hz", integer=False,
                                         maximum=_MAXIMUM["clock_hz"])
     try:

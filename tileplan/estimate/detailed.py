@@ -22,7 +22,8 @@ import numpy as np
 from ..layout.convert import plan_copy
 from ..layout.panels import panel_coords
 from .cost import Estimate
-from .exchange import Transfers, fragments_to_transfers, pair_aligned, tile_exchange_cycles, tile_sum
+from .exchange import (Transfers, fragments_to_transfers, link_bytes, pair_aligned, phase_cycles, phase_sync,
+                       tile_exchange_cycles, tile_sum)
 from .memory import program_memory
 from ..program import ComputeStep, ExchangeStep, Program
 
@@ -151,6 +152,7 @@ class CopyCost:
     local_cycles: np.ndarray  # int64 [tiles] cycles of its on-tile copy runs
     local_bytes: int
     local_runs: int
+    links: np.ndarray         # int64 [ipus * ipus] cross-IPU bytes per IPU pair (estimate.exchange.link_bytes)
 
 
 def copy_cost(src, dst, target) -> "CopyCost | None":
@@ -176,7 +178,7 @@ def _traffic_cost(tr: Transfers, local: Transfers, target) -> "CopyCost | None":
         return None
     send, recv = tile_exchange_cycles(tr, target)
     out = CopyCost(send, recv, int(tr.nbytes.sum()), len(tr), local_copy_cycles(local, target),
-                   int(local.nbytes.sum()) if len(local) else 0, len(local))
+                   int(local.nbytes.sum()) if len(local) else 0, len(local), link_bytes(tr, target))
     for a in (out.send, out.recv, out.local_cycles):
         a.flags.writeable = False
     return out
@@ -211,6 +213,8 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
     """
     from ..layout.gemm_grid import Grid
     if not isinstance(dst_layout, Grid) or dst_layout.replicas < 2 or dtype is None:
+        return False
+    if target.ipus > 1:          # the links' charge needs the transfers themselves: the general path
         return False
     item = dtype.itemsize
     h = dst_layout.holder_array()
@@ -301,7 +305,8 @@ def _replicated_grid_cost(src_layout, dst_layout, shape, dtype, target):
         local_bytes, local_runs = int(runs.nbytes.sum()), len(runs)
     else:
         local_cycles, local_bytes, local_runs = np.zeros(tiles, dtype=np.int64), 0, 0
-    out = CopyCost(send, recv, nbytes, int(remotes.sum()), local_cycles, local_bytes, local_runs)
+    out = CopyCost(send, recv, nbytes, int(remotes.sum()), local_cycles, local_bytes, local_runs,
+                   np.zeros(1, dtype=np.int64))
     for a in (out.send, out.recv, out.local_cycles):
         a.flags.writeable = False
     return out
@@ -322,12 +327,14 @@ def cost_program(program: Program, target) -> Detailed:
             if any(c.transfers for c in costs):
                 send = sum(c.send for c in costs)
                 recv = sum(c.recv for c in costs)
-                c = int(np.maximum(send, recv).max())
+                pairs = sum(c.links for c in costs)
+                c = phase_cycles(send, recv, pairs, target)
+                s = phase_sync(True, pairs, target)
                 b = sum(c.nbytes for c in costs)
                 exchange += c
-                sync += target.sync_cycles
+                sync += s
                 moved += b
-                steps.append(StepCost(step.name, "exchange", c, target.sync_cycles, b))
+                steps.append(StepCost(step.name, "exchange", c, s, b))
             if any(c.local_runs for c in costs):
                 lc = int(sum(c.local_cycles for c in costs).max())
                 compute += lc

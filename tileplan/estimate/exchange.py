@@ -21,6 +21,27 @@ estimate, lowering and the IPU model:
   the slowest tile, plus one global sync (``sync_cycles``) per exchange phase.
 Local fragments (source tile == destination tile) are not exchange: they are
 on-tile copies costed as a compute-side ``copy`` kernel.
+
+Several IPUs (``target.ipus > 1``; IPU i holds tiles ``[i * tiles_per_ipu, (i + 1)
+* tiles_per_ipu)``): a transfer whose source and destination lie on different IPUs
+still costs its tiles the lane cycles above, and also loads the IPU-Links:
+
+- ``link_bytes`` sums an exchange's cross-IPU bytes per (source IPU, destination
+  IPU) pair: additive over the copies of one phase, like the per-tile cycles;
+- ``link_cycles`` routes each pair over the topology (``all-to-all``: its own
+  connection; ``ring``: the shorter way round, clockwise on a tie, one connection
+  per hop) and charges each directed connection ``ceil(bytes /
+  link_bytes_per_cycle)``; the links' time is the busiest connection's plus
+  ``link_latency_cycles`` per hop of the longest route used;
+- the phase lasts ``max(slowest tile, links)`` (``phase_cycles``), and a phase with
+  any cross-IPU transfer pays ``sync_cycles_multi`` instead of ``sync_cycles``
+  (``phase_sync``).
+
+Design decision: a multicast row crossing IPUs is charged on the links once per
+destination tile, not once per destination IPU: whether the fabric fans a
+multicast out after the link is not public, and the conservative charge keeps the
+estimate an upper bound there. On one IPU every link figure is zero, so one-IPU
+plans and cycles are exactly what they were without the link model.
 """
 
 from __future__ import annotations
@@ -210,3 +231,57 @@ def tile_exchange_cycles(tr: Transfers, target, tiles: int | None = None) -> tup
     send = tile_sum(tr.src_tile[first], s_cyc, tiles) + tile_sum(partner[borrowed], s_cyc[borrowed], tiles)
     return send, recv
 
+
+
+def link_bytes(tr: Transfers, target) -> np.ndarray:
+    """int64 [ipus * ipus]: the exchange's bytes from IPU a to IPU b at ``a * ipus + b`` (the
+    diagonal, traffic within an IPU, stays zero). One zero on a one-IPU target."""
+    n = target.ipus
+    if n == 1 or len(tr) == 0:
+        return np.zeros(n * n, dtype=np.int64)
+    per = target.tiles_per_ipu
+    a = tr.src_tile.astype(np.int64) // per
+    b = tr.dst_tile.astype(np.int64) // per
+    cross = a != b
+    return tile_sum((a * n + b)[cross], tr.nbytes[cross], n * n)
+
+
+def _route(a: int, b: int, n: int, topology: str) -> list[tuple[int, int]]:
+    """The directed connections a transfer from IPU a to IPU b crosses."""
+    if topology == "all-to-all":
+        return [(a, b)]
+    d = (b - a) % n                       # ring: the shorter way, clockwise on a tie
+    step, hops = (1, d) if d <= n - d else (-1, n - d)
+    return [((a + k * step) % n, (a + (k + 1) * step) % n) for k in range(hops)]
+
+
+def link_cycles(pairs: np.ndarray, target) -> int:
+    """The links' time in one exchange phase, from its ``link_bytes`` (summed over its copies):
+    the busiest directed connection's ``ceil(bytes / link_bytes_per_cycle)`` plus
+    ``link_latency_cycles`` per hop of the longest route used; 0 with no cross-IPU byte."""
+    n = target.ipus
+    used = np.flatnonzero(pairs)
+    if used.size == 0:
+        return 0
+    load: dict[tuple[int, int], int] = {}
+    hops = 0
+    for k in used.tolist():
+        route = _route(k // n, k % n, n, target.topology)
+        hops = max(hops, len(route))
+        for edge in route:
+            load[edge] = load.get(edge, 0) + int(pairs[k])
+    busiest = max(load.values())
+    return -(-busiest // target.link_bytes_per_cycle) + hops * target.link_latency_cycles
+
+
+def phase_cycles(send: np.ndarray, recv: np.ndarray, pairs: np.ndarray, target) -> int:
+    """An exchange phase's cycles: its slowest tile (max of send and receive) or its links."""
+    return max(int(np.maximum(send, recv).max(initial=0)), link_cycles(pairs, target))
+
+
+def phase_sync(moves: bool, pairs: np.ndarray, target) -> int:
+    """An exchange phase's sync: none when it moves nothing, the multi-IPU sync when any byte
+    crosses IPUs, else the one-IPU sync."""
+    if not moves:
+        return 0
+    return target.sync_cycles_multi if pairs.any() else target.sync_cycles

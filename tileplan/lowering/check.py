@@ -233,7 +233,9 @@ def _document_specs(target_fields: dict, steps: int):
     scale = Int(-1000, 1000)
     names = List(Str())
     kinds = {"str": Str(), "float": Num(), "int": Int()}
-    target = Obj({k: kinds.get(str(t), Int()) for k, t in target_fields.items()}, closed=True)
+    from ..target import OPTIONAL_FIELDS           # the multi-IPU figures: absent from one-IPU packages
+    target = Obj({k: kinds.get(str(t), Int()) for k, t in target_fields.items() if k not in OPTIONAL_FIELDS},
+                 {k: kinds.get(str(t), Int()) for k, t in target_fields.items() if k in OPTIONAL_FIELDS}, closed=True)
     model = Obj({"name": Str(), "ops": List(Obj({"name": Str(), "kind": Str(), "output": Str(), "inputs": names})),
                  "tensors": List(Obj({"name": Str(), "dtype": Str(), "role": Str(), "shape": dims(0)},
                                      {"scale": scale})),

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..estimate.detailed import cost_program
-from ..estimate.exchange import tile_exchange_cycles
+from ..estimate.exchange import link_bytes, phase_cycles, phase_sync, tile_exchange_cycles
 from ..gcpause import pausing
 from .lower import lower
 from .package import package_files, write_package
@@ -42,8 +42,9 @@ def program_cycles(tp, target) -> list[dict]:
             got = costed.get(shape) if shape is not None else None
             if got is None:
                 s, r = tile_exchange_cycles(st.transfers, target, tp.tiles)
-                got = {"cycles": int(np.maximum(s, r).max(initial=0)),
-                       "sync": target.sync_cycles if len(st.transfers) else 0,
+                pairs = link_bytes(st.transfers, target)
+                got = {"cycles": phase_cycles(s, r, pairs, target),
+                       "sync": phase_sync(len(st.transfers) > 0, pairs, target),
                        "bytes": int(st.transfers.nbytes.sum()), "transfers": st.transfers.transfer_count}
                 if shape is not None:
                     costed[shape] = got

@@ -26,7 +26,6 @@ the manifest: it records a run, not the compiled program.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -83,7 +82,7 @@ def package_files(plan, state, target, params: dict | None, plan_json: dict, rep
     files: dict[str, bytes] = {
         "plan.json": dumps(plan_json).encode(),
         "model.json": dumps(graph_to_dict(plan.graph)).encode(),
-        "target.json": dumps(dataclasses.asdict(target)).encode(),
+        "target.json": dumps(target.document()).encode(),
         "program.json": dumps(index).encode(),
         "program.npz": npz,
         "report.json": dumps(report).encode(),

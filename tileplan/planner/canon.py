@@ -148,7 +148,7 @@ def subgraph_key(graph: Graph, storage: dict, ops: list[Op]) -> str:
 
 def target_key(target) -> str:
     """SHA-256 (hex) of a target's machine figures (its name and description left out)."""
-    doc = {k: v for k, v in dataclasses.asdict(target).items() if k not in ("name", "description")}
+    doc = {k: v for k, v in target.document().items() if k not in ("name", "description")}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=repr).encode()).hexdigest()
 
 

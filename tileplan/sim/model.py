@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import TileplanError
-from ..estimate.exchange import tile_exchange_cycles
+from ..estimate.exchange import link_bytes, phase_cycles, phase_sync, tile_exchange_cycles
 from ..graph.dtypes import DType
 from ..kernels import default_registry
 from ..layout.panels import from_panel_major, to_panel_major
@@ -235,13 +235,13 @@ class IPUModel:
         key = ("exchange",) + tuple(id(getattr(tr, f)) for f in EXCHANGE_FIELDS)
         if key not in self._checked:
             self._checked[key] = (tr, self._check_exchange(ex))
-        per_tile = self._checked[key][1]
+        per_tile, cycles, sync = self._checked[key][1]
         _move_bytes(self.mem, tr.src_tile, tr.src_off, tr.dst_tile, tr.dst_off, tr.nbytes)
-        return StepProfile(ex.name, "exchange", int(per_tile.max(initial=0)), self.target.sync_cycles if n else 0,
-                           per_tile, int(tr.nbytes.sum()))
+        return StepProfile(ex.name, "exchange", cycles, sync, per_tile, int(tr.nbytes.sum()))
 
-    def _check_exchange(self, ex: Exchange) -> np.ndarray:
-        """Bounds and conflicts of an exchange's transfers; its cycles per tile."""
+    def _check_exchange(self, ex: Exchange) -> tuple[np.ndarray, int, int]:
+        """Bounds and conflicts of an exchange's transfers; its cycles per tile, the phase's cycles
+        (its slowest tile, or on several IPUs its links) and its sync, by the one exchange model."""
         tr = ex.transfers
         tiles = self.program.tiles
         self._bounds(tr.src_tile, tr.src_off, tr.nbytes, f"{ex.name}: transfer source")
@@ -258,7 +258,9 @@ class IPUModel:
         write = np.concatenate([np.ones(n, bool), np.zeros(src_rows.size, bool)])
         _check_conflicts(ex.name, tile, lo, hi, vid, write)
         send, recv = tile_exchange_cycles(tr, self.target, tiles)
-        return np.maximum(send, recv)
+        pairs = link_bytes(tr, self.target)
+        return np.maximum(send, recv), phase_cycles(send, recv, pairs, self.target), \
+            phase_sync(n > 0, pairs, self.target)
 
 
 @contextlib.contextmanager

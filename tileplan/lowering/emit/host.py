@@ -1225,7 +1225,7 @@ def render(replay: Replay, tp: TileProgram, target, model_name: str, codelet_fil
            sections: dict[str, np.ndarray], folded=()) -> str:
     rows = {name: (len(a) if name == "strings" else int(np.asarray(a).shape[0])) for name, a in sections.items()}
     return _template().render(
-        model_name=model_name, target_name=target.name, ipu_version=target.family, tiles=tp.tiles,
+        model_name=model_name, target_name=target.name, ipu_version=target.family, tiles=tp.tiles, ipus=target.ipus,
         steps=len(tp.steps), vertices=replay.summary["vertices"], transfers=replay.summary["transfers"],
         variables=rows["variables"], table_rows=", ".join(f"{n} {rows[n]}" for n, _ in SECTIONS),
         tables_file=TABLES_FILE, codelet_files=codelet_files, folded=_folded_rows(folded, rows["host_tensors"]))
