@@ -39,6 +39,7 @@ from rich.console import Console  # noqa: E402
 
 from .report.terminal import NO_ROOFLINE, PlainTable, plain, roofline_ratio_text  # noqa: E402
 from .checked import printable  # noqa: E402
+from . import progress  # noqa: E402
 from .errors import TileplanError  # noqa: E402
 from .graph.core import Graph, MatMul, Role  # noqa: E402
 from .graph.dtypes import DType  # noqa: E402
@@ -100,6 +101,10 @@ class Output:
 
     def print(self, *args, **kw) -> None:
         self.console.print(*args, **kw)
+
+    def settle(self) -> None:
+        """The result is printed from here on: a live progress display ends first."""
+        progress.current().settle()
 
     def document(self, doc) -> None:
         """With ``--json``: the command's result as one JSON document on stdout."""
@@ -199,7 +204,7 @@ def show(
 ) -> None:
     """Summarise a model graph: ops, tensors, FLOPs, bytes and the roofline bound."""
     graph, tgt, chosen_by, _ = _load_checked(model, target, cast_bf16)
-    _at("summarising the model")
+    _at("report")
     roofline = graph.roofline_cycles(tgt)
 
     console = Output(as_json, quiet)
@@ -356,15 +361,16 @@ def plan_command(
     if output == Path("-"):
         as_json, output = True, None
     out = Output(as_json, quiet, verbose)
+    progress.show(quiet)
     weights, qkv = _weights(weights), _qkv(qkv)
     graph, tgt, _ = _model_and_target(model, target, solver, cast_bf16)
     if output is not None:
         check_file(output)                   # before planning, not after
-    _at("planning")
-    with _catalogue_progress(quiet) as on_progress, _naming(model):
-        result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
+    with _naming(model):
+        result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=_catalogue_ticks(graph),
                       pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
-    _at("writing the plan")
+    _at("report")
+    out.settle()
     doc = plan_to_json(result)           # once: the report, plan.json and --json print the same document
     if not quiet:                        # (a quiet console would still lay the whole report out)
         print_report(doc, out.console, plan_seconds=result.plan_seconds, verbose=verbose)
@@ -396,24 +402,23 @@ def compile_command(
     qkv: QkvOption = "auto",
 ) -> None:
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
-    import time
-
     from .atomic import check_folder
     from .lowering.compile import compile_plan
     from .planner.plan import plan
 
+    progress.show(quiet)
     weights, qkv = _weights(weights), _qkv(qkv)
     graph, tgt, params = _model_and_target(model, target, solver, cast_bf16)   # one import: a factory runs once
     check_folder(output)                     # before planning, not after
-    t0 = time.perf_counter()
-    with _catalogue_progress(quiet) as on_progress, _naming(model):
-        _at("planning")                      # (compile_model's two steps, each with its stage)
-        p = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
+    with _naming(model):                     # (compile_model's steps, each with its stage)
+        p = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=_catalogue_ticks(graph),
                  pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
-        _at("lowering and packaging")
-        state, path = compile_plan(p, tgt, output, params=params)
-    elapsed = time.perf_counter() - t0
+        _at("lowering")
+        state, path = compile_plan(p, tgt, output, params=params, stage=_at)
+    _at("report")
+    elapsed = progress.current().seconds()   # the whole command's time, from the process start
     out = Output(quiet=quiet, verbose=verbose)
+    out.settle()
     est = p.estimate
     out.print(plain("compiled ", (graph.name, "bold"), f" for {tgt.name} into {path} in {elapsed:.2f} s "
                     f"(plan {p.plan_seconds:.2f} s)"))
@@ -450,18 +455,20 @@ def validate_command(
     from .report.terminal import error_table
     from .sim.validate import check_validation_destination, validate_package, validation_record, write_validation
 
+    progress.show(quiet)
     if outputs is not None:
         check_file(outputs)                  # before the run, not after
-    _at("loading the package")
     pkg = load_package(package)
     check_validation_destination(pkg)        # validation.json/.npz: refused before the run, not after the table
-    _at("validating")
+    _at("simulation")
     t0 = time.perf_counter()
     v = validate_package(pkg, inputs_path=inputs, expected_path=expected, atol=atol, rtol=rtol)
     elapsed = time.perf_counter() - t0
+    _at("report")
     prof = v.profile
     report = pkg.report
     out = Output(as_json, quiet, verbose)
+    out.settle()
     out.print(error_table(f"validate {pkg.graph.name} on the IPU model ({pkg.target.name}, {pkg.target.tiles} tiles)",
                           v.outputs, v.atol, v.rtol))
     roof = report.get("roofline_cycles") or 0
@@ -523,12 +530,13 @@ def report_command(
         return
     if package is None:
         raise typer.BadParameter("missing the package folder DIR", param_hint="DIR")
+    progress.show(quiet)
     if html is not None:
         check_file(html)
-    _at("loading the package")
     data = load_report_data(package)
     others = [load_report_data(c) for c in compare or ()]
-    _at("rendering the report")
+    _at("report")
+    out.settle()
     out.print(render_package(data.plan, data.report, data.validation, verbose=verbose))
     for other in others:
         out.print(compare_table(data, other, verbose=verbose))
@@ -552,15 +560,18 @@ def bench_command(
         if name not in BY_NAME:
             raise typer.BadParameter(f"unknown benchmark {name!r} (expected one of {', '.join(BY_NAME)})",
                                      param_hint="--only")
+    progress.show(quiet)
     err = Console(stderr=True, quiet=quiet)
 
     def on_result(rec: dict) -> None:
         where = f" in {rec['stage_at_stop']}" if rec["status"] != "ok" and rec["stage_at_stop"] else ""
         err.print(plain(f"{rec['fixture']}: {rec['status']}{where} ({rec['elapsed_seconds']:.1f} s)"))
 
-    _at("benchmarking")
+    _at("bench")
     doc = run_bench(quick=quick, jobs=jobs or os.cpu_count() or 1, only=only, on_result=on_result)
+    _at("report")
     console = Output(as_json, quiet)
+    console.settle()
     for table in rich_tables(doc):
         console.print(table)
     paths = write_artifacts(doc, out)
@@ -581,7 +592,7 @@ def calibrate_command(
     from .report.terminal import PlainTable
 
     out = Output(as_json, quiet)
-    _at("calibrating")
+    _at("calibration")
     doc = cal.report(kernels_only=kernels_only, jobs=jobs or os.cpu_count() or 1,
                      progress=lambda e: out.print(plain(f"planning {e.id}")) if e.kind == "layout" else None)
     table = PlainTable(*cal.ENTRY_COLUMNS, title=f"tileplan calibrate: model vs hardware on {doc['target']}")
@@ -623,7 +634,7 @@ def cache_clear_command(cache: CacheOption = None, quiet: QuietOption = False) -
 def _load_checked(model: Path, target: str | None, cast_bf16: str | None = None):
     """A model, its target, where the target came from, and its parameter values (one import)."""
     from .graph.loaders import check_against_target, load_model_and_params
-    _at("loading the model")
+    _at("import")
     graph, params = load_model_and_params(model, cast_bf16=cast_bf16)
     tgt, chosen_by = resolve_target(target, graph, model)
     try:
@@ -656,30 +667,11 @@ class _naming:
         return False
 
 
-class _catalogue_progress:
-    """A live progress display of the catalogue costing: per GEMM, the chunks (boundary combinations)
-    costed, then its detailed estimates (stderr, only on a terminal, not with --quiet)."""
-
-    def __init__(self, quiet: bool = False):
-        self.quiet = quiet
-
-    def __enter__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        err = Console(stderr=True)
-        self.progress = Progress(TextColumn("costing {task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=err, transient=True,
-                                 disable=self.quiet or not err.is_terminal)
-        self.tasks: dict[str, int] = {}
-        self.progress.__enter__()
-        return self.update
-
-    def update(self, op: str, done: int, total: int) -> None:
-        if op not in self.tasks:
-            self.tasks[op] = self.progress.add_task(printable(op), total=total)   # a name: text, not markup
-        self.progress.update(self.tasks[op], completed=done, total=total)
-
-    def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
+def _catalogue_ticks(graph):
+    """The planner's progress callback for ``graph``: the catalogues stage, one unit per GEMM
+    catalogue (counted before planning starts), then the selection stage (``tileplan.progress``)."""
+    from .planner.families import family_of
+    return progress.catalogue_ticks(sum(1 for op in graph.ops if family_of(op).catalogued))
 
 
 # ---- entry point -------------------------------------------------------------
@@ -720,30 +712,42 @@ class _signals_raise:
         return False
 
 
-_stage = "starting"
-
-
 def _at(stage: str) -> None:
-    """Record what the command is doing now (``loading the model``, ``planning``, ...): the one line
-    of an error that is about the machine, not the input (out of memory, a worker process killed),
-    names it."""
-    global _stage
-    _stage = stage
+    """The command moves on to ``stage`` (``tileplan.progress.STAGES``): the progress display shows
+    it, and the one line of an error that is about the machine, not the input (out of memory, a
+    worker process killed), names what the command was doing in it. One mechanism for both."""
+    progress.stage(stage)
 
 
 def _out_of_memory(exc: BaseException) -> str:
     """The one line for a ``MemoryError``: the stage and, when the exception says it (numpy's
     ``Unable to allocate 2.00 GiB for an array with shape (...)``), what was asked for."""
     asked = " ".join(str(exc).split())[:200]
-    return (f"out of memory while {_stage}" + (f" ({asked})" if asked else "")
+    return (f"out of memory while {progress.activity()}" + (f" ({asked})" if asked else "")
             + "; give the process more memory (a higher ulimit -v) or plan with fewer --jobs")
 
 
 def _fail(message: str, status: int = 2) -> None:
     """The one error line. Escaped whole (``checked.printable``): it may quote a path, a file name or
     text from a file the user gave, and must neither act on the terminal nor span lines."""
+    progress.current().finish(ok=False)      # (a live display stopped first: the error is its own line)
     print(printable(f"error: {' '.join(message.split())}"), file=sys.stderr)
     sys.exit(status)
+
+
+class _finishing:
+    """The progress display's end: its last stage's line when the command succeeded (or ran and
+    reported a failed validation, status 1); on an error only the display stopped, so the error
+    stays the one line after the stages that did finish."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        ok = kind is None or (kind is SystemExit and exc.code in (None, 0, 1)) \
+            or (kind is typer.Exit and exc.exit_code in (0, 1))
+        progress.current().finish(ok=ok)
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -754,8 +758,8 @@ def main(argv: list[str] | None = None) -> None:
     outright, is one line naming the stage (``_at``), exit 2. Other exceptions are bugs in tileplan
     and keep their traceback."""
     from concurrent.futures.process import BrokenProcessPool
-    _at("reading the command line")
-    with _signals_raise():
+    progress.begin(in_process=argv is not None)
+    with _signals_raise(), _finishing():
         try:
             app(args=argv, prog_name="tileplan")
         except TileplanError as exc:
@@ -771,7 +775,7 @@ def main(argv: list[str] | None = None) -> None:
             del exc                          # (its traceback holds the frames, and their arrays)
             _fail(message)
         except BrokenProcessPool:
-            _fail(f"a worker process ended abruptly while {_stage} (killed, perhaps by the system for lack "
+            _fail(f"a worker process ended abruptly while {progress.activity()} (killed, perhaps by the system for lack "
                   "of memory); try fewer --jobs")
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name
