@@ -18,8 +18,8 @@ from typing import Annotated, Optional
 
 
 def _interrupted_while_starting(signum, frame):
-    """SIGINT or SIGTERM before ``main()`` installs its handlers (the second or so the command line
-    spends importing numpy, ml_dtypes and the rest): nothing exists yet to clean up, so the same
+    """SIGINT or SIGTERM before ``main()`` installs its handlers (while the command line starts and
+    imports typer): nothing exists yet to clean up, so the same
     one line and exit status as an interrupted command, not a KeyboardInterrupt traceback. It ends
     the process with ``os._exit``: a ``SystemExit`` raised here can land in a finalizer or a
     weakref callback, where Python prints and ignores it and the command goes on (seen under load:
@@ -34,16 +34,14 @@ if (__name__ == "__main__" or Path(sys.argv[0]).name == "tileplan") \
     for _sig in (signal.SIGINT, signal.SIGTERM):      # only as the command line, never as a library
         signal.signal(_sig, _interrupted_while_starting)
 
-import typer  # noqa: E402  (after the handlers: the heavy imports start here)
-from rich.console import Console  # noqa: E402
+import typer  # noqa: E402
 
-from .report.terminal import NO_ROOFLINE, PlainTable, plain, roofline_ratio_text  # noqa: E402
-from .checked import printable  # noqa: E402
 from . import progress  # noqa: E402
 from .errors import TileplanError  # noqa: E402
-from .graph.core import Graph, MatMul, Role  # noqa: E402
-from .graph.dtypes import DType  # noqa: E402
-from .target import Target, load_target, preset_names  # noqa: E402
+
+# Design decision: importing this module imports typer and the standard library only, so
+# ``tileplan --version`` and ``--help`` answer at once; numpy, ml_dtypes, rich's tables, onnx and
+# ortools are imported inside the commands that use them (tests/test_cli_startup.py checks it).
 
 DEFAULT_TARGET = "ipu21"
 
@@ -88,6 +86,7 @@ class Output:
     holds only the one JSON document), nothing with ``--quiet``; ``verbose`` asks for the details."""
 
     def __init__(self, json: bool = False, quiet: bool = False, verbose: bool = False):
+        from rich.console import Console
         if quiet and verbose:
             raise typer.BadParameter("--quiet and --verbose exclude each other", param_hint="--quiet")
         self.json, self.quiet, self.verbose = json, quiet, verbose
@@ -129,8 +128,9 @@ def _options(
     """Plan and compile model graphs for IPU-style many-core accelerators."""
 
 
-def _console() -> Console:
+def _console():
     """stdout console; wide when not a terminal so piped tables are not squeezed."""
+    from rich.console import Console
     if sys.stdout.isatty() or "COLUMNS" in os.environ:
         return Console()
     return Console(width=160)
@@ -144,10 +144,10 @@ def _shape(shape) -> str:
     return "x".join(map(str, shape))
 
 
-def resolve_target(spec: str | None, graph: Graph | None = None,
-                   model: Path | None = None) -> tuple[Target, str]:
+def resolve_target(spec: str | None, graph=None, model: Path | None = None) -> tuple:
     """The target to use and where the choice came from: --target, the model file (a relative
     path there is relative to the model file), or the default."""
+    from .target import load_target
     if spec:
         return load_target(spec), "--target"
     if graph is not None and graph.target:
@@ -166,6 +166,9 @@ def machines(
         help="Presets or target TOML files to list (default: every preset).", metavar="[TARGET]...")] = None,
 ) -> None:
     """List the machine targets: tiles, memory, clock, AMP and exchange figures."""
+    from .graph.dtypes import DType
+    from .report.terminal import PlainTable, plain
+    from .target import load_target, preset_names
     loaded = [load_target(t) for t in (targets or preset_names())]
     rows = [
         ("description", lambda t: t.description),
@@ -203,6 +206,9 @@ def show(
     cast_bf16: CastBf16Option = None,
 ) -> None:
     """Summarise a model graph: ops, tensors, FLOPs, bytes and the roofline bound."""
+    from .graph.core import MatMul, Role
+    from .graph.dtypes import DType
+    from .report.terminal import NO_ROOFLINE, PlainTable, plain
     graph, tgt, chosen_by, _ = _load_checked(model, target, cast_bf16)
     _at("report")
     roofline = graph.roofline_cycles(tgt)
@@ -245,7 +251,7 @@ def show(
                         str(t.layout) if t.layout is not None else "")
     console.print(tensors)
 
-    def role_bytes(role: Role) -> int:
+    def role_bytes(role) -> int:
         return sum(t.nbytes for t in graph.by_role(role))
 
     matmul_flops = sum(graph.flops(op) for op in graph.ops if isinstance(op, MatMul))
@@ -352,6 +358,7 @@ def plan_command(
 ) -> None:
     """Plan a model: choose every op's implementation and print the cost report.
     With --json (or -o -) the plan, as plan.json holds it, goes to stdout."""
+    from .report.terminal import plain
     from .planner.plan import plan
     from .planner.planjson import plan_to_json, write_plan_json
     from .report.terminal import print_report
@@ -402,6 +409,7 @@ def compile_command(
     qkv: QkvOption = "auto",
 ) -> None:
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
+    from .report.terminal import plain, roofline_ratio_text
     from .atomic import check_folder
     from .lowering.compile import compile_plan
     from .planner.plan import plan
@@ -448,6 +456,7 @@ def validate_command(
     verbose: VerboseOption = False,
 ) -> None:
     """Run a package on the IPU model; compare with float64 (or --expected). Exit 0 pass, 1 fail, 2 bad input."""
+    from .report.terminal import plain, roofline_ratio_text
     import time
 
     from .atomic import check_file, write_file
@@ -519,6 +528,7 @@ def report_command(
     verbose: VerboseOption = False,
 ) -> None:
     """Print a package's cost report and write it as one self-contained HTML file with plots."""
+    from .report.terminal import plain
     from .report.html import load_report_data, write_html
     from .report.terminal import compare_table, legend_table, render_package
 
@@ -554,6 +564,9 @@ def bench_command(
     quiet: QuietOption = False,
 ) -> None:
     """Benchmark plan and compile time, planner memory, modelled cycles and plan quality on the fixtures."""
+    from rich.console import Console
+
+    from .report.terminal import plain
     from .bench import BY_NAME, rich_tables, run_bench, write_artifacts
 
     for name in only or ():
@@ -588,6 +601,7 @@ def calibrate_command(
     quiet: QuietOption = False,
 ) -> None:
     """Compare tileplan's cost model with public IPU21 hardware measurements (model / hardware per entry)."""
+    from .report.terminal import plain
     from . import calibrate as cal
     from .report.terminal import PlainTable
 
@@ -615,6 +629,7 @@ app.add_typer(cache_app, name="cache")
 @cache_app.command("info")
 def cache_info_command(cache: CacheOption = None, as_json: JsonOption = False, quiet: QuietOption = False) -> None:
     """Where the plan cache is, how many entries it holds and their size."""
+    from .report.terminal import plain
     from .planner.cache import PlanCache
     info = PlanCache(cache).info()
     out = Output(as_json, quiet)
@@ -625,6 +640,7 @@ def cache_info_command(cache: CacheOption = None, as_json: JsonOption = False, q
 @cache_app.command("clear")
 def cache_clear_command(cache: CacheOption = None, quiet: QuietOption = False) -> None:
     """Remove every entry of the plan cache."""
+    from .report.terminal import plain
     from .planner.cache import PlanCache
     pc = PlanCache(cache)
     removed = pc.clear()
@@ -730,6 +746,7 @@ def _out_of_memory(exc: BaseException) -> str:
 def _fail(message: str, status: int = 2) -> None:
     """The one error line. Escaped whole (``checked.printable``): it may quote a path, a file name or
     text from a file the user gave, and must neither act on the terminal nor span lines."""
+    from .checked import printable
     progress.current().finish(ok=False)      # (a live display stopped first: the error is its own line)
     print(printable(f"error: {' '.join(message.split())}"), file=sys.stderr)
     sys.exit(status)
