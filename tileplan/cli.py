@@ -451,6 +451,9 @@ def validate_command(
     outputs: Annotated[Optional[Path], typer.Option("--outputs", help="Write the computed outputs to this npz.")] = None,
     atol: Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default by dtype).")] = None,
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default by dtype).")] = None,
+    trace: Annotated[Optional[Path], typer.Option(
+        "--trace", metavar="FILE", help="Write the simulated per-tile timeline here as a Chrome trace (JSON: "
+        "Perfetto, chrome://tracing).")] = None,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
     verbose: VerboseOption = False,
@@ -462,11 +465,13 @@ def validate_command(
     from .atomic import check_file, write_file
     from .lowering.package import load_package, npz_bytes
     from .report.terminal import error_table
-    from .sim.validate import check_validation_destination, validate_package, validation_record, write_validation
+    from .sim.validate import check_validation_destination, validate_package, validation_record, write_trace, \
+        write_validation
 
     progress.show(quiet)
-    if outputs is not None:
-        check_file(outputs)                  # before the run, not after
+    for path in (outputs, trace):
+        if path is not None:
+            check_file(path)                 # before the run, not after
     pkg = load_package(package)
     check_validation_destination(pkg)        # validation.json/.npz: refused before the run, not after the table
     _at("simulation")
@@ -499,6 +504,9 @@ def validate_command(
     if outputs is not None:                  # exactly the path given (np.savez would add .npz)
         write_file(outputs, npz_bytes({k: val for k, val in sorted(v.values.items())}))
         out.print(plain(f"wrote {outputs}"))
+    if trace is not None:
+        write_trace(trace, pkg, v)
+        out.print(plain(f"wrote {trace}"))
     if verbose:
         for st in prof.steps:
             out.print(plain(f"  {st.name}: {st.kind} {_n(st.cycles + st.sync)} cycles"
