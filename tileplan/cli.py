@@ -45,7 +45,27 @@ from .errors import TileplanError  # noqa: E402
 
 DEFAULT_TARGET = "ipu21"
 
+def _flags_untyped(params: list) -> list:
+    """A flag (``--quiet``, ``--help``) takes no value: its help row shows no type (typer would print
+    ``<bool>``)."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Command(typer.core.TyperCommand):
+    def get_params(self, ctx):
+        return _flags_untyped(super().get_params(ctx))
+
+
+class _Group(typer.core.TyperGroup):
+    def get_params(self, ctx):
+        return _flags_untyped(super().get_params(ctx))
+
+
 app = typer.Typer(
+    cls=_Group,
     name="tileplan",
     help="Plan and compile model graphs for IPU-style many-core accelerators.",
     add_completion=False,
@@ -59,6 +79,22 @@ CastBf16Option = Annotated[Optional[str], typer.Option(
     metavar="fp16")]
 TargetOption = Annotated[Optional[str], typer.Option(
     "--target", "-t", help="Preset name (see `tileplan machines`) or a target TOML file.")]
+
+
+MODEL_FORMS = ("a .toml or .onnx model file, or path/to/model.py:factory (factory() returns (torch module, "
+               "example inputs); the model is named after the factory)")
+ModelArgument = Annotated[Path, typer.Argument(help=f"The model: {MODEL_FORMS}.", metavar="MODEL")]
+
+
+def _one_of(value, option: str, choices, what: str | None = None):
+    """``value`` when it is one of ``choices``, else the one error line every option with a fixed
+    set of values gives: ``--solver must be 'dp' or 'cpsat', got 'foo'``."""
+    choices = tuple(choices)
+    if value not in choices:
+        listing = " or ".join(repr(c) for c in choices) if len(choices) <= 2 else \
+            ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+        raise TileplanError(f"{option} must be {listing}, got {value!r}" + (f" (an unknown {what})" if what else ""))
+    return value
 
 
 CacheOption = Annotated[Optional[Path], typer.Option(
@@ -76,7 +112,8 @@ def _plan_cache(cache: Optional[Path], no_cache: bool):
 
 JsonOption = Annotated[bool, typer.Option(
     "--json", help="Print one JSON document on stdout; the human output goes to stderr.")]
-QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors (and --json's document).")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+QuietJsonOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors (and --json's document).")]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Print the details: full candidate names "
                                              "and reasons, memory by region, compute sets.")]
 
@@ -199,10 +236,10 @@ def machines(
 
 @app.command()
 def show(
-    model: Annotated[Path, typer.Argument(help="Model file (.toml).", metavar="MODEL")],
+    model: ModelArgument,
     target: TargetOption = None,
     as_json: JsonOption = False,
-    quiet: QuietOption = False,
+    quiet: QuietJsonOption = False,
     cast_bf16: CastBf16Option = None,
 ) -> None:
     """Summarise a model graph: ops, tensors, FLOPs, bytes and the roofline bound."""
@@ -288,7 +325,8 @@ def show(
 
 JobsOption = Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
                                                   help="Worker processes costing the catalogue (default: all cores).")]
-SolverOption = Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")]
+SOLVERS = ("dp", "cpsat")
+SolverOption = Annotated[str, typer.Option("--solver", metavar="dp|cpsat", help="Selection solver: dp or cpsat.")]
 PinOption = Annotated[Optional[list[str]], typer.Option(
     "--pin", metavar="OP=grid:GMxGNxGK[,order:..][,reduction:..][,partials:..][,serial:N][,storage:..]",
     help="Pin a GEMM's grid (repeatable; over the model file's \\[pin] table).")]
@@ -309,13 +347,13 @@ QkvOption = Annotated[str, typer.Option(
 
 
 def _qkv(qkv: str) -> str:
-    from .planner.qkv import check_qkv
-    return check_qkv(qkv, "--qkv")
+    from .planner.qkv import QKV_MODES
+    return _one_of(qkv, "--qkv", QKV_MODES)
 
 
 def _weights(weights: str | None) -> str | None:
-    from .graph.core import check_weights
-    return None if weights is None else check_weights(weights, "--weights")
+    from .graph.core import WEIGHTS
+    return None if weights is None else _one_of(weights, "--weights", WEIGHTS)
 
 
 def _pins(pin: list[str] | None, pins_file: Path | None) -> list:
@@ -338,7 +376,7 @@ def write_text_file(path: Path, text: str) -> None:
 
 @app.command("plan")
 def plan_command(
-    model: Annotated[Path, typer.Argument(help="Model file (.toml, .onnx).", metavar="MODEL")],
+    model: ModelArgument,
     target: TargetOption = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the plan as JSON here.")] = None,
     jobs: JobsOption = None,
@@ -346,7 +384,7 @@ def plan_command(
     cache: CacheOption = None,
     no_cache: NoCacheOption = False,
     as_json: JsonOption = False,
-    quiet: QuietOption = False,
+    quiet: QuietJsonOption = False,
     verbose: VerboseOption = False,
     pin: PinOption = None,
     pins_file: PinsFileOption = None,
@@ -393,7 +431,7 @@ def plan_command(
 
 @app.command("compile")
 def compile_command(
-    model: Annotated[Path, typer.Argument(help="Model file (.toml, .onnx, model.py:factory).", metavar="MODEL")],
+    model: ModelArgument,
     output: Annotated[Path, typer.Option("--output", "-o", help="Package folder to write.")],
     target: TargetOption = None,
     jobs: JobsOption = None,
@@ -455,7 +493,7 @@ def validate_command(
         "--trace", metavar="FILE", help="Write the simulated per-tile timeline here as a Chrome trace (JSON: "
         "Perfetto, chrome://tracing).")] = None,
     as_json: JsonOption = False,
-    quiet: QuietOption = False,
+    quiet: QuietJsonOption = False,
     verbose: VerboseOption = False,
 ) -> None:
     """Run a package on the IPU model; compare with float64 (or --expected). Exit 0 pass, 1 fail, 2 bad input."""
@@ -569,7 +607,7 @@ def bench_command(
     jobs: JobsOption = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this benchmark (repeatable).")] = None,
     as_json: JsonOption = False,
-    quiet: QuietOption = False,
+    quiet: QuietJsonOption = False,
 ) -> None:
     """Benchmark plan and compile time, planner memory, modelled cycles and plan quality on the fixtures."""
     from rich.console import Console
@@ -578,9 +616,7 @@ def bench_command(
     from .bench import BY_NAME, rich_tables, run_bench, write_artifacts
 
     for name in only or ():
-        if name not in BY_NAME:
-            raise typer.BadParameter(f"unknown benchmark {name!r} (expected one of {', '.join(BY_NAME)})",
-                                     param_hint="--only")
+        _one_of(name, "--only", BY_NAME, "benchmark")
     progress.show(quiet)
     err = Console(stderr=True, quiet=quiet)
 
@@ -606,7 +642,7 @@ def calibrate_command(
                                                "1472-tile fixture).")] = False,
     jobs: JobsOption = None,
     as_json: JsonOption = False,
-    quiet: QuietOption = False,
+    quiet: QuietJsonOption = False,
 ) -> None:
     """Compare tileplan's cost model with public IPU21 hardware measurements (model / hardware per entry)."""
     from .report.terminal import plain
@@ -629,13 +665,13 @@ def calibrate_command(
     out.document(doc)
 
 
-cache_app = typer.Typer(help="Inspect or empty the plan cache (GEMM catalogues already costed).",
+cache_app = typer.Typer(cls=_Group, help="Inspect or empty the plan cache (GEMM catalogues already costed).",
                         no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(cache_app, name="cache")
 
 
 @cache_app.command("info")
-def cache_info_command(cache: CacheOption = None, as_json: JsonOption = False, quiet: QuietOption = False) -> None:
+def cache_info_command(cache: CacheOption = None, as_json: JsonOption = False, quiet: QuietJsonOption = False) -> None:
     """Where the plan cache is, how many entries it holds and their size."""
     from .report.terminal import plain
     from .planner.cache import PlanCache
@@ -670,8 +706,7 @@ def _load_checked(model: Path, target: str | None, cast_bf16: str | None = None)
 
 def _model_and_target(model: Path, target: str | None, solver: str, cast_bf16: str | None = None):
     """Load a model, its target and its parameter values for plan/compile, with the solver name checked."""
-    if solver not in ("dp", "cpsat"):
-        raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
+    _one_of(solver, "--solver", SOLVERS)
     graph, tgt, _, params = _load_checked(model, target, cast_bf16)
     return graph, tgt, params
 
@@ -697,6 +732,10 @@ def _catalogue_ticks(graph):
     from .planner.families import family_of
     return progress.catalogue_ticks(sum(1 for op in graph.ops if family_of(op).catalogued))
 
+
+for _app in (app, cache_app):               # every command's help: flags without a <bool> type
+    for _info in _app.registered_commands:
+        _info.cls = _Command if _info.cls is typer.core.TyperCommand else _info.cls
 
 # ---- entry point -------------------------------------------------------------
 
