@@ -26,9 +26,10 @@ names (``activity()``); there is no second marker to keep in step.
 
 Design decision: a bar starts only with its total known. The catalogue stage counts GEMM catalogues
 (known from the graph before planning); each catalogue's own chunk ticks move its unit by fractions,
-so a catalogue whose detailed work adds units never makes the bar's total grow. The one exception is
-the fused Q/K/V form the planner may add (``planner.qkv``): its GEMM is a catalogue the graph did not
-name, and the total grows by one when it appears.
+so a catalogue whose detailed work adds units never makes the bar's total grow. When the planner
+also plans the fused Q/K/V form (``planner.qkv``), the fused GEMM's catalogue is costed after the
+graph's own have all finished: its time counts as selection. (A unit the total did not count would
+grow the total by one rather than run the bar past its end; the graph's GEMMs are all counted.)
 
 Design decision: "compiled ... in X s" is the whole command's time, measured from the process
 start (``process_start``: the kernel's record of it in ``/proc/self/stat``), so the interpreter
