@@ -98,10 +98,13 @@ class Display:
             self.task = self.live.add_task(name, total=total, start=True)
 
     def advance(self, key: str, fraction: float) -> None:
-        """Unit ``key`` of the current stage is ``fraction`` done (0..1); the bar shows the sum."""
+        """Unit ``key`` of the current stage is ``fraction`` done (0..1); the bar shows the sum, which
+        never decreases."""
         if key not in self.fractions and self.total is not None and len(self.fractions) >= self.total:
             self.total += 1                  # (a unit the total did not count: see the module docstring)
-        self.fractions[key] = min(max(fraction, 0.0), 1.0)
+        # never backwards: a catalogue's own total grows when its detailed work starts (and a pooled
+        # one's when another part reports), which would move its fraction back
+        self.fractions[key] = max(self.fractions.get(key, 0.0), min(max(fraction, 0.0), 1.0))
         if self.live is not None and self.task is not None:
             self.live.update(self.task, completed=sum(self.fractions.values()), total=self.total)
 
