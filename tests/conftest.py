@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The progress display's stage lines (stderr, when not a terminal: tileplan.progress) are off for the
+# suite, whose CLI runs check stderr whole; tests/test_cli_progress.py turns them on where it checks them.
+# Set at import, before any forked or spawned tileplan (the reliability guard's server inherits it).
+os.environ["TILEPLAN_PROGRESS"] = "off"
 
 from tileplan.cli import main
 

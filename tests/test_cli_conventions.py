@@ -183,3 +183,62 @@ def test_pooled_catalogues_count_their_chunks_too():
         assert max(total for _, total in ticks) > 2, ticks           # the chunks, not 0/1 then 1/1
         assert ticks[-1][0] == ticks[-1][1], ticks                  # ends complete
     assert pooled.picks == tileplan.plan(graph, "ipu21", jobs=1).picks
+
+
+COMMANDS = (("machines",), ("show",), ("plan",), ("compile",), ("validate",), ("report",), ("bench",),
+            ("calibrate",), ("cache", "info"), ("cache", "clear"))
+
+
+def help_text(cli, *command) -> str:
+    code, out, _ = cli(*command, "--help")
+    assert code == 0, command
+    return out
+
+
+@pytest.mark.parametrize("option, choices", [("--solver", ("dp", "cpsat")), ("--weights", ("planner", "compact")),
+                                             ("--qkv", ("auto", "fused", "separate"))])
+def test_a_bad_option_value_is_one_error_line_naming_the_valid_choices(cli, tmp_path, option, choices):
+    for command in (("plan", SMOKE, "-o", tmp_path / "plan.json"), ("compile", SMOKE, "-o", tmp_path / "pkg")):
+        code, out, err = cli(*command, option, "foo")
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert err.startswith(f"error: {option} must be ") and err.rstrip().endswith(", got 'foo'")
+        assert all(f"'{c}'" in err for c in choices)
+    assert not (tmp_path / "plan.json").exists() and not (tmp_path / "pkg").exists()
+
+
+def test_an_unknown_benchmark_is_refused_in_the_same_style(cli):
+    code, _, err = cli("bench", "--only", "nope")
+    assert code == 2 and err.startswith("error: --only must be ") and "got 'nope' (an unknown benchmark)" in err
+
+
+def test_no_help_labels_a_flag_bool(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    assert "<bool>" not in help_text(cli)
+    for command in COMMANDS:
+        text = help_text(cli, *command)
+        assert "--help" in text and "<bool>" not in text, command
+
+
+def test_the_model_argument_has_one_description_on_every_command_that_takes_a_model(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    rows = set()
+    for command in ("show", "plan", "compile"):
+        row = next(line for line in help_text(cli, command).splitlines() if "MODEL " in line and "The model" in line)
+        rows.add(" ".join(row.replace("│", " ").split()))
+    assert len(rows) == 1
+    row = rows.pop()
+    assert ".toml" in row and ".onnx" in row and "model.py:factory" in row
+
+
+def test_quiet_mentions_json_only_where_the_command_has_json(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    for command in COMMANDS[1:]:
+        text = help_text(cli, *command)
+        quiet = next(line for line in text.splitlines() if "--quiet" in line)
+        assert ("--json" in quiet) == ("--json " in text.replace("--json's", "")), (command, quiet)
+
+
+def test_a_torch_factory_names_the_model_after_the_factory():
+    from tileplan.graph.torch import factory_name
+    assert factory_name(Path("models/model.py"), "siglip_layer") == "siglip_layer"
+    assert factory_name(Path("models/tiny_mlp.py"), "factory") == "tiny_mlp"     # the generic name: the file's

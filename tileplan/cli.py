@@ -18,8 +18,8 @@ from typing import Annotated, Optional
 
 
 def _interrupted_while_starting(signum, frame):
-    """SIGINT or SIGTERM before ``main()`` installs its handlers (the second or so the command line
-    spends importing numpy, ml_dtypes and the rest): nothing exists yet to clean up, so the same
+    """SIGINT or SIGTERM before ``main()`` installs its handlers (while the command line starts and
+    imports typer): nothing exists yet to clean up, so the same
     one line and exit status as an interrupted command, not a KeyboardInterrupt traceback. It ends
     the process with ``os._exit``: a ``SystemExit`` raised here can land in a finalizer or a
     weakref callback, where Python prints and ignores it and the command goes on (seen under load:
@@ -34,19 +34,38 @@ if (__name__ == "__main__" or Path(sys.argv[0]).name == "tileplan") \
     for _sig in (signal.SIGINT, signal.SIGTERM):      # only as the command line, never as a library
         signal.signal(_sig, _interrupted_while_starting)
 
-import typer  # noqa: E402  (after the handlers: the heavy imports start here)
-from rich.console import Console  # noqa: E402
+import typer  # noqa: E402
 
-from .report.terminal import NO_ROOFLINE, PlainTable, plain, roofline_ratio_text  # noqa: E402
-from .checked import printable  # noqa: E402
+from . import progress  # noqa: E402
 from .errors import TileplanError  # noqa: E402
-from .graph.core import Graph, MatMul, Role  # noqa: E402
-from .graph.dtypes import DType  # noqa: E402
-from .target import Target, load_target, preset_names  # noqa: E402
+
+# Design decision: importing this module imports typer and the standard library only, so
+# ``tileplan --version`` and ``--help`` answer at once; numpy, ml_dtypes, rich's tables, onnx and
+# ortools are imported inside the commands that use them (tests/test_cli_startup.py checks it).
 
 DEFAULT_TARGET = "ipu21"
 
+def _flags_untyped(params: list) -> list:
+    """A flag (``--quiet``, ``--help``) takes no value: its help row shows no type (typer would print
+    ``<bool>``)."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Command(typer.core.TyperCommand):
+    def get_params(self, ctx):
+        return _flags_untyped(super().get_params(ctx))
+
+
+class _Group(typer.core.TyperGroup):
+    def get_params(self, ctx):
+        return _flags_untyped(super().get_params(ctx))
+
+
 app = typer.Typer(
+    cls=_Group,
     name="tileplan",
     help="Plan and compile model graphs for IPU-style many-core accelerators.",
     add_completion=False,
@@ -60,6 +79,22 @@ CastBf16Option = Annotated[Optional[str], typer.Option(
     metavar="fp16")]
 TargetOption = Annotated[Optional[str], typer.Option(
     "--target", "-t", help="Preset name (see `tileplan machines`) or a target TOML file.")]
+
+
+MODEL_FORMS = ("a .toml or .onnx model file, or path/to/model.py:factory (factory() returns (torch module, "
+               "example inputs); the model is named after the factory)")
+ModelArgument = Annotated[Path, typer.Argument(help=f"The model: {MODEL_FORMS}.", metavar="MODEL")]
+
+
+def _one_of(value, option: str, choices, what: str | None = None):
+    """``value`` when it is one of ``choices``, else the one error line every option with a fixed
+    set of values gives: ``--solver must be 'dp' or 'cpsat', got 'foo'``."""
+    choices = tuple(choices)
+    if value not in choices:
+        listing = " or ".join(repr(c) for c in choices) if len(choices) <= 2 else \
+            ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+        raise TileplanError(f"{option} must be {listing}, got {value!r}" + (f" (an unknown {what})" if what else ""))
+    return value
 
 
 CacheOption = Annotated[Optional[Path], typer.Option(
@@ -77,7 +112,8 @@ def _plan_cache(cache: Optional[Path], no_cache: bool):
 
 JsonOption = Annotated[bool, typer.Option(
     "--json", help="Print one JSON document on stdout; the human output goes to stderr.")]
-QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors (and --json's document).")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+QuietJsonOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors (and --json's document).")]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Print the details: full candidate names "
                                              "and reasons, memory by region, compute sets.")]
 
@@ -87,6 +123,7 @@ class Output:
     holds only the one JSON document), nothing with ``--quiet``; ``verbose`` asks for the details."""
 
     def __init__(self, json: bool = False, quiet: bool = False, verbose: bool = False):
+        from rich.console import Console
         if quiet and verbose:
             raise typer.BadParameter("--quiet and --verbose exclude each other", param_hint="--quiet")
         self.json, self.quiet, self.verbose = json, quiet, verbose
@@ -100,6 +137,10 @@ class Output:
 
     def print(self, *args, **kw) -> None:
         self.console.print(*args, **kw)
+
+    def settle(self) -> None:
+        """The result is printed from here on: a live progress display ends first."""
+        progress.current().settle()
 
     def document(self, doc) -> None:
         """With ``--json``: the command's result as one JSON document on stdout."""
@@ -124,8 +165,9 @@ def _options(
     """Plan and compile model graphs for IPU-style many-core accelerators."""
 
 
-def _console() -> Console:
+def _console():
     """stdout console; wide when not a terminal so piped tables are not squeezed."""
+    from rich.console import Console
     if sys.stdout.isatty() or "COLUMNS" in os.environ:
         return Console()
     return Console(width=160)
@@ -139,10 +181,10 @@ def _shape(shape) -> str:
     return "x".join(map(str, shape))
 
 
-def resolve_target(spec: str | None, graph: Graph | None = None,
-                   model: Path | None = None) -> tuple[Target, str]:
+def resolve_target(spec: str | None, graph=None, model: Path | None = None) -> tuple:
     """The target to use and where the choice came from: --target, the model file (a relative
     path there is relative to the model file), or the default."""
+    from .target import load_target
     if spec:
         return load_target(spec), "--target"
     if graph is not None and graph.target:
@@ -161,6 +203,9 @@ def machines(
         help="Presets or target TOML files to list (default: every preset).", metavar="[TARGET]...")] = None,
 ) -> None:
     """List the machine targets: tiles, memory, clock, AMP and exchange figures."""
+    from .graph.dtypes import DType
+    from .report.terminal import PlainTable, plain
+    from .target import load_target, preset_names
     loaded = [load_target(t) for t in (targets or preset_names())]
     rows = [
         ("description", lambda t: t.description),
@@ -196,15 +241,18 @@ def machines(
 
 @app.command()
 def show(
-    model: Annotated[Path, typer.Argument(help="Model file (.toml).", metavar="MODEL")],
+    model: ModelArgument,
     target: TargetOption = None,
     as_json: JsonOption = False,
-    quiet: QuietOption = False,
+    quiet: QuietJsonOption = False,
     cast_bf16: CastBf16Option = None,
 ) -> None:
     """Summarise a model graph: ops, tensors, FLOPs, bytes and the roofline bound."""
+    from .graph.core import MatMul, Role
+    from .graph.dtypes import DType
+    from .report.terminal import NO_ROOFLINE, PlainTable, plain
     graph, tgt, chosen_by, _ = _load_checked(model, target, cast_bf16)
-    _at("summarising the model")
+    _at("report")
     roofline = graph.roofline_cycles(tgt)
 
     console = Output(as_json, quiet)
@@ -245,7 +293,7 @@ def show(
                         str(t.layout) if t.layout is not None else "")
     console.print(tensors)
 
-    def role_bytes(role: Role) -> int:
+    def role_bytes(role) -> int:
         return sum(t.nbytes for t in graph.by_role(role))
 
     matmul_flops = sum(graph.flops(op) for op in graph.ops if isinstance(op, MatMul))
@@ -282,7 +330,8 @@ def show(
 
 JobsOption = Annotated[Optional[int], typer.Option("--jobs", "-j", min=1,
                                                   help="Worker processes costing the catalogue (default: all cores).")]
-SolverOption = Annotated[str, typer.Option("--solver", help="Selection solver: dp or cpsat.")]
+SOLVERS = ("dp", "cpsat")
+SolverOption = Annotated[str, typer.Option("--solver", metavar="dp|cpsat", help="Selection solver: dp or cpsat.")]
 PinOption = Annotated[Optional[list[str]], typer.Option(
     "--pin", metavar="OP=grid:GMxGNxGK[,order:..][,reduction:..][,partials:..][,serial:N][,storage:..]",
     help="Pin a GEMM's grid (repeatable; over the model file's \\[pin] table).")]
@@ -303,13 +352,13 @@ QkvOption = Annotated[str, typer.Option(
 
 
 def _qkv(qkv: str) -> str:
-    from .planner.qkv import check_qkv
-    return check_qkv(qkv, "--qkv")
+    from .planner.qkv import QKV_MODES
+    return _one_of(qkv, "--qkv", QKV_MODES)
 
 
 def _weights(weights: str | None) -> str | None:
-    from .graph.core import check_weights
-    return None if weights is None else check_weights(weights, "--weights")
+    from .graph.core import WEIGHTS
+    return None if weights is None else _one_of(weights, "--weights", WEIGHTS)
 
 
 def _pins(pin: list[str] | None, pins_file: Path | None) -> list:
@@ -332,7 +381,7 @@ def write_text_file(path: Path, text: str) -> None:
 
 @app.command("plan")
 def plan_command(
-    model: Annotated[Path, typer.Argument(help="Model file (.toml, .onnx).", metavar="MODEL")],
+    model: ModelArgument,
     target: TargetOption = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the plan as JSON here.")] = None,
     jobs: JobsOption = None,
@@ -340,7 +389,7 @@ def plan_command(
     cache: CacheOption = None,
     no_cache: NoCacheOption = False,
     as_json: JsonOption = False,
-    quiet: QuietOption = False,
+    quiet: QuietJsonOption = False,
     verbose: VerboseOption = False,
     pin: PinOption = None,
     pins_file: PinsFileOption = None,
@@ -352,6 +401,7 @@ def plan_command(
 ) -> None:
     """Plan a model: choose every op's implementation and print the cost report.
     With --json (or -o -) the plan, as plan.json holds it, goes to stdout."""
+    from .report.terminal import plain
     from .planner.plan import plan
     from .planner.planjson import plan_to_json, write_plan_json
     from .report.terminal import print_report
@@ -361,15 +411,16 @@ def plan_command(
     if output == Path("-"):
         as_json, output = True, None
     out = Output(as_json, quiet, verbose)
+    progress.show(quiet)
     weights, qkv = _weights(weights), _qkv(qkv)
     graph, tgt, _ = _model_and_target(model, target, solver, cast_bf16)
     if output is not None:
         check_file(output)                   # before planning, not after
-    _at("planning")
-    with _catalogue_progress(quiet) as on_progress, _naming(model):
-        result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
+    with _naming(model):
+        result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=_catalogue_ticks(graph),
                       pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
-    _at("writing the plan")
+    _at("report")
+    out.settle()
     doc = plan_to_json(result)           # once: the report, plan.json and --json print the same document
     if not quiet:                        # (a quiet console would still lay the whole report out)
         print_report(doc, out.console, plan_seconds=result.plan_seconds, verbose=verbose)
@@ -385,7 +436,7 @@ def plan_command(
 
 @app.command("compile")
 def compile_command(
-    model: Annotated[Path, typer.Argument(help="Model file (.toml, .onnx, model.py:factory).", metavar="MODEL")],
+    model: ModelArgument,
     output: Annotated[Path, typer.Option("--output", "-o", help="Package folder to write.")],
     target: TargetOption = None,
     jobs: JobsOption = None,
@@ -401,24 +452,24 @@ def compile_command(
     qkv: QkvOption = "auto",
 ) -> None:
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
-    import time
-
+    from .report.terminal import plain, roofline_ratio_text
     from .atomic import check_folder
     from .lowering.compile import compile_plan
     from .planner.plan import plan
 
+    progress.show(quiet)
     weights, qkv = _weights(weights), _qkv(qkv)
     graph, tgt, params = _model_and_target(model, target, solver, cast_bf16)   # one import: a factory runs once
     check_folder(output)                     # before planning, not after
-    t0 = time.perf_counter()
-    with _catalogue_progress(quiet) as on_progress, _naming(model):
-        _at("planning")                      # (compile_model's two steps, each with its stage)
-        p = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=on_progress,
+    with _naming(model):                     # (compile_model's steps, each with its stage)
+        p = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=_catalogue_ticks(graph),
                  pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
-        _at("lowering and packaging")
-        state, path = compile_plan(p, tgt, output, params=params)
-    elapsed = time.perf_counter() - t0
+        _at("lowering")
+        state, path = compile_plan(p, tgt, output, params=params, stage=_at)
+    _at("report")
+    elapsed = progress.current().seconds()   # the whole command's time, from the process start
     out = Output(quiet=quiet, verbose=verbose)
+    out.settle()
     est = p.estimate
     out.print(plain("compiled ", (graph.name, "bold"), f" for {tgt.name} into {path} in {elapsed:.2f} s "
                     f"(plan {p.plan_seconds:.2f} s)"))
@@ -443,30 +494,38 @@ def validate_command(
     outputs: Annotated[Optional[Path], typer.Option("--outputs", help="Write the computed outputs to this npz.")] = None,
     atol: Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default by dtype).")] = None,
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default by dtype).")] = None,
+    trace: Annotated[Optional[Path], typer.Option(
+        "--trace", metavar="FILE", help="Write the simulated per-tile timeline here as a Chrome trace (JSON: "
+        "Perfetto, chrome://tracing).")] = None,
     as_json: JsonOption = False,
-    quiet: QuietOption = False,
+    quiet: QuietJsonOption = False,
     verbose: VerboseOption = False,
 ) -> None:
     """Run a package on the IPU model; compare with float64 (or --expected). Exit 0 pass, 1 fail, 2 bad input."""
+    from .report.terminal import plain, roofline_ratio_text
     import time
 
     from .atomic import check_file, write_file
     from .lowering.package import load_package, npz_bytes
     from .report.terminal import error_table
-    from .sim.validate import check_validation_destination, validate_package, validation_record, write_validation
+    from .sim.validate import check_validation_destination, validate_package, validation_record, write_trace, \
+        write_validation
 
-    if outputs is not None:
-        check_file(outputs)                  # before the run, not after
-    _at("loading the package")
+    progress.show(quiet)
+    for path in (outputs, trace):
+        if path is not None:
+            check_file(path)                 # before the run, not after
     pkg = load_package(package)
     check_validation_destination(pkg)        # validation.json/.npz: refused before the run, not after the table
-    _at("validating")
+    _at("simulation")
     t0 = time.perf_counter()
     v = validate_package(pkg, inputs_path=inputs, expected_path=expected, atol=atol, rtol=rtol)
     elapsed = time.perf_counter() - t0
+    _at("report")
     prof = v.profile
     report = pkg.report
     out = Output(as_json, quiet, verbose)
+    out.settle()
     out.print(error_table(f"validate {pkg.graph.name} on the IPU model ({pkg.target.name}, {pkg.target.tiles} tiles)",
                           v.outputs, v.atol, v.rtol))
     roof = report.get("roofline_cycles") or 0
@@ -488,6 +547,9 @@ def validate_command(
     if outputs is not None:                  # exactly the path given (np.savez would add .npz)
         write_file(outputs, npz_bytes({k: val for k, val in sorted(v.values.items())}))
         out.print(plain(f"wrote {outputs}"))
+    if trace is not None:
+        write_trace(trace, pkg, v)
+        out.print(plain(f"wrote {trace}"))
     if verbose:
         for st in prof.steps:
             out.print(plain(f"  {st.name}: {st.kind} {_n(st.cycles + st.sync)} cycles"
@@ -517,6 +579,7 @@ def report_command(
     verbose: VerboseOption = False,
 ) -> None:
     """Print a package's cost report and write it as one self-contained HTML file with plots."""
+    from .report.terminal import plain
     from .report.html import allocation_peaks, load_report_data, write_html
     from .report.terminal import compare_table, legend_table, render_package
 
@@ -528,12 +591,13 @@ def report_command(
         return
     if package is None:
         raise typer.BadParameter("missing the package folder DIR", param_hint="DIR")
+    progress.show(quiet)
     if html is not None:
         check_file(html)
-    _at("loading the package")
     data = load_report_data(package)
     others = [load_report_data(c) for c in compare or ()]
-    _at("rendering the report")
+    _at("report")
+    out.settle()
     out.print(render_package(data.plan, data.report, data.validation, verbose=verbose,
                              allocation=allocation_peaks(data)))
     for other in others:
@@ -549,24 +613,28 @@ def bench_command(
     jobs: JobsOption = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this benchmark (repeatable).")] = None,
     as_json: JsonOption = False,
-    quiet: QuietOption = False,
+    quiet: QuietJsonOption = False,
 ) -> None:
     """Benchmark plan and compile time, planner memory, modelled cycles and plan quality on the fixtures."""
+    from rich.console import Console
+
+    from .report.terminal import plain
     from .bench import BY_NAME, rich_tables, run_bench, write_artifacts
 
     for name in only or ():
-        if name not in BY_NAME:
-            raise typer.BadParameter(f"unknown benchmark {name!r} (expected one of {', '.join(BY_NAME)})",
-                                     param_hint="--only")
+        _one_of(name, "--only", BY_NAME, "benchmark")
+    progress.show(quiet)
     err = Console(stderr=True, quiet=quiet)
 
     def on_result(rec: dict) -> None:
         where = f" in {rec['stage_at_stop']}" if rec["status"] != "ok" and rec["stage_at_stop"] else ""
         err.print(plain(f"{rec['fixture']}: {rec['status']}{where} ({rec['elapsed_seconds']:.1f} s)"))
 
-    _at("benchmarking")
+    _at("bench")
     doc = run_bench(quick=quick, jobs=jobs or os.cpu_count() or 1, only=only, on_result=on_result)
+    _at("report")
     console = Output(as_json, quiet)
+    console.settle()
     for table in rich_tables(doc):
         console.print(table)
     paths = write_artifacts(doc, out)
@@ -580,14 +648,15 @@ def calibrate_command(
                                                "1472-tile fixture).")] = False,
     jobs: JobsOption = None,
     as_json: JsonOption = False,
-    quiet: QuietOption = False,
+    quiet: QuietJsonOption = False,
 ) -> None:
     """Compare tileplan's cost model with public IPU21 hardware measurements (model / hardware per entry)."""
+    from .report.terminal import plain
     from . import calibrate as cal
     from .report.terminal import PlainTable
 
     out = Output(as_json, quiet)
-    _at("calibrating")
+    _at("calibration")
     doc = cal.report(kernels_only=kernels_only, jobs=jobs or os.cpu_count() or 1,
                      progress=lambda e: out.print(plain(f"planning {e.id}")) if e.kind == "layout" else None)
     table = PlainTable(*cal.ENTRY_COLUMNS, title=f"tileplan calibrate: model vs hardware on {doc['target']}")
@@ -602,14 +671,15 @@ def calibrate_command(
     out.document(doc)
 
 
-cache_app = typer.Typer(help="Inspect or empty the plan cache (GEMM catalogues already costed).",
+cache_app = typer.Typer(cls=_Group, help="Inspect or empty the plan cache (GEMM catalogues already costed).",
                         no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(cache_app, name="cache")
 
 
 @cache_app.command("info")
-def cache_info_command(cache: CacheOption = None, as_json: JsonOption = False, quiet: QuietOption = False) -> None:
+def cache_info_command(cache: CacheOption = None, as_json: JsonOption = False, quiet: QuietJsonOption = False) -> None:
     """Where the plan cache is, how many entries it holds and their size."""
+    from .report.terminal import plain
     from .planner.cache import PlanCache
     info = PlanCache(cache).info()
     out = Output(as_json, quiet)
@@ -620,6 +690,7 @@ def cache_info_command(cache: CacheOption = None, as_json: JsonOption = False, q
 @cache_app.command("clear")
 def cache_clear_command(cache: CacheOption = None, quiet: QuietOption = False) -> None:
     """Remove every entry of the plan cache."""
+    from .report.terminal import plain
     from .planner.cache import PlanCache
     pc = PlanCache(cache)
     removed = pc.clear()
@@ -629,7 +700,7 @@ def cache_clear_command(cache: CacheOption = None, quiet: QuietOption = False) -
 def _load_checked(model: Path, target: str | None, cast_bf16: str | None = None):
     """A model, its target, where the target came from, and its parameter values (one import)."""
     from .graph.loaders import check_against_target, load_model_and_params
-    _at("loading the model")
+    _at("import")
     graph, params = load_model_and_params(model, cast_bf16=cast_bf16)
     tgt, chosen_by = resolve_target(target, graph, model)
     try:
@@ -641,8 +712,7 @@ def _load_checked(model: Path, target: str | None, cast_bf16: str | None = None)
 
 def _model_and_target(model: Path, target: str | None, solver: str, cast_bf16: str | None = None):
     """Load a model, its target and its parameter values for plan/compile, with the solver name checked."""
-    if solver not in ("dp", "cpsat"):
-        raise typer.BadParameter(f"unknown solver {solver!r} (expected dp or cpsat)", param_hint="--solver")
+    _one_of(solver, "--solver", SOLVERS)
     graph, tgt, _, params = _load_checked(model, target, cast_bf16)
     return graph, tgt, params
 
@@ -662,31 +732,16 @@ class _naming:
         return False
 
 
-class _catalogue_progress:
-    """A live progress display of the catalogue costing: per GEMM, the chunks (boundary combinations)
-    costed, then its detailed estimates (stderr, only on a terminal, not with --quiet)."""
+def _catalogue_ticks(graph):
+    """The planner's progress callback for ``graph``: the catalogues stage, one unit per GEMM
+    catalogue (counted before planning starts), then the selection stage (``tileplan.progress``)."""
+    from .planner.families import family_of
+    return progress.catalogue_ticks(sum(1 for op in graph.ops if family_of(op).catalogued))
 
-    def __init__(self, quiet: bool = False):
-        self.quiet = quiet
 
-    def __enter__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        err = Console(stderr=True)
-        self.progress = Progress(TextColumn("costing {task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=err, transient=True,
-                                 disable=self.quiet or not err.is_terminal)
-        self.tasks: dict[str, int] = {}
-        self.progress.__enter__()
-        return self.update
-
-    def update(self, op: str, done: int, total: int) -> None:
-        if op not in self.tasks:
-            self.tasks[op] = self.progress.add_task(printable(op), total=total)   # a name: text, not markup
-        self.progress.update(self.tasks[op], completed=done, total=total)
-
-    def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
-
+for _app in (app, cache_app):               # every command's help: flags without a <bool> type
+    for _info in _app.registered_commands:
+        _info.cls = _Command if _info.cls is typer.core.TyperCommand else _info.cls
 
 # ---- entry point -------------------------------------------------------------
 
@@ -726,30 +781,43 @@ class _signals_raise:
         return False
 
 
-_stage = "starting"
-
-
 def _at(stage: str) -> None:
-    """Record what the command is doing now (``loading the model``, ``planning``, ...): the one line
-    of an error that is about the machine, not the input (out of memory, a worker process killed),
-    names it."""
-    global _stage
-    _stage = stage
+    """The command moves on to ``stage`` (``tileplan.progress.STAGES``): the progress display shows
+    it, and the one line of an error that is about the machine, not the input (out of memory, a
+    worker process killed), names what the command was doing in it. One mechanism for both."""
+    progress.stage(stage)
 
 
 def _out_of_memory(exc: BaseException) -> str:
     """The one line for a ``MemoryError``: the stage and, when the exception says it (numpy's
     ``Unable to allocate 2.00 GiB for an array with shape (...)``), what was asked for."""
     asked = " ".join(str(exc).split())[:200]
-    return (f"out of memory while {_stage}" + (f" ({asked})" if asked else "")
+    return (f"out of memory while {progress.activity()}" + (f" ({asked})" if asked else "")
             + "; give the process more memory (a higher ulimit -v) or plan with fewer --jobs")
 
 
 def _fail(message: str, status: int = 2) -> None:
     """The one error line. Escaped whole (``checked.printable``): it may quote a path, a file name or
     text from a file the user gave, and must neither act on the terminal nor span lines."""
+    from .checked import printable
+    progress.current().finish(ok=False)      # (a live display stopped first: the error is its own line)
     print(printable(f"error: {' '.join(message.split())}"), file=sys.stderr)
     sys.exit(status)
+
+
+class _finishing:
+    """The progress display's end: its last stage's line when the command succeeded (or ran and
+    reported a failed validation, status 1); on an error only the display stopped, so the error
+    stays the one line after the stages that did finish."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        ok = kind is None or (kind is SystemExit and exc.code in (None, 0, 1)) \
+            or (kind is typer.Exit and exc.exit_code in (0, 1))
+        progress.current().finish(ok=ok)
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -760,8 +828,8 @@ def main(argv: list[str] | None = None) -> None:
     outright, is one line naming the stage (``_at``), exit 2. Other exceptions are bugs in tileplan
     and keep their traceback."""
     from concurrent.futures.process import BrokenProcessPool
-    _at("reading the command line")
-    with _signals_raise():
+    progress.begin(in_process=argv is not None)
+    with _signals_raise(), _finishing():
         try:
             app(args=argv, prog_name="tileplan")
         except TileplanError as exc:
@@ -777,7 +845,7 @@ def main(argv: list[str] | None = None) -> None:
             del exc                          # (its traceback holds the frames, and their arrays)
             _fail(message)
         except BrokenProcessPool:
-            _fail(f"a worker process ended abruptly while {_stage} (killed, perhaps by the system for lack "
+            _fail(f"a worker process ended abruptly while {progress.activity()} (killed, perhaps by the system for lack "
                   "of memory); try fewer --jobs")
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name

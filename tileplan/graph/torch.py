@@ -200,10 +200,16 @@ def import_exported(program: Any, *, name: str = "exported", cast_bf16: str | No
     return _Importer(program, name, cast_bf16=cast_bf16).run()
 
 
+def factory_name(path: Path, attr: str) -> str:
+    """The model (and package) name of ``path.py:attr``: the factory's name (``model.py:siglip_layer`` is
+    ``siglip_layer``), or the file's stem when the factory has the generic name ``factory``."""
+    return checked.printable(path.stem if attr == "factory" else attr)
+
+
 def load_python_factory(spec: str | Path, *, name: str | None = None, cast_bf16: str | None = None) -> TorchModel:
     """Import ``path/to/model.py:factory``: ``factory()`` returns ``(module, example_inputs)``.
 
-    The graph is named after the file stem unless ``name`` is given. Errors name
+    The graph is named ``factory_name(path, factory)`` unless ``name`` is given. Errors name
     the file.
     """
     text = str(spec)
@@ -239,7 +245,7 @@ def load_python_factory(spec: str | Path, *, name: str | None = None, cast_bf16:
                             source=source)
     module, example_inputs = made
     try:
-        return import_module(module, example_inputs, name=name or checked.printable(path.stem), cast_bf16=cast_bf16)
+        return import_module(module, example_inputs, name=name or factory_name(path, attr), cast_bf16=cast_bf16)
     except TileplanError as exc:
         raise exc.with_source(source) from None
 

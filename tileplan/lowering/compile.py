@@ -94,10 +94,11 @@ def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver:
 
 
 @pausing
-def compile_plan(p, target, out_dir, *, params=None, registry=None):
+def compile_plan(p, target, out_dir, *, params=None, registry=None, stage=None):
     """The part of ``compile_model`` after planning: lower the plan, write its package. A large plan's
     documents (plan.json, the detailed estimate the report compares) are worked out beside its
-    lowering, and its host program beside the other files (``beside``)."""
+    lowering, and its host program beside the other files (``beside``). ``stage("package")`` is
+    called when the lowering is done (the command line's progress display)."""
     from ..planner.qkv import package_params
     params = package_params((p.qkv or {}).get("fused"), params)   # a fused GEMM's weights, concatenated
     big = len(p.mid.program.steps) >= FORK_STEPS
@@ -111,6 +112,8 @@ def compile_plan(p, target, out_dir, *, params=None, registry=None):
             plan_json, estimate = documents()
             return package_files(p, state, target, params, plan_json, build_report(p, state, target, estimate), host)
         # The files are made once the package's temporary folder exists (tileplan.atomic.write_folder).
+        if stage is not None:
+            stage("package")
         path = write_package(Path(out_dir), files)
     finally:
         for call in (documents, host):     # (a compile that failed before it read them)

@@ -325,3 +325,62 @@ def write_validation(pkg, v: Validation) -> None:
              TRACE_FILE: deterministic_npz({"tile_cycles": tile_cycles(v)})}
     for name, data in files.items():
         write_file(pkg.path / name, data)
+
+
+def chrome_trace(pkg, v: Validation) -> bytes:
+    """The run's per-tile timeline in the Chrome trace-event format (``chrome://tracing``, Perfetto):
+    one process per IPU (this model simulates one), one thread per tile, every tile written.
+
+    Per step of the program (its supersteps: compute sets and exchanges, in order) each tile has
+    its busy event (named as the step, ``args.kind`` compute or exchange, its cycles from the run:
+    ``tile_cycles``), then ``idle`` until the step's slowest tile ends, then the step's ``sync``.
+    So every tile's events add up to the run's total cycles and its busy events to its cycles in
+    ``validation.npz``.
+
+    Design decision: time is in cycles, written as the format's microseconds (``ts``, ``dur``
+    integers: exact sums, no rounding through the clock); ``otherData`` says so and gives the
+    clock to convert. Design decision: compact but complete: consecutive events of one tile with
+    the same name and kind (an idle tile across several steps) merge into one, whose ``args``
+    give the first and last step; one event a line, keys sorted (the same run, the same bytes)."""
+    import json
+    prof = v.profile
+    cycles = tile_cycles(v)
+    tiles = cycles.shape[1] if cycles.ndim == 2 else 0
+    starts, at = [], 0
+    for s in prof.steps:
+        starts.append(at)
+        at += s.cycles + s.sync
+    events: list[dict] = [{"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
+                           "args": {"name": f"IPU 0 ({pkg.target.name}, {tiles} tiles)"}}]
+    for t in range(tiles):
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": t, "args": {"name": f"tile {t}"}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": t, "args": {"sort_index": t}})
+    for t in range(tiles):
+        last = None
+        for i, s in enumerate(prof.steps):
+            busy = int(cycles[i, t])
+            for name, kind, ts, dur in ((s.name, s.kind, starts[i], busy),
+                                        ("idle", "idle", starts[i] + busy, s.cycles - busy),
+                                        ("sync", "sync", starts[i] + s.cycles, s.sync)):
+                if dur <= 0:
+                    continue
+                if last is not None and last["name"] == name and last["args"]["kind"] == kind \
+                        and last["ts"] + last["dur"] == ts:
+                    last["dur"] += dur
+                    last["args"]["last_step"] = i
+                    continue
+                last = {"name": name, "ph": "X", "ts": ts, "dur": dur, "pid": 0, "tid": t,
+                        "args": {"kind": kind, "first_step": i, "last_step": i}}
+                events.append(last)
+    other = {"time_unit": "1 us in this trace = 1 IPU cycle", "clock_hz": pkg.target.clock_hz,
+             "model": pkg.graph.name, "target": pkg.target.name, "cycles": prof.cycles,
+             "steps": [s.name for s in prof.steps]}
+    lines = ",\n".join(json.dumps(e, sort_keys=True, separators=(",", ":")) for e in events)
+    head = json.dumps({"displayTimeUnit": "ms", "otherData": other}, sort_keys=True, separators=(",", ":"))
+    return (head[:-1] + ',"traceEvents":[\n' + lines + "\n]}\n").encode()
+
+
+def write_trace(path, pkg, v: Validation) -> None:
+    """``chrome_trace`` written to ``path`` through ``tileplan.atomic.write_file``."""
+    from ..atomic import write_file
+    write_file(path, chrome_trace(pkg, v))

@@ -1,0 +1,35 @@
+"""``tileplan --version`` and ``--help`` answer at once: the command line's module imports typer and the
+standard library only; numpy, ml_dtypes, rich's tables, networkx, onnx and ortools wait for a command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("numpy", "ml_dtypes", "networkx", "onnx", "ortools", "torch")
+
+
+def modules_after(code: str) -> set[str]:
+    probe = (f"import sys\n{code}\n"
+             "print('MODULES', ' '.join(sorted(m for m in sys.modules if not m.startswith('_'))), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return set(done.stderr.split("MODULES", 1)[1].split())
+
+
+def heavy(mods: set[str]) -> list[str]:
+    return sorted(m for m in mods if m.split(".")[0] in HEAVY)
+
+
+def test_importing_the_command_line_imports_nothing_heavy():
+    mods = modules_after("import tileplan.cli")
+    assert heavy(mods) == [] and "rich" not in mods      # (--help's panels import rich: typer's, on demand)
+    assert sorted(m for m in mods if m.startswith("tileplan.")) == ["tileplan._version", "tileplan.cli",
+                                                                    "tileplan.errors", "tileplan.progress"]
+
+
+def test_version_and_help_import_nothing_heavy():
+    for argv in (["--version"], ["--help"], ["compile", "--help"]):
+        mods = modules_after("from tileplan.cli import main\n"
+                             f"try:\n    main({argv!r})\nexcept SystemExit as e:\n    assert not e.code, e.code")
+        assert heavy(mods) == [], (argv, heavy(mods))
