@@ -98,13 +98,24 @@ def _table(title: str, columns, verbose: bool, flexible: dict | None = None, **k
     return t
 
 
+WIDTH = 100     # the terminal width every compact table fits (numbers whole, long text cut)
+
+
 def _pin(t: Table) -> Table:
-    """Fix every column but the flexible ones at its widest cell, so only those shrink."""
+    """Fix every column but the flexible ones at its widest cell, and narrow the flexible ones so
+    the whole table fits ``WIDTH`` columns: only long text is cut, never a number."""
     if t.box is box.SIMPLE_HEAD:
+        fixed = 0
         for col in t.columns:
             if col.header not in t.flexible:
                 col.min_width = max([len(str(col.header))] + [
                     (c if isinstance(c, Text) else Text.from_markup(str(c))).cell_len for c in col._cells])
+                fixed += col.min_width
+        flex = [col for col in t.columns if col.header in t.flexible]
+        if flex:
+            room = (WIDTH - fixed - 2 * len(t.columns)) // len(flex)     # (a column's padding: one a side)
+            for col in flex:
+                col.max_width = max(8, min(col.max_width or room, room))
     return t
 
 
