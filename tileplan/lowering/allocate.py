@@ -50,7 +50,8 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
     ridx = {n: i for i, n in enumerate(roots)}
     rsize = np.stack([root_size[n] for n in roots]) if roots else np.zeros((0, tiles), dtype=np.int64)
     prefer_il = np.array([program.buffers[n].region == "interleaved" for n in roots])
-    order = sorted(range(len(roots)), key=lambda i: (-int(rsize[i].max()), rspan[roots[i]][0], roots[i]))
+    order = placement_order(rsize.max(axis=1) if len(roots) else [], [rspan[r] for r in roots], roots,
+                            max(len(program.steps), 1))
     raddr = np.full((len(roots), tiles), -1, dtype=np.int64)
     # One placement per distinct size profile.
     profiles, inverse = np.unique(rsize.T, axis=0, return_inverse=True)
@@ -71,6 +72,24 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
         addr[i] = np.where(size[i] > 0, raddr[ridx[alias_root(n, aliases)]], -1)
     top = np.where(raddr >= 0, raddr + rsize, 0).max(axis=0) if len(roots) else np.zeros(tiles, np.int64)
     return Allocation(names, addr, size, top)
+
+
+def placement_order(size, spans, roots, steps: int, policy: str = "long-first") -> list[int]:
+    """The order roots are placed in, the same on every tile: indices into ``roots``. ``size``: each
+    root's largest bytes on any tile; ``spans``: its (first, last) step; ``steps``: the program's."""
+    def key(i):
+        a, b = spans[i]
+        whole = (a, b) == (0, steps - 1)
+        if policy == "size":
+            return (-int(size[i]), a, roots[i])
+        if policy == "long-first":
+            return (not whole, -int(size[i]), a, roots[i])
+        if policy == "long-length":
+            return (not whole, -(b - a), -int(size[i]), a, roots[i])
+        if policy == "area":
+            return (not whole, -int(size[i]) * (b - a + 1), a, roots[i])
+        raise ValueError(policy)
+    return sorted(range(len(roots)), key=key)
 
 
 # From this many size profiles on (a SigLIP tower on 1,472 tiles: 208), the second half of them is
