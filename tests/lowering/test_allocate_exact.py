@@ -23,10 +23,10 @@ cp_model = pytest.importorskip("ortools.sat.python.cp_model")
 TARGET = load_target("ipu21-64")
 ALIGN = TARGET.alignment
 
-# The heuristic places every case whose max live bytes are at most this fraction of the capacity
-# (measured: over the cases below, the lowest max-live fraction at which it missed a placement the
-# exact packer found is written in the test's failure message; this bound sits below it).
-FITS_BELOW = 0.85
+# The heuristic places every case whose max live bytes are at most this fraction of the capacity.
+# Measured: over these cases first fit missed only above 97% (the test prints the misses); over 931
+# other random cases (the allocator's module docstring) the lowest miss was at 91.8%.
+FITS_BELOW = 0.9
 CASES = 240
 
 
@@ -117,3 +117,32 @@ def test_the_allocator_places_validly_and_fits_what_the_exact_packer_fits_with_h
     assert all(m > FITS_BELOW for m in missed), sorted(missed)
     # The cases span both sides of the bound: some cannot fit at all, most fit.
     assert tally["over max live"] > 0 and tally["heuristic fits"] > CASES // 2
+
+
+def test_a_fragmented_tile_is_reported_as_fragmented_with_its_peak_and_largest_buffers():
+    """Three steps, one 72-byte region, four buffers whose peak is exactly 72 bytes: the exact packer
+    places them (24-byte buffers at 0, 24, 48; the 32-byte one at 0 after the first two end), first
+    fit in the allocator's order does not (the 32-byte buffer first, at 0, leaves no 24-byte gap
+    below the one live beside it). The error names the tile, the buffer, each region's largest gap,
+    the tile's peak and that the placement, not the bytes, failed."""
+    from tileplan.errors import TileplanError
+    from tileplan.layout import Intervals
+    from tileplan.lowering.allocate import allocate
+    from tileplan.program import Buffer, Copy, ExchangeStep, Program
+    from tileplan.graph.dtypes import DType
+
+    sizes = {"b0": 24, "b1": 24, "c": 32, "b3": 24, "z": 0}
+    spans = [(0, 1), (0, 0), (1, 2), (0, 0)]
+    assert exact_fits([24, 24, 32, 24], spans, 72) is True
+    target = replace(TARGET, reserve_bytes=0, standard_bytes=72, interleaved_bytes=0, sram_bytes=72)
+    buffers = {n: Buffer(n, Intervals(target.tiles), (4,), DType.FP16, "transient") for n in sizes}
+    steps = [ExchangeStep("s0", (Copy("b1", "b0"), Copy("b3", "b0"))), ExchangeStep("s1", (Copy("b0", "c"),)),
+             ExchangeStep("s2", (Copy("c", "z"),))]
+    per_tile = {n: np.full(target.tiles, v, dtype=np.int64) for n, v in sizes.items()}
+    with pytest.raises(TileplanError) as info:
+        allocate(Program(buffers, steps), target, sizes=per_tile)
+    message = str(info.value)
+    assert message.startswith("tile 0: buffer 'b")
+    assert "the largest free gaps while it is live: 16 in the standard region" in message
+    assert "its peak is 72 bytes at step 0 (100.0% of the usable bytes): the placement fragmented" in message
+    assert "largest live then: 'b0' 24, 'b1' 24, 'b3' 24 bytes" in message
