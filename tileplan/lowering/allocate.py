@@ -29,7 +29,11 @@ length, 19 long-lived first then by bytes x steps; the lowest max-live
 fraction of a miss was 0.918 long-lived first, 0.854 for the last two, so
 long-lived first then by size misses least on the tight cases, and none
 under 90% of the capacity. On the small 4-layer tower shrunk until it stops
-fitting, the four orders need within 0.3% of each other.
+fitting, the four orders need within 0.3% of each other. (The 27-layer SigLIP
+tower at batch 2, which once failed here, failed on lifetimes, not on the
+order: an unused alias stretched buffers back to the first step,
+``estimate.memory.alias_roots``; with that fixed its peak is 89.8% of a tile
+and either order places it.)
 
 The planner counts bytes, not gaps: a plan within a few percent of a tile's
 capacity can still fail here on fragmentation. The error then names the tile,
