@@ -65,11 +65,14 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
                                 plans=state.plans, pool=state.pool)
     state.plans = CopyPlans(target.tiles)       # expanded: do not keep the copy plans alive
     state.placement = Placement(state.pool, state.numbers, state.tile_program.addr, state.tile_program.size)
-    spans = _tile_spans(state.program, state.tile_program)
+    unused: set = set()
+    spans = _tile_spans(state.program, state.tile_program, unused)
     for info in state.tile_program.buffers:
         root = alias_root(info.name, state.aliases)
         info.alias_of = root if root != info.name else None
-        info.span = spans[info.name]
+        # An alias no step touches takes its root's span: its bytes count on the root, its by-use
+        # lifetime (0, 0) must not stretch the root's (``estimate.memory.alias_roots``).
+        info.span = spans[root] if info.name in unused and root != info.name else spans[info.name]
     for p in chosen:
         if p.stage == "tiles":
             state = p.run(state)
@@ -86,9 +89,10 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
     return state
 
 
-def _tile_spans(program: Program, tp) -> dict[str, list[int]]:
+def _tile_spans(program: Program, tp, unused: set | None = None) -> dict[str, list[int]]:
     """Buffer lifetimes in tile-program steps: each program step became zero, one or two
-    consecutive tile steps (an exchange and its on-tile copies)."""
+    consecutive tile steps (an exchange and its on-tile copies). ``unused`` collects the buffers
+    no step touches (``estimate.memory.buffer_lifetimes``)."""
     from ..estimate.memory import buffer_lifetimes
     first, last, j = [], [], 0
     for step in program.steps:
@@ -100,7 +104,7 @@ def _tile_spans(program: Program, tp) -> dict[str, list[int]]:
         j = k
     n = max(len(tp.steps), 1)
     out = {}
-    for name, (a, b) in buffer_lifetimes(program).items():
+    for name, (a, b) in buffer_lifetimes(program, unused).items():
         out[name] = [min(first[a], n - 1) if first else 0, min(last[b], n - 1) if last else 0]
     return out
 
