@@ -106,7 +106,7 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError
-from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
+from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
                    ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh, Tensor)
 from .importing import (BF16_HELP, check_cast_bf16, patch_conv_ops, patch_conv_refusal, reduce_ops, transpose_ops,
                         unsupported_error)
@@ -886,6 +886,28 @@ def _select(imp: _Importer, node) -> None:
     _slice_of(imp, node, src, dim, index, index + 1, squeeze=True)
 
 
+def _cat(imp: _Importer, node) -> None:
+    """``cat(tensors, dim)``: a ``Concat`` (a class token joined to the patch tokens). An operand
+    known at import (the class token expanded over the batch, folded) is a parameter; one whose
+    tileplan tensor dropped torch's shape is reshaped back first (``<node>.shape<i>``). One operand
+    is that operand."""
+    parts = list(_arg(node, 0, "tensors"))
+    shape = tuple(node.meta["val"].shape)
+    dim = int(_arg(node, 1, "dim", 0)) % len(shape)
+    xs = []
+    for i, src in enumerate(parts):
+        x = imp.read(src, _describe(node))
+        if imp.reshaped(src):
+            out = f"{node.name}.shape{i}"
+            imp.emit(node, Reshape(out, (x,), out, shape=_static_shape(src.meta["val"], node.name)))
+            x = out
+        xs.append(x)
+    if len(xs) == 1:
+        imp.value[node.name] = xs[0]
+        return
+    imp.emit(node, Concat(node.name, tuple(xs), node.name, axis=dim))
+
+
 def _dropout(imp: _Importer, node) -> None:
     """Inference dropout is its input; ``train=True`` is refused."""
     if _arg(node, 2, "train", False):
@@ -963,6 +985,7 @@ _HANDLERS = {
     "getitem": _getitem,
     "aten.slice.Tensor": _slice,
     "aten.select.int": _select,
+    "aten.cat.default": _cat,
 }
 def supported() -> str:
     names = sorted(t.removeprefix("aten.") for t in _HANDLERS)
