@@ -43,6 +43,9 @@ What maps to what:
   not a constant is refused, as is a read mask output) are dropped (readers read
   the input); one that copies a graph input, a constant or another output into a
   graph output is a Reshape to the same shape.
+- ``Concat`` -> Concat along its axis (of integer constants: shape arithmetic, folded; of float
+  constants: folded into a parameter). ``Expand`` and ``Tile`` of a constant (a class token
+  repeated over the batch) are folded into a parameter; of an activation they are refused.
 - ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze`` -> Reshape to the output
   shape ONNX shape inference gives.
 - ``Transpose`` that swaps the last two axes and is read only as MatMul or Gemm
@@ -101,7 +104,7 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError
-from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
+from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
                    ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor,
                    Transpose, Slice)
 from .dtypes import DType, dequantise, quantise
@@ -1080,6 +1083,13 @@ def _fold_gather(imp: _Importer, n: _Node):
     return np.take(data, idx, axis=axis)
 
 
+def _lower_concat(imp: _Importer, n: _Node) -> list[Op]:
+    """``Concat`` -> Concat along its ``axis`` (a class token joined to the patch tokens)."""
+    if "axis" not in n.attrs:
+        raise n.err("has no axis attribute (ONNX requires one)")
+    return [Concat(n.name, tuple(n.inputs), n.outputs[0], axis=int(n.attrs["axis"]))]
+
+
 def _lower_conv(imp: _Importer, n: _Node) -> list[Op]:
     """``Conv`` as a patch embedding: a GEMM over the patches (``importing.patch_conv_ops``), the
     initializer weight re-laid as ``<weight>.patches`` ``[D, C*kh*kw]``. When the output's only
@@ -1121,7 +1131,38 @@ def _lower_conv(imp: _Importer, n: _Node) -> list[Op]:
     return ops
 
 
-# Shape arithmetic on integer constants, evaluated at import (tileplan plans static shapes).
+def _fold_repeat(how: str):
+    """``Expand`` / ``Tile`` of a constant by a constant shape or repeat count (a class token
+    repeated over the batch): evaluated at import, the result a parameter named after the output.
+    tileplan has no op that repeats an activation: such a node is left to the unsupported-node
+    error. Design decision: an FP8 constant is repeated only when the output carries its scale
+    (the stored bytes are repeated, not rescaled)."""
+    def fold(imp: _Importer, n: _Node):
+        if len(n.inputs) < 2 or any(t not in imp.constants for t in n.inputs[:2]):
+            return None
+        data, arg = np.asarray(imp.constants[n.inputs[0]]), np.asarray(imp.constants[n.inputs[1]])
+        if not np.issubdtype(arg.dtype, np.integer):
+            return None
+        if imp._tensor_dtype(n.inputs[0]) is DType.FP8 and imp._scale(n.inputs[0]) != imp._scale(n.outputs[0]):
+            return None
+        arg = [int(d) for d in arg.ravel()]
+        if any(d < 0 for d in arg):
+            raise n.err(f"{'shape' if how == 'expand' else 'repeats'} {arg} has a negative entry")
+        try:
+            if how == "expand":
+                out = np.broadcast_to(data, np.broadcast_shapes(data.shape, tuple(arg)))
+            else:
+                if len(arg) != data.ndim:
+                    raise n.err(f"repeats {arg} has {len(arg)} entries for input of rank {data.ndim}")
+                out = np.tile(data, arg)
+        except ValueError as exc:
+            raise n.err(f"cannot {how} {list(data.shape)} by {arg}: {exc}") from None
+        return np.ascontiguousarray(out)
+    return fold
+
+
+# Shape arithmetic on integer constants, evaluated at import (tileplan plans static shapes); and
+# Expand / Tile of any constant.
 _SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
     "Shape": _fold_shape,
     "Size": _fold_size,
@@ -1129,6 +1170,8 @@ _SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
     "Concat": _fold_int(lambda n, *xs: np.concatenate([np.atleast_1d(x) for x in xs], axis=n.attrs["axis"])),
     "ConstantOfShape": _fold_int(_constant_of_shape),
     "Gather": _fold_gather,
+    "Expand": _fold_repeat("expand"),
+    "Tile": _fold_repeat("tile"),
     "Neg": _fold_int(lambda n, a: -a),
     "Add": _fold_int(lambda n, a, b: a + b),
     "Sub": _fold_int(lambda n, a, b: a - b),
@@ -1172,6 +1215,7 @@ _LOWER: dict[str, _Row] = {
     "Transpose": _Row(_lower_transpose, fold=False),   # _fold_transposes folds constants, keeping names
     "Softmax": _Row(_lower_softmax),
     "Split": _Row(_lower_split),
+    "Concat": _Row(_lower_concat),     # (after _SHAPE_FOLD: a Concat of integer constants is shape arithmetic)
     "Slice": _Row(_lower_slice),       # (after _SHAPE_FOLD: a Slice of integer constants is shape arithmetic)
     "LayerNormalization": _Row(_lower_layernorm, fold=False),
     "ReduceSum": _Row(_reduce(ReduceSum, 13)),
