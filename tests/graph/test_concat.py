@@ -224,3 +224,14 @@ def test_onnx_expand_of_an_activation_is_refused_naming_the_node(tmp_path):
     onnx.save(m, tmp_path / "m.onnx")
     with pytest.raises(TileplanError, match="Expand \\(1: repeat\\)"):
         import_onnx(tmp_path / "m.onnx")
+
+
+def test_a_concat_round_trips_through_its_onnx_twin(tmp_path):
+    pytest.importorskip("onnx")
+    from tileplan.graph.onnx import import_onnx, to_onnx
+    g = load_model(write(tmp_path, ROW_AXIS))
+    rng = np.random.default_rng(2)
+    params = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in g.by_role(Role.PARAMETER)}
+    back = import_onnx(to_onnx(g, params))
+    (op,) = [o for o in back.graph.ops if isinstance(o, Concat)]
+    assert op.axis == 1 and op.inputs == ("cls", "patches", "extra") and back.graph.tensors["tokens"].shape == (2, 12, 64)

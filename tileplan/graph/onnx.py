@@ -1450,11 +1450,15 @@ def _export_slice(op, graph, h, elem):
         [h.make_node("Slice", [op.inputs[0], *(f"{op.name}.{what}" for what, _ in bounds)], [op.output], name=op.name)]
 
 
+def _export_concat(op, graph, h, elem):
+    return [h.make_node("Concat", list(op.inputs), [op.output], name=op.name, axis=op.axis)]
+
+
 # Each op kind's ONNX nodes (the pointwise ops of ``_ONNX_TYPE`` are one node of that type).
 _EXPORT = {MatMul: _export_matmul, Reshape: _export_reshape, Transpose: _export_transpose, GeLU: _export_gelu,
            Cast: _export_cast, LayerNorm: _export_layernorm, Softmax: _export_softmax,
            ReduceSum: _export_reduce("ReduceSum"), ReduceMean: _export_reduce("ReduceMean"),
-           ReduceMax: _export_reduce("ReduceMax"), Slice: _export_slice}
+           ReduceMax: _export_reduce("ReduceMax"), Slice: _export_slice, Concat: _export_concat}
 
 
 def to_onnx(graph: Graph, params: dict[str, np.ndarray], *, opset: int = OPSET):
