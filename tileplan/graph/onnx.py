@@ -912,6 +912,38 @@ def _lower_slice(imp: _Importer, n: _Node) -> list[Op]:
     return ops
 
 
+def _lower_gather(imp: _Importer, n: _Node) -> list[Op]:
+    """``Gather`` of an activation by constant indices that step evenly along the axis (the CLS row
+    a pooler reads, ``x[:, 0]``: a scalar index): a ``Slice``, then a Reshape to the output's shape
+    where the indices' shape is not one axis (a scalar index drops the axis). Other indices are
+    refused naming them (a Gather of constants is folded at import, ``_fold_gather``)."""
+    x, idx_name, y = n.inputs[0], n.inputs[1], n.outputs[0]
+    if idx_name not in imp.constants:
+        raise n.err(f"indices {idx_name!r} are not a constant; tileplan gathers by indices fixed at export")
+    shape = imp._static(x, what="Gather input")
+    axis = int(n.attrs.get("axis", 0))
+    if not -len(shape) <= axis < len(shape):
+        raise n.err(f"axis {axis} is out of range for {x!r} {list(shape)}")
+    axis %= len(shape)
+    idx = np.asarray(imp.constants[idx_name])
+    length = shape[axis]
+    flat = [int(i) for i in idx.ravel()]
+    if any(not -length <= i < length for i in flat):
+        raise n.err(f"indices {flat} are out of range for axis {axis} of length {length}")
+    flat = [i % length for i in flat]
+    steps = {b - a for a, b in zip(flat, flat[1:])}
+    if not flat or len(steps) > 1 or 0 in steps:
+        raise n.err(f"indices {flat} do not step evenly along axis {axis}; tileplan gathers a run of "
+                    "positions (a Slice)")
+    step = steps.pop() if steps else 1
+    positions = Slice.positions(range(flat[0], flat[-1] + (1 if step > 0 else -1), step))
+    out_shape = tuple(imp._static(y, what="Gather output"))
+    if idx.ndim == 1:
+        return [Slice(n.name, (x,), y, axis=axis, **positions)]
+    return [Slice(f"{n.name}.slice", (x,), f"{y}.slice", axis=axis, **positions),
+            Reshape(n.name, (f"{y}.slice",), y, shape=out_shape or (1,))]
+
+
 def _lower_softmax(imp: _Importer, n: _Node) -> list[Op]:
     """Softmax over ``axis`` (opset 13+; the planner moves another axis last). Below opset 13 the
     input is flattened to 2-D at ``axis`` first (Reshapes ``<y>.rows`` and back)."""
@@ -1161,8 +1193,19 @@ def _fold_repeat(how: str):
     return fold
 
 
+def _fold_constants_with(fn):
+    """A node of constants only (any dtype) evaluated with numpy: the exporters' ``Equal`` /
+    ``Where`` that compute an ``Expand``'s shape (``expand(B, -1, -1)``: -1 replaced by the input's
+    dimension)."""
+    def fold(imp: _Importer, n: _Node):
+        if not n.inputs or any(not t or t not in imp.constants for t in n.inputs):
+            return None
+        return np.asarray(fn(*(np.asarray(imp.constants[t]) for t in n.inputs)))
+    return fold
+
+
 # Shape arithmetic on integer constants, evaluated at import (tileplan plans static shapes); and
-# Expand / Tile of any constant.
+# Expand / Tile of any constant, with the Equal / Where of constants that compute their shapes.
 _SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
     "Shape": _fold_shape,
     "Size": _fold_size,
@@ -1171,6 +1214,8 @@ _SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
     "ConstantOfShape": _fold_int(_constant_of_shape),
     "Gather": _fold_gather,
     "Expand": _fold_repeat("expand"),
+    "Equal": _fold_constants_with(np.equal),
+    "Where": _fold_constants_with(np.where),
     "Tile": _fold_repeat("tile"),
     "Neg": _fold_int(lambda n, a: -a),
     "Add": _fold_int(lambda n, a, b: a + b),
@@ -1215,7 +1260,8 @@ _LOWER: dict[str, _Row] = {
     "Transpose": _Row(_lower_transpose, fold=False),   # _fold_transposes folds constants, keeping names
     "Softmax": _Row(_lower_softmax),
     "Split": _Row(_lower_split),
-    "Concat": _Row(_lower_concat),     # (after _SHAPE_FOLD: a Concat of integer constants is shape arithmetic)
+    "Concat": _Row(_lower_concat),
+    "Gather": _Row(_lower_gather, fold=False),   # (after _SHAPE_FOLD: a Gather of constants is folded there)     # (after _SHAPE_FOLD: a Concat of integer constants is shape arithmetic)
     "Slice": _Row(_lower_slice),       # (after _SHAPE_FOLD: a Slice of integer constants is shape arithmetic)
     "LayerNormalization": _Row(_lower_layernorm, fold=False),
     "ReduceSum": _Row(_reduce(ReduceSum, 13)),
