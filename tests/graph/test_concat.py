@@ -184,6 +184,27 @@ def test_torch_cat_of_an_expanded_class_token_is_a_concat_reading_a_folded_param
     np.testing.assert_array_equal(model.params[token.name], m.cls.detach().numpy().repeat(3, axis=0))
 
 
+def test_torch_adding_zeros_computed_at_import_is_dropped_but_a_zero_parameter_stays():
+    """A value computed at import that is all zeros (HF's attention mask when none is given) adds
+    nothing; a zero parameter is a weight the user may override, so its Add stays."""
+    torch = pytest.importorskip("torch")
+    from tileplan.graph.torch import import_module
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(4, 6))
+
+        def forward(self, x):
+            mask = torch.zeros(x.shape[0], 1, 4, 4).expand(-1, 3, -1, -1)
+            y = torch.softmax(x + mask, dim=-1)
+            return y.reshape(x.shape[0], 3, 4, 4)[:, 0] @ torch.ones(4, 6) + self.bias
+
+    model = import_module(Masked().eval(), (torch.randn(2, 3, 4, 4),))
+    adds = [op for op in model.graph.ops if op.kind == "add"]
+    assert len(adds) == 1 and "bias" in adds[0].inputs
+
+
 def _onnx_join(data_node, data_inputs, initializers):
     onnx = pytest.importorskip("onnx")
     h = onnx.helper

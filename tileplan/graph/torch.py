@@ -677,6 +677,10 @@ def _binary(cls: type[Op]):
         if alpha != 1 and isinstance(b, (int, float)):
             b, alpha = b * alpha, 1
         ta, tb = imp.operands(node, (a, b))
+        kept = _adds_computed_zeros(imp, node, cls, (a, b), (ta, tb))
+        if kept is not None:
+            imp.value[node.name] = kept
+            return
         if alpha != 1:
             scaled = f"{node.name}.scaled"
             imp.ops.append(Mul(f"{node.name}.alpha", (tb, imp.constant(f"{node.name}.alpha", alpha, tb)), scaled))
@@ -684,6 +688,26 @@ def _binary(cls: type[Op]):
             tb = scaled
         imp.emit(node, cls(node.name, (ta, tb), node.name))
     return handle
+
+
+def _adds_computed_zeros(imp: _Importer, node, cls, args, tensors) -> str | None:
+    """The other operand, when an Add (or the subtrahend of a Sub) is a value computed at import
+    that is all zeros and the result has the other operand's shape and dtype: the attention mask
+    HF builds when none is given (``create_bidirectional_mask``: ``[B, 1, T, T]`` of zeros,
+    broadcast over the heads). Only values computed at import: a parameter the user may override
+    stays an Add."""
+    if cls not in (Add, Sub):
+        return None
+    val = node.meta.get("val")
+    for k in ((0, 1) if cls is Add else (1,)):
+        zero, other = tensors[k], tensors[1 - k]
+        if getattr(args[k], "name", None) not in imp.folded or not _is_tensor(val):
+            continue
+        t, v = imp.known[other], imp.params.get(zero)
+        if v is not None and not np.any(np.asarray(v, dtype=np.float64)) and \
+                tuple(val.shape) == t.shape and imp.dtype(val.dtype, node.name) is t.dtype:
+            return other
+    return None
 
 
 def _unary(*classes: type[Op]):
