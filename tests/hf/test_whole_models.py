@@ -214,3 +214,17 @@ def test_vit_model_with_its_pooler_compiles_and_validates(batch, tmp_path):
 @pytest.mark.parametrize("name", ["clip", "deit", "dinov2"])
 def test_class_token_model_compiles_and_validates(name, tmp_path):
     compile_class_token_model(name, 1, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vit", "clip", "deit"])
+def test_class_token_model_through_onnx_export_compiles_and_validates(name, tmp_path):
+    """Through the TorchScript ONNX exporter: the class token ``Expand``ed by a shape the exporter
+    computes with Equal / Where of constants (folded at import), Concat, and the CLS row a
+    ``Gather`` by the constant index 0 (a Slice)."""
+    module = class_token_model(name)
+    x = torch.randn(2, 3, 32, 32)
+    export_onnx(module, x, tmp_path / f"{name}.onnx")
+    model = import_onnx(tmp_path / f"{name}.onnx")
+    assert [op.kind for op in model.graph.ops].count("concat") == 1
+    compile_and_validate(model, module, x, tmp_path)
