@@ -256,3 +256,36 @@ def test_a_concat_round_trips_through_its_onnx_twin(tmp_path):
     back = import_onnx(to_onnx(g, params))
     (op,) = [o for o in back.graph.ops if isinstance(o, Concat)]
     assert op.axis == 1 and op.inputs == ("cls", "patches", "extra") and back.graph.tensors["tokens"].shape == (2, 12, 64)
+
+
+def _onnx_gather(indices: np.ndarray, tmp_path):
+    onnx = pytest.importorskip("onnx")
+    h = onnx.helper
+    out_shape = [2] + list(indices.shape) + [8]
+    g = h.make_graph([h.make_node("Gather", ["x", "idx"], ["y"], name="cls_row", axis=1)], "rows",
+                     [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 5, 8])],
+                     [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, out_shape)],
+                     initializer=[onnx.numpy_helper.from_array(indices, "idx")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "g.onnx")
+    return tmp_path / "g.onnx"
+
+
+@pytest.mark.parametrize("indices", [np.array(0, np.int64), np.array([4, 2, 0], np.int64), np.array([-1], np.int64)])
+def test_onnx_gather_of_an_activation_by_an_even_run_of_indices_is_a_slice_and_validates(indices, tmp_path):
+    """The CLS row a pooler reads (``x[:, 0]``: a scalar index drops the axis), a reversed strided
+    run, a negative index."""
+    from tileplan.graph.onnx import import_onnx
+    model = import_onnx(_onnx_gather(indices, tmp_path))
+    assert "slice" in [op.kind for op in model.graph.ops]
+    _, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", jobs=1)
+    x = np.random.default_rng(3).standard_normal((2, 5, 8)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    np.savez(tmp_path / "want.npz", y=np.take(x, indices, axis=1))
+    v = validate_package(load_package(path), inputs_path=tmp_path / "in.npz", expected_path=tmp_path / "want.npz")
+    assert v.passed and v.outputs["y"]["max_abs"] == 0.0
+
+
+def test_onnx_gather_by_uneven_indices_is_refused_naming_the_node(tmp_path):
+    from tileplan.graph.onnx import import_onnx
+    with pytest.raises(TileplanError, match="'cls_row' .*indices \\[0, 1, 3\\] do not step evenly"):
+        import_onnx(_onnx_gather(np.array([0, 1, 3], np.int64), tmp_path))
