@@ -45,7 +45,10 @@ What maps to what:
   graph output is a Reshape to the same shape.
 - ``Concat`` -> Concat along its axis (of integer constants: shape arithmetic, folded; of float
   constants: folded into a parameter). ``Expand`` and ``Tile`` of a constant (a class token
-  repeated over the batch) are folded into a parameter; of an activation they are refused.
+  repeated over the batch) are folded into a parameter (and the Equal / Where of constants that
+  compute their shapes); of an activation they are refused. ``Gather`` of an activation by
+  constant indices that step evenly (the CLS row ``x[:, 0]``) -> Slice (a Reshape dropping the
+  axis for a scalar index).
 - ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze`` -> Reshape to the output
   shape ONNX shape inference gives.
 - ``Transpose`` that swaps the last two axes and is read only as MatMul or Gemm
