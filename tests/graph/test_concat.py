@@ -289,3 +289,27 @@ def test_onnx_gather_by_uneven_indices_is_refused_naming_the_node(tmp_path):
     from tileplan.graph.onnx import import_onnx
     with pytest.raises(TileplanError, match="'cls_row' .*indices \\[0, 1, 3\\] do not step evenly"):
         import_onnx(_onnx_gather(np.array([0, 1, 3], np.int64), tmp_path))
+
+
+@pytest.mark.parametrize("shapes,left", [([(2, 0, 8), (2, 3, 8)], ["reshape"]),
+                                         ([(2, 0, 8), (2, 3, 8), (2, 0, 8), (2, 2, 8)], ["concat"])])
+def test_zero_size_parts_are_dropped_at_plan_time_and_the_rest_validates(shapes, left, tmp_path):
+    """ONNX admits zero-size tensors; a Concat's zero-size parts hold nothing: the planner's rewrite
+    drops them (one part left: a Reshape to its own shape)."""
+    onnx = pytest.importorskip("onnx")
+    from tileplan.graph.onnx import import_onnx
+    h = onnx.helper
+    names = [f"p{i}" for i in range(len(shapes))]
+    g = h.make_graph([h.make_node("Concat", names, ["y"], name="join", axis=1)], "parts",
+                     [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in zip(names, shapes)],
+                     [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, sum(s[1] for s in shapes), 8])])
+    model = import_onnx(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    p, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", jobs=1)
+    assert [op.kind for op in p.graph.ops] == left
+    assert all(p.graph.tensors[i].size for op in p.graph.ops for i in op.inputs)
+    rng = np.random.default_rng(4)
+    xs = {n: rng.standard_normal(s).astype(np.float32) for n, s in zip(names, shapes)}
+    np.savez(tmp_path / "in.npz", **xs)
+    np.savez(tmp_path / "want.npz", y=np.concatenate(list(xs.values()), axis=1))
+    v = validate_package(load_package(path), inputs_path=tmp_path / "in.npz", expected_path=tmp_path / "want.npz")
+    assert v.passed and v.outputs["y"]["max_abs"] == 0.0
