@@ -167,13 +167,13 @@ CLASS_TOKEN_MODELS = {
 }
 
 
-def class_token_model(name: str) -> torch.nn.Module:
+def class_token_model(name: str, dtype: str = "float32") -> torch.nn.Module:
     config_cls, model_cls, kwargs, *_ = CLASS_TOKEN_MODELS[name]
     cfg = getattr(transformers, config_cls)(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4,
                                             num_hidden_layers=LAYERS, image_size=32, patch_size=PATCH,
                                             num_channels=3, attn_implementation="eager")
     torch.manual_seed(0)
-    return Pooled(getattr(transformers, model_cls)(cfg, **kwargs)).eval()
+    return Pooled(getattr(transformers, model_cls)(cfg, **kwargs)).eval().to(getattr(torch, dtype))
 
 
 @pytest.mark.parametrize("name", sorted(CLASS_TOKEN_MODELS))
@@ -198,22 +198,23 @@ def test_class_token_model_imports_its_tokens_as_a_concat_of_a_folded_parameter(
     assert not any(v.ndim == 4 for v in model.params.values())
 
 
-def compile_class_token_model(name: str, batch: int, tmp_path) -> None:
-    module = class_token_model(name)
-    x = torch.randn(batch, 3, 32, 32)
+def compile_class_token_model(name: str, batch: int, dtype: str, tmp_path) -> None:
+    module = class_token_model(name, dtype)
+    x = torch.randn(batch, 3, 32, 32, dtype=getattr(torch, dtype))
     compile_and_validate(import_module(module, (x,)), module, x, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch", [1, 2])
-def test_vit_model_with_its_pooler_compiles_and_validates(batch, tmp_path):
-    compile_class_token_model("vit", batch, tmp_path)
+@pytest.mark.parametrize("batch,dtype", [(1, "float32"), (2, "float32"), (2, "float16")])
+def test_vit_model_with_its_pooler_compiles_and_validates(batch, dtype, tmp_path):
+    compile_class_token_model("vit", batch, dtype, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["clip", "deit", "dinov2"])
-def test_class_token_model_compiles_and_validates(name, tmp_path):
-    compile_class_token_model(name, 1, tmp_path)
+@pytest.mark.parametrize("batch,dtype", [(1, "float32"), (2, "float16")])
+def test_class_token_model_compiles_and_validates(name, batch, dtype, tmp_path):
+    compile_class_token_model(name, batch, dtype, tmp_path)
 
 
 @pytest.mark.slow
