@@ -126,9 +126,9 @@ def concat_candidates(ctx, op) -> list[Candidate]:
             prog = Program()
             b = prog.add_buffer(ctx.tensor_buffer(y.name, lay_out))
             copies = []
-            for i, (x, lay_in, (c0, w)) in enumerate(zip(xs, lays_in, windows)):
-                if w == 0:
-                    continue                    # a zero-size input holds nothing
+            # Each part in its window of the output's buffer (no part is zero-size: planner.rewrite
+            # drops those).
+            for i, (x, lay_in, (c0, _)) in enumerate(zip(xs, lays_in, windows)):
                 a = prog.add_buffer(ctx.tensor_buffer(x.name, lay_in))
                 view = prog.add_buffer(Buffer(f"{op.name}.window{i}@{lay_out}", Window(lay_out, y.shape, C, c0),
                                               x.shape, y.dtype, "transient", "standard", y.scale))
