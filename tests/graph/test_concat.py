@@ -331,3 +331,15 @@ def test_zero_size_parts_are_dropped_at_plan_time_and_the_rest_validates(shapes,
     np.savez(tmp_path / "want.npz", y=np.concatenate(list(xs.values()), axis=1))
     v = validate_package(load_package(path), inputs_path=tmp_path / "in.npz", expected_path=tmp_path / "want.npz")
     assert v.passed and v.outputs["y"]["max_abs"] == 0.0
+
+
+@pytest.mark.parametrize("edit,words", [
+    (('axis = 1', 'axis = 7'), ["model.toml", "op 'join' (concat)", "axis 7 is out of range"]),
+    (('inputs = ["cls", "patches", "extra"]', 'inputs = ["cls", "nowhere"]'), ["model.toml", "nowhere"]),
+])
+def test_the_cli_refuses_a_bad_concat_in_one_line(cli, tmp_path, edit, words):
+    code, _, err = cli("show", write(tmp_path, ROW_AXIS.replace(*edit)))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
