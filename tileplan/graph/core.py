@@ -696,7 +696,8 @@ class Concat(Op):
 
 OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Max, Neg, Sqrt, Reciprocal, Exp,
                                                            Tanh, Erf, Sigmoid, Relu, GeLU, Cast, Reshape, Transpose, Slice,
-                                                           Concat, LayerNorm, Softmax, ReduceSum, ReduceMean, ReduceMax)}
+                                                           Concat, LayerNorm, Softmax, ReduceSum, ReduceMean,
+                                                           ReduceMax)}
 
 
 def _broadcast(*shapes):

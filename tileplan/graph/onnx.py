@@ -107,8 +107,8 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError
-from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
-                   ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor,
+from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
+                   ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor,
                    Transpose, Slice)
 from .dtypes import DType, dequantise, quantise
 from .importing import (BF16_HELP, check_cast_bf16, patch_conv_ops, patch_conv_refusal, reduce_ops, transpose_ops,
@@ -1263,8 +1263,8 @@ _LOWER: dict[str, _Row] = {
     "Transpose": _Row(_lower_transpose, fold=False),   # _fold_transposes folds constants, keeping names
     "Softmax": _Row(_lower_softmax),
     "Split": _Row(_lower_split),
-    "Concat": _Row(_lower_concat),
-    "Gather": _Row(_lower_gather, fold=False),   # (after _SHAPE_FOLD: a Gather of constants is folded there)     # (after _SHAPE_FOLD: a Concat of integer constants is shape arithmetic)
+    "Concat": _Row(_lower_concat),     # (after _SHAPE_FOLD: a Concat of integer constants is shape arithmetic)
+    "Gather": _Row(_lower_gather, fold=False),   # (after _SHAPE_FOLD: a Gather of constants is folded there)
     "Slice": _Row(_lower_slice),       # (after _SHAPE_FOLD: a Slice of integer constants is shape arithmetic)
     "LayerNormalization": _Row(_lower_layernorm, fold=False),
     "ReduceSum": _Row(_reduce(ReduceSum, 13)),

@@ -106,8 +106,9 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError
-from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
-                   ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh, Tensor)
+from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
+                   ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh,
+                   Tensor)
 from .importing import (BF16_HELP, check_cast_bf16, patch_conv_ops, patch_conv_refusal, reduce_ops, transpose_ops,
                         unsupported_error)
 from .dtypes import DType, quantise
