@@ -45,7 +45,7 @@ COVERED = {
     "Dropout": "dropout", "Reshape": "reshape", "Flatten": "flatten", "Squeeze": "squeeze",
     "Unsqueeze": "unsqueeze", "Transpose": "transpose", "LayerNormalization": "layernormalization",
     "Softmax": "softmax", "ReduceSum": "reducesum", "ReduceMean": "reducemean", "ReduceMax": "reducemax",
-    "Split": "split", "Slice": "slice",
+    "Split": "split", "Slice": "slice", "Concat": "concat",
 }
 # ONNX op type -> input positions that are static arguments (become initializers).
 STATIC_ARGUMENTS = {"Reshape": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "Dropout": (1,), "ReduceSum": (1,),

@@ -1,8 +1,15 @@
-"""A whole Hugging Face vision model (``SiglipVisionModel`` without its pooling head; random init, a
-small config, eager attention, no download): the patch-embedding convolution, the position
-embedding looked up by the ``position_ids`` buffer, two encoder layers and the post-LayerNorm,
-imported through torch.export and through ONNX export, compiled onto ipu21-64 and validated on the
-IPU model against torch's own ``last_hidden_state``."""
+"""Whole Hugging Face vision models (random init, a small config, eager attention, no download),
+compiled onto ipu21-64 and validated on the IPU model against torch's own outputs:
+
+- ``SiglipVisionModel`` without its pooling head: the patch-embedding convolution, the position
+  embedding looked up by the ``position_ids`` buffer, two encoder layers and the post-LayerNorm,
+  imported through torch.export and through ONNX export; and with its MAP head.
+- The class-token models, through torch.export, each to its ``pooler_output``: ``ViTModel`` (its
+  pooler: the CLS row, a Linear, tanh), ``CLIPVisionModel`` (pre-LayerNorm; position embedding by
+  ``position_ids``; the CLS row post-LayerNormed), ``DeiTModel`` (class and distillation tokens;
+  ViT's pooler), ``Dinov2Model`` (``interpolate_pos_encoding`` at the fixed size, layer scale;
+  the CLS row of the final LayerNorm). The class token expanded over the batch is computed at
+  import; joining it to the patch tokens is a Concat; the CLS row is a Slice."""
 
 from __future__ import annotations
 
@@ -59,8 +66,9 @@ def check_imported(model, batch: int, h: int, w: int) -> None:
     assert len(tables) == 1                                       # the position rows, folded at import
 
 
-def compile_and_validate(model, module, x, tmp_path) -> None:
-    _, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", params=model.params, jobs=1)
+def compile_and_validate(model, module, x, tmp_path):
+    """Compile onto ipu21-64, validate against torch; returns (plan, validation)."""
+    p, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", params=model.params, jobs=1)
     (inp,) = model.graph.by_role(Role.INPUT)
     (out,) = model.graph.by_role(Role.OUTPUT)
     with torch.no_grad():
@@ -71,6 +79,7 @@ def compile_and_validate(model, module, x, tmp_path) -> None:
                          expected_path=tmp_path / "expected.npz")
     assert v.passed, v.outputs
     assert v.outputs[out.name]["cosine"] > 0.999
+    return p, v
 
 
 def export_onnx(module, x, path) -> None:
@@ -134,4 +143,92 @@ def test_siglip_vision_model_through_onnx_export_compiles_and_validates(tmp_path
     x = torch.randn(1, 3, 32, 32)
     export_onnx(module, x, tmp_path / "siglip.onnx")
     model = import_onnx(tmp_path / "siglip.onnx")
+    compile_and_validate(model, module, x, tmp_path)
+
+
+# ---- class-token models ----------------------------------------------------------------
+
+class Pooled(torch.nn.Module):
+    """``model(pixel_values).pooler_output``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values).pooler_output
+
+
+# name -> (config class, model class, model kwargs, class tokens joined to the patches, Linears
+# past the encoder, LayerNorms besides the layers' two each)
+CLASS_TOKEN_MODELS = {
+    "vit": ("ViTConfig", "ViTModel", {"add_pooling_layer": True}, 1, 1, 1),
+    "clip": ("CLIPVisionConfig", "CLIPVisionModel", {}, 1, 0, 2),
+    "deit": ("DeiTConfig", "DeiTModel", {"add_pooling_layer": True}, 2, 1, 1),
+    "dinov2": ("Dinov2Config", "Dinov2Model", {}, 1, 0, 1),
+}
+
+
+def class_token_model(name: str, dtype: str = "float32") -> torch.nn.Module:
+    config_cls, model_cls, kwargs, *_ = CLASS_TOKEN_MODELS[name]
+    cfg = getattr(transformers, config_cls)(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4,
+                                            num_hidden_layers=LAYERS, image_size=32, patch_size=PATCH,
+                                            num_channels=3, attn_implementation="eager")
+    torch.manual_seed(0)
+    return Pooled(getattr(transformers, model_cls)(cfg, **kwargs)).eval().to(getattr(torch, dtype))
+
+
+@pytest.mark.parametrize("name", sorted(CLASS_TOKEN_MODELS))
+def test_class_token_model_imports_its_tokens_as_a_concat_of_a_folded_parameter(name):
+    _, _, _, extra, linears, norms = CLASS_TOKEN_MODELS[name]
+    batch, patches = 2, (32 // PATCH) ** 2
+    model = import_module(class_token_model(name), (torch.randn(batch, 3, 32, 32),))
+    g = model.graph
+    kinds = [op.kind for op in g.ops]
+    assert kinds.count("matmul") == 1 + 8 * LAYERS + linears
+    assert kinds.count("layernorm") == 2 * LAYERS + norms and kinds.count("softmax") == LAYERS
+    (cat,) = [op for op in g.ops if op.kind == "concat"]
+    assert cat.axis == 1 and g.tensors[cat.output].shape == (batch, extra + patches, HIDDEN)
+    tokens = [g.tensors[i] for i in cat.inputs[:-1]]              # the class (and distillation) tokens,
+    assert all(t.role is Role.PARAMETER and t.shape == (batch, 1, HIDDEN) for t in tokens)   # over the batch
+    assert g.tensors[cat.inputs[-1]].shape == (batch, patches, HIDDEN)         # then the patch tokens
+    assert "slice" in kinds                                       # the CLS row
+    (out,) = g.by_role(Role.OUTPUT)
+    assert out.shape == (batch, HIDDEN)
+    assert all(np.issubdtype(v.dtype, np.floating) for v in model.params.values())
+    # The zero attention mask HF builds when none is given ([B, 1, T, T], computed at import) is not added.
+    assert not any(v.ndim == 4 for v in model.params.values())
+
+
+def compile_class_token_model(name: str, batch: int, dtype: str, tmp_path) -> None:
+    module = class_token_model(name, dtype)
+    x = torch.randn(batch, 3, 32, 32, dtype=getattr(torch, dtype))
+    p, v = compile_and_validate(import_module(module, (x,)), module, x, tmp_path)
+    assert v.profile.cycles == p.estimate.cycles        # the Concat's copies priced as lowering makes them
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch,dtype", [(1, "float32"), (2, "float32"), (2, "float16")])
+def test_vit_model_with_its_pooler_compiles_and_validates(batch, dtype, tmp_path):
+    compile_class_token_model("vit", batch, dtype, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["clip", "deit", "dinov2"])
+@pytest.mark.parametrize("batch,dtype", [(1, "float32"), (2, "float16")])
+def test_class_token_model_compiles_and_validates(name, batch, dtype, tmp_path):
+    compile_class_token_model(name, batch, dtype, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vit", "clip", "deit"])
+def test_class_token_model_through_onnx_export_compiles_and_validates(name, tmp_path):
+    """Through the TorchScript ONNX exporter: the class token ``Expand``ed by a shape the exporter
+    computes with Equal / Where of constants (folded at import), Concat, and the CLS row a
+    ``Gather`` by the constant index 0 (a Slice)."""
+    module = class_token_model(name)
+    x = torch.randn(2, 3, 32, 32)
+    export_onnx(module, x, tmp_path / f"{name}.onnx")
+    model = import_onnx(tmp_path / f"{name}.onnx")
+    assert [op.kind for op in model.graph.ops].count("concat") == 1
     compile_and_validate(model, module, x, tmp_path)

@@ -25,7 +25,7 @@ from .cost import Estimate
 from .exchange import (Transfers, fragments_to_transfers, link_bytes, pair_aligned, phase_cycles, phase_sync,
                        tile_exchange_cycles, tile_sum)
 from .memory import program_memory
-from ..program import ComputeStep, ExchangeStep, Program
+from ..program import ComputeStep, ExchangeStep, Program, alias_root
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,14 @@ class Detailed:
 
 
 def step_traffic(program: Program, step: ExchangeStep, tiles: int, buf_ids: dict[str, int] | None = None,
-                 *, merge: bool = True) -> tuple[Transfers, Transfers]:
+                 *, merge: bool = True, identity_runs: bool = False) -> tuple[Transfers, Transfers]:
     """(exchange transfers, on-tile copy runs) of one exchange step; offsets are buffer-relative bytes.
 
     A copy whose every fragment stays at its offset on its tile is an identity:
-    the destination buffer aliases the source and nothing runs. Otherwise
+    the destination buffer aliases the source and nothing runs; with
+    ``identity_runs`` (the destination is already a view of other memory: a
+    Concat's window of its output) its fragments are on-tile copy runs, as
+    lowering makes them (``lowering.lower._unaliased_identity_runs``). Otherwise
     same-tile fragments are on-tile copy runs (the ``copy`` kernel, one vertex
     per run) and the rest are exchange transfers.
     """
@@ -59,7 +62,7 @@ def step_traffic(program: Program, step: ExchangeStep, tiles: int, buf_ids: dict
         src, dst = program.buffers[cp.src], program.buffers[cp.dst]
         item = src.dtype.itemsize
         plan = plan_for(src, dst, tiles)
-        if len(plan.start) == 0 or (plan.is_identity and not plan.needs_rearrangement):
+        if len(plan.start) == 0 or (plan.is_identity and not plan.needs_rearrangement and not identity_runs):
             continue           # the destination aliases the source (lowering.passes.eliminate_noop_copies)
         nbytes = (plan.stop - plan.start) * item
         so, do = plan.src_offset * item, plan.dst_offset * item
@@ -155,21 +158,23 @@ class CopyCost:
     links: np.ndarray         # int64 [ipus * ipus] cross-IPU bytes per IPU pair (estimate.exchange.link_bytes)
 
 
-def copy_cost(src, dst, target) -> "CopyCost | None":
+def copy_cost(src, dst, target, into_view: bool = False) -> "CopyCost | None":
     """The cost of copying ``src`` into ``dst`` (None when the copy moves nothing), cached by layouts:
-    the same preparation copy recurs across boundary combinations and candidates."""
-    return _copy_cost(src.layout, dst.layout, tuple(src.shape), tuple(dst.shape), src.dtype, target)
+    the same preparation copy recurs across boundary combinations and candidates. ``into_view``:
+    ``dst`` is a view of other memory than ``src``'s, so a copy that keeps every element at its
+    offset still copies on the tile (``step_traffic``'s ``identity_runs``)."""
+    return _copy_cost(src.layout, dst.layout, tuple(src.shape), tuple(dst.shape), src.dtype, target, into_view)
 
 
 @functools.lru_cache(maxsize=4096)
-def _copy_cost(src_layout, dst_layout, src_shape, dst_shape, dtype, target):
+def _copy_cost(src_layout, dst_layout, src_shape, dst_shape, dtype, target, into_view=False):
     from ..program import Buffer, Copy
     for fast_path in (_replicated_grid_cost, _block_move_cost):
         fast = fast_path(src_layout, dst_layout, src_shape, dtype, target)
-        if fast is not False:
+        if fast is not False and not (into_view and fast is None):
             return fast
     prog = Program({"s": Buffer("s", src_layout, src_shape, dtype), "d": Buffer("d", dst_layout, dst_shape, dtype)})
-    tr, local = step_traffic(prog, ExchangeStep("copy", (Copy("s", "d"),)), target.tiles)
+    tr, local = step_traffic(prog, ExchangeStep("copy", (Copy("s", "d"),)), target.tiles, identity_runs=into_view)
     return _traffic_cost(tr, local, target)
 
 
@@ -322,7 +327,10 @@ def cost_program(program: Program, target) -> Detailed:
             compute += c
             steps.append(StepCost(step.name, "compute", c, 0, 0))
         elif isinstance(step, ExchangeStep):
-            costs = [copy_cost(program.buffers[cp.src], program.buffers[cp.dst], target) for cp in step.copies]
+            costs = [copy_cost(program.buffers[cp.src], program.buffers[cp.dst], target,
+                               into_view=cp.dst in program.aliases
+                               and alias_root(cp.src, program.aliases) != alias_root(cp.dst, program.aliases))
+                     for cp in step.copies]
             costs = [c for c in costs if c is not None]
             if any(c.transfers for c in costs):
                 send = sum(c.send for c in costs)

@@ -93,8 +93,17 @@ class Op:
     inputs: tuple[str, ...]
     output: str
     kind: ClassVar[str] = "op"
-    arity: ClassVar[int] = 1
+    arity: ClassVar[int | None] = 1      # how many inputs it takes; None: one or more (Concat)
     saturate: ClassVar[bool] = True      # an FP8 result saturates to +-240 (a Cast may say NaN instead)
+
+    @classmethod
+    def arity_problem(cls, inputs) -> str | None:
+        """None when ``inputs`` are as many as the op takes, else what is wrong (one phrase)."""
+        if cls.arity is None:
+            return None if len(inputs) else "takes one or more inputs, got none"
+        if len(inputs) != cls.arity:
+            return f"takes {cls.arity} input{'s' if cls.arity > 1 else ''}, got {len(inputs)}: {list(inputs)}"
+        return None
 
     def describe(self) -> str:
         return f"{self.kind} {self.name}({', '.join(self.inputs)}) -> {self.output}"
@@ -624,9 +633,71 @@ class Slice(Op):
         return np.take(x, np.asarray(self.indices(), dtype=np.int64), axis=self.axis % x.ndim)
 
 
+@dataclass(frozen=True)
+class Concat(Op):
+    """Its inputs joined along one axis (numpy ``concatenate(ins, axis)``): every other axis the
+    same, one dtype. The inverse of Slice: seen on the 2-D view ``[outer, L * inner]`` of its
+    output (``inner`` the elements after the axis), input ``i`` is the column window
+    ``[c_i, c_i + w_i)`` (``window``); the View family plans it as one copy of each input into
+    that window of the output's layout (``planner.views.concat_candidates``). A class token
+    joined to patch tokens (``cat([cls, x], dim=1)``) is a Concat of the token axis.
+
+    Design decision: FP8 inputs must share one scale (the output keeps the stored bytes, so it
+    keeps the scale); tileplan does not rescale while joining."""
+
+    axis: int = -1
+    kind: ClassVar[str] = "concat"
+    arity: ClassVar[int | None] = None
+
+    def __post_init__(self):
+        if not isinstance(self.axis, (int, np.integer)) or isinstance(self.axis, bool):
+            raise self.err(f"axis must be an integer, got {self.axis!r}")
+        object.__setattr__(self, "axis", int(self.axis))
+
+    def output_scale(self, ins):
+        return ins[0].scale
+
+    def infer(self, ins):
+        first = ins[0]
+        n = len(first.shape)
+        if not -n <= self.axis < n:
+            raise self.err(f"axis {self.axis} is out of range for {first.name!r} {list(first.shape)}")
+        a = self.axis % n
+        for t in ins[1:]:
+            if len(t.shape) != n or t.shape[:a] != first.shape[:a] or t.shape[a + 1:] != first.shape[a + 1:]:
+                raise self.err(f"inputs {first.name!r} {list(first.shape)} and {t.name!r} {list(t.shape)} differ "
+                               f"in an axis other than the joined axis {a}")
+            if t.dtype != first.dtype:
+                raise self.err(f"inputs {first.name!r} ({first.dtype}) and {t.name!r} ({t.dtype}) differ in dtype")
+            if t.scale != first.scale:
+                raise self.err(f"inputs {first.name!r} (scale 2^{first.scale}) and {t.name!r} (scale 2^{t.scale}) "
+                               "differ in FP8 scale; tileplan joins stored bytes and does not rescale")
+        shape = list(first.shape)
+        shape[a] = sum(t.shape[a] for t in ins)
+        return tuple(shape), first.dtype
+
+    def windows(self, shapes) -> tuple[int, list[tuple[int, int]]]:
+        """``(C, [(c0, w), ...])``: the output's 2-D view has ``C`` columns and input ``i`` is its
+        columns ``[c0, c0 + w)`` of every row."""
+        a = self.axis % len(shapes[0])
+        inner = math.prod(shapes[0][a + 1:])
+        out, c = [], 0
+        for s in shapes:
+            out.append((c, s[a] * inner))
+            c += s[a] * inner
+        return c, out
+
+    def flops(self, ins, out):
+        return 0
+
+    def reference(self, *ins):
+        return np.concatenate(ins, axis=self.axis % ins[0].ndim)
+
+
 OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Max, Neg, Sqrt, Reciprocal, Exp,
                                                            Tanh, Erf, Sigmoid, Relu, GeLU, Cast, Reshape, Transpose, Slice,
-                                                           LayerNorm, Softmax, ReduceSum, ReduceMean, ReduceMax)}
+                                                           Concat, LayerNorm, Softmax, ReduceSum, ReduceMean,
+                                                           ReduceMax)}
 
 
 def _broadcast(*shapes):
@@ -692,8 +763,9 @@ class Graph:
             if op.name in op_names:
                 raise TileplanError(f"op name {op.name!r} is used twice")
             op_names.add(op.name)
-            if len(op.inputs) != op.arity:
-                raise op.err(f"takes {op.arity} input(s), got {len(op.inputs)}: {list(op.inputs)}")
+            problem = op.arity_problem(op.inputs)
+            if problem:
+                raise op.err(problem)
             if op.output in producers:
                 raise op.err(f"output {op.output!r} is already produced by op {producers[op.output].name!r}")
             producers[op.output] = op

@@ -43,6 +43,12 @@ What maps to what:
   not a constant is refused, as is a read mask output) are dropped (readers read
   the input); one that copies a graph input, a constant or another output into a
   graph output is a Reshape to the same shape.
+- ``Concat`` -> Concat along its axis (of integer constants: shape arithmetic, folded; of float
+  constants: folded into a parameter). ``Expand`` and ``Tile`` of a constant (a class token
+  repeated over the batch) are folded into a parameter (and the Equal / Where of constants that
+  compute their shapes); of an activation they are refused. ``Gather`` of an activation by
+  constant indices that step evenly (the CLS row ``x[:, 0]``) -> Slice (a Reshape dropping the
+  axis for a scalar index).
 - ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze`` -> Reshape to the output
   shape ONNX shape inference gives.
 - ``Transpose`` that swaps the last two axes and is read only as MatMul or Gemm
@@ -101,8 +107,8 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError
-from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
-                   ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor,
+from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
+                   ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor,
                    Transpose, Slice)
 from .dtypes import DType, dequantise, quantise
 from .importing import (BF16_HELP, check_cast_bf16, patch_conv_ops, patch_conv_refusal, reduce_ops, transpose_ops,
@@ -909,6 +915,38 @@ def _lower_slice(imp: _Importer, n: _Node) -> list[Op]:
     return ops
 
 
+def _lower_gather(imp: _Importer, n: _Node) -> list[Op]:
+    """``Gather`` of an activation by constant indices that step evenly along the axis (the CLS row
+    a pooler reads, ``x[:, 0]``: a scalar index): a ``Slice``, then a Reshape to the output's shape
+    where the indices' shape is not one axis (a scalar index drops the axis). Other indices are
+    refused naming them (a Gather of constants is folded at import, ``_fold_gather``)."""
+    x, idx_name, y = n.inputs[0], n.inputs[1], n.outputs[0]
+    if idx_name not in imp.constants:
+        raise n.err(f"indices {idx_name!r} are not a constant; tileplan gathers by indices fixed at export")
+    shape = imp._static(x, what="Gather input")
+    axis = int(n.attrs.get("axis", 0))
+    if not -len(shape) <= axis < len(shape):
+        raise n.err(f"axis {axis} is out of range for {x!r} {list(shape)}")
+    axis %= len(shape)
+    idx = np.asarray(imp.constants[idx_name])
+    length = shape[axis]
+    flat = [int(i) for i in idx.ravel()]
+    if any(not -length <= i < length for i in flat):
+        raise n.err(f"indices {flat} are out of range for axis {axis} of length {length}")
+    flat = [i % length for i in flat]
+    steps = {b - a for a, b in zip(flat, flat[1:])}
+    if not flat or len(steps) > 1 or 0 in steps:
+        raise n.err(f"indices {flat} do not step evenly along axis {axis}; tileplan gathers a run of "
+                    "positions (a Slice)")
+    step = steps.pop() if steps else 1
+    positions = Slice.positions(range(flat[0], flat[-1] + (1 if step > 0 else -1), step))
+    out_shape = tuple(imp._static(y, what="Gather output"))
+    if idx.ndim == 1:
+        return [Slice(n.name, (x,), y, axis=axis, **positions)]
+    return [Slice(f"{n.name}.slice", (x,), f"{y}.slice", axis=axis, **positions),
+            Reshape(n.name, (f"{y}.slice",), y, shape=out_shape or (1,))]
+
+
 def _lower_softmax(imp: _Importer, n: _Node) -> list[Op]:
     """Softmax over ``axis`` (opset 13+; the planner moves another axis last). Below opset 13 the
     input is flattened to 2-D at ``axis`` first (Reshapes ``<y>.rows`` and back)."""
@@ -1080,6 +1118,13 @@ def _fold_gather(imp: _Importer, n: _Node):
     return np.take(data, idx, axis=axis)
 
 
+def _lower_concat(imp: _Importer, n: _Node) -> list[Op]:
+    """``Concat`` -> Concat along its ``axis`` (a class token joined to the patch tokens)."""
+    if "axis" not in n.attrs:
+        raise n.err("has no axis attribute (ONNX requires one)")
+    return [Concat(n.name, tuple(n.inputs), n.outputs[0], axis=int(n.attrs["axis"]))]
+
+
 def _lower_conv(imp: _Importer, n: _Node) -> list[Op]:
     """``Conv`` as a patch embedding: a GEMM over the patches (``importing.patch_conv_ops``), the
     initializer weight re-laid as ``<weight>.patches`` ``[D, C*kh*kw]``. When the output's only
@@ -1121,7 +1166,49 @@ def _lower_conv(imp: _Importer, n: _Node) -> list[Op]:
     return ops
 
 
-# Shape arithmetic on integer constants, evaluated at import (tileplan plans static shapes).
+def _fold_repeat(how: str):
+    """``Expand`` / ``Tile`` of a constant by a constant shape or repeat count (a class token
+    repeated over the batch): evaluated at import, the result a parameter named after the output.
+    tileplan has no op that repeats an activation: such a node is left to the unsupported-node
+    error. Design decision: an FP8 constant is repeated only when the output carries its scale
+    (the stored bytes are repeated, not rescaled)."""
+    def fold(imp: _Importer, n: _Node):
+        if len(n.inputs) < 2 or any(t not in imp.constants for t in n.inputs[:2]):
+            return None
+        data, arg = np.asarray(imp.constants[n.inputs[0]]), np.asarray(imp.constants[n.inputs[1]])
+        if not np.issubdtype(arg.dtype, np.integer):
+            return None
+        if imp._tensor_dtype(n.inputs[0]) is DType.FP8 and imp._scale(n.inputs[0]) != imp._scale(n.outputs[0]):
+            return None
+        arg = [int(d) for d in arg.ravel()]
+        if any(d < 0 for d in arg):
+            raise n.err(f"{'shape' if how == 'expand' else 'repeats'} {arg} has a negative entry")
+        try:
+            if how == "expand":
+                out = np.broadcast_to(data, np.broadcast_shapes(data.shape, tuple(arg)))
+            else:
+                if len(arg) != data.ndim:
+                    raise n.err(f"repeats {arg} has {len(arg)} entries for input of rank {data.ndim}")
+                out = np.tile(data, arg)
+        except ValueError as exc:
+            raise n.err(f"cannot {how} {list(data.shape)} by {arg}: {exc}") from None
+        return np.ascontiguousarray(out)
+    return fold
+
+
+def _fold_constants_with(fn):
+    """A node of constants only (any dtype) evaluated with numpy: the exporters' ``Equal`` /
+    ``Where`` that compute an ``Expand``'s shape (``expand(B, -1, -1)``: -1 replaced by the input's
+    dimension)."""
+    def fold(imp: _Importer, n: _Node):
+        if not n.inputs or any(not t or t not in imp.constants for t in n.inputs):
+            return None
+        return np.asarray(fn(*(np.asarray(imp.constants[t]) for t in n.inputs)))
+    return fold
+
+
+# Shape arithmetic on integer constants, evaluated at import (tileplan plans static shapes); and
+# Expand / Tile of any constant, with the Equal / Where of constants that compute their shapes.
 _SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
     "Shape": _fold_shape,
     "Size": _fold_size,
@@ -1129,6 +1216,10 @@ _SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
     "Concat": _fold_int(lambda n, *xs: np.concatenate([np.atleast_1d(x) for x in xs], axis=n.attrs["axis"])),
     "ConstantOfShape": _fold_int(_constant_of_shape),
     "Gather": _fold_gather,
+    "Expand": _fold_repeat("expand"),
+    "Equal": _fold_constants_with(np.equal),
+    "Where": _fold_constants_with(np.where),
+    "Tile": _fold_repeat("tile"),
     "Neg": _fold_int(lambda n, a: -a),
     "Add": _fold_int(lambda n, a, b: a + b),
     "Sub": _fold_int(lambda n, a, b: a - b),
@@ -1172,6 +1263,8 @@ _LOWER: dict[str, _Row] = {
     "Transpose": _Row(_lower_transpose, fold=False),   # _fold_transposes folds constants, keeping names
     "Softmax": _Row(_lower_softmax),
     "Split": _Row(_lower_split),
+    "Concat": _Row(_lower_concat),     # (after _SHAPE_FOLD: a Concat of integer constants is shape arithmetic)
+    "Gather": _Row(_lower_gather, fold=False),   # (after _SHAPE_FOLD: a Gather of constants is folded there)
     "Slice": _Row(_lower_slice),       # (after _SHAPE_FOLD: a Slice of integer constants is shape arithmetic)
     "LayerNormalization": _Row(_lower_layernorm, fold=False),
     "ReduceSum": _Row(_reduce(ReduceSum, 13)),
@@ -1406,11 +1499,15 @@ def _export_slice(op, graph, h, elem):
         [h.make_node("Slice", [op.inputs[0], *(f"{op.name}.{what}" for what, _ in bounds)], [op.output], name=op.name)]
 
 
+def _export_concat(op, graph, h, elem):
+    return [h.make_node("Concat", list(op.inputs), [op.output], name=op.name, axis=op.axis)]
+
+
 # Each op kind's ONNX nodes (the pointwise ops of ``_ONNX_TYPE`` are one node of that type).
 _EXPORT = {MatMul: _export_matmul, Reshape: _export_reshape, Transpose: _export_transpose, GeLU: _export_gelu,
            Cast: _export_cast, LayerNorm: _export_layernorm, Softmax: _export_softmax,
            ReduceSum: _export_reduce("ReduceSum"), ReduceMean: _export_reduce("ReduceMean"),
-           ReduceMax: _export_reduce("ReduceMax"), Slice: _export_slice}
+           ReduceMax: _export_reduce("ReduceMax"), Slice: _export_slice, Concat: _export_concat}
 
 
 def to_onnx(graph: Graph, params: dict[str, np.ndarray], *, opset: int = OPSET):

@@ -287,6 +287,7 @@ OP_OPTIONS = {"matmul": {"transpose_a": _bool, "transpose_b": _bool},
               "softmax": {"axis": _int, "softmax_scale": lambda v, where, key: _number(v, where, key)},
               "cast": {"saturate": _bool},
               "slice": {"axis": _int, "start": _int, "stop": _int, "step": _int},
+              "concat": {"axis": _int},
               **{k: {"keepdims": _bool} for k in ("reducesum", "reducemean", "reducemax")}}
 
 
@@ -415,9 +416,9 @@ def _op(v: dict, index: int) -> _OpEntry:
     inputs = _names(v["inputs"], where, "inputs")
     output = _str(v["output"], where, "output")
     cls = OP_KINDS[kind]
-    if len(inputs) != cls.arity:
-        raise TileplanError(f"{where}: takes {cls.arity} input{'s' if cls.arity > 1 else ''}, "
-                            f"got {len(inputs)}: {list(inputs)}")
+    problem = cls.arity_problem(inputs)
+    if problem:
+        raise TileplanError(f"{where}: {problem}")
     extra = {k: parse(v[k], where, k) for k, parse in options.items() if k in v}
     op = cls(name=name, inputs=inputs, output=output, **extra)
     dtype = _dtype(v["dtype"], where) if "dtype" in v else None

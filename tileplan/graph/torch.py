@@ -106,8 +106,9 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError
-from .core import (Add, Cast, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal, ReduceMax,
-                   ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh, Tensor)
+from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
+                   ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh,
+                   Tensor)
 from .importing import (BF16_HELP, check_cast_bf16, patch_conv_ops, patch_conv_refusal, reduce_ops, transpose_ops,
                         unsupported_error)
 from .dtypes import DType, quantise
@@ -683,6 +684,10 @@ def _binary(cls: type[Op]):
         if alpha != 1 and isinstance(b, (int, float)):
             b, alpha = b * alpha, 1
         ta, tb = imp.operands(node, (a, b))
+        kept = _adds_computed_zeros(imp, node, cls, (a, b), (ta, tb))
+        if kept is not None:
+            imp.value[node.name] = kept
+            return
         if alpha != 1:
             scaled = f"{node.name}.scaled"
             imp.ops.append(Mul(f"{node.name}.alpha", (tb, imp.constant(f"{node.name}.alpha", alpha, tb)), scaled))
@@ -690,6 +695,26 @@ def _binary(cls: type[Op]):
             tb = scaled
         imp.emit(node, cls(node.name, (ta, tb), node.name))
     return handle
+
+
+def _adds_computed_zeros(imp: _Importer, node, cls, args, tensors) -> str | None:
+    """The other operand, when an Add (or the subtrahend of a Sub) is a value computed at import
+    that is all zeros and the result has the other operand's shape and dtype: the attention mask
+    HF builds when none is given (``create_bidirectional_mask``: ``[B, 1, T, T]`` of zeros,
+    broadcast over the heads). Only values computed at import: a parameter the user may override
+    stays an Add."""
+    if cls not in (Add, Sub):
+        return None
+    val = node.meta.get("val")
+    for k in ((0, 1) if cls is Add else (1,)):
+        zero, other = tensors[k], tensors[1 - k]
+        if getattr(args[k], "name", None) not in imp.folded or not _is_tensor(val):
+            continue
+        t, v = imp.known[other], imp.params.get(zero)
+        if v is not None and not np.any(np.asarray(v, dtype=np.float64)) and \
+                tuple(val.shape) == t.shape and imp.dtype(val.dtype, node.name) is t.dtype:
+            return other
+    return None
 
 
 def _unary(*classes: type[Op]):
@@ -892,6 +917,28 @@ def _select(imp: _Importer, node) -> None:
     _slice_of(imp, node, src, dim, index, index + 1, squeeze=True)
 
 
+def _cat(imp: _Importer, node) -> None:
+    """``cat(tensors, dim)``: a ``Concat`` (a class token joined to the patch tokens). An operand
+    known at import (the class token expanded over the batch, folded) is a parameter; one whose
+    tileplan tensor dropped torch's shape is reshaped back first (``<node>.shape<i>``). One operand
+    is that operand."""
+    parts = list(_arg(node, 0, "tensors"))
+    shape = tuple(node.meta["val"].shape)
+    dim = int(_arg(node, 1, "dim", 0)) % len(shape)
+    xs = []
+    for i, src in enumerate(parts):
+        x = imp.read(src, _describe(node))
+        if imp.reshaped(src):
+            out = f"{node.name}.shape{i}"
+            imp.emit(node, Reshape(out, (x,), out, shape=_static_shape(src.meta["val"], node.name)))
+            x = out
+        xs.append(x)
+    if len(xs) == 1:
+        imp.value[node.name] = xs[0]
+        return
+    imp.emit(node, Concat(node.name, tuple(xs), node.name, axis=dim))
+
+
 def _dropout(imp: _Importer, node) -> None:
     """Inference dropout is its input; ``train=True`` is refused."""
     if _arg(node, 2, "train", False):
@@ -969,6 +1016,7 @@ _HANDLERS = {
     "getitem": _getitem,
     "aten.slice.Tensor": _slice,
     "aten.select.int": _select,
+    "aten.cat.default": _cat,
 }
 def supported() -> str:
     names = sorted(t.removeprefix("aten.") for t in _HANDLERS)

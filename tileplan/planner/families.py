@@ -18,7 +18,7 @@ Families:
   activation input in the same element intervals; a broadcast operand (a bias row, a scalar, a
   column) is read replicated on every tile.
 - ``Rowwise`` (LayerNorm, Softmax, ReduceSum/Mean/Max over the last axis): ``planner.rowwise``.
-- ``View`` (Reshape, Slice) and ``Transpose``: ``planner.views``.
+- ``View`` (Reshape, Slice, Concat) and ``Transpose``: ``planner.views``.
 
 ``family_of(op)`` walks the op's class hierarchy, so a new op is covered by its base class's row.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..graph.core import Cast, Graph, MatMul, Op, Pointwise, Reshape, Rowwise, Slice, Tensor, Transpose
+from ..graph.core import Cast, Concat, Graph, MatMul, Op, Pointwise, Reshape, Rowwise, Slice, Tensor, Transpose
 from ..layout import Intervals, Packed, PackedPanels
 from ..layout.panels import panels_fit
 from . import elementwise as ew
@@ -87,6 +87,7 @@ VIEW = Family("View", False, _no_storage, views.view_candidates)
 ROWWISE = Family("Rowwise", False, _rowwise_storage, rowwise.candidates)
 TRANSPOSE = Family("Transpose", False, _no_storage, views.transpose_candidates)
 SLICE = Family("View", False, _no_storage, views.slice_candidates)
+CONCAT = Family("View", False, _no_storage, views.concat_candidates)
 
 FAMILIES: dict[type, Family] = {
     MatMul: GEMM,             # grids, serial K, reductions
@@ -96,6 +97,7 @@ FAMILIES: dict[type, Family] = {
     Reshape: VIEW,            # a relabelling: free where the layout survives it
     Transpose: TRANSPOSE,     # a real rearrangement: exchange, then an on-tile copy or transpose
     Slice: SLICE,             # a column window of its input's layout: a relabelling where it is aligned
+    Concat: CONCAT,           # each input copied into its column window of the output's layout
 }
 
 

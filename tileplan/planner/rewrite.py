@@ -38,6 +38,9 @@ packaged in model.json and validated; it computes exactly what the original does
   input or parameter that only folded ops read stays declared, read by nothing on the tiles
   (``Graph.build``'s ``unread``; model.json lists it).
 
+- A Concat drops its zero-size parts (they hold nothing); with one part left it is a Reshape to
+  its own shape, under the Concat's name.
+
 - Ops that compute the same thing (kind, attributes, inputs, output type) are one op
   (``_shared``): the later ones' readers read the first one's output.
 
@@ -53,7 +56,7 @@ import math
 import numpy as np
 
 from ..errors import TileplanError
-from ..graph.core import Cast, Graph, MatMul, Reduce, Reshape, Role, Slice, Softmax, Tensor, Transpose
+from ..graph.core import Cast, Concat, Graph, MatMul, Reduce, Reshape, Role, Slice, Softmax, Tensor, Transpose
 from ..graph.dtypes import dequantise, quantise
 
 
@@ -82,7 +85,7 @@ def _fold(graph: Graph) -> tuple[list, dict[str, float], set[str]]:
     outputs = {t.name for t in graph.by_role(Role.OUTPUT)}
     for op in kept:
         for i in op.inputs:
-            if i in made:
+            if i in made and known[i].size:          # (a zero-size part of a Concat holds nothing)
                 raise op.err(f"reads {i!r}, which is folded at plan time (every element "
                              f"{known[i].flat[0] if known[i].size else 'none'}); tileplan does not upload "
                              "folded constants to tiles")
@@ -239,8 +242,17 @@ def _identity_cast(graph: Graph, op: Cast) -> list | None:
     return [Reshape(op.name, op.inputs, op.output, shape=dst.shape)]
 
 
+def _nonempty_parts(graph: Graph, op: Concat) -> list | None:
+    parts = tuple(i for i in op.inputs if graph.tensors[i].size)
+    if len(parts) == len(op.inputs):
+        return None
+    if len(parts) == 1:
+        return [Reshape(op.name, parts, op.output, shape=graph.tensors[op.output].shape)]
+    return [dataclasses.replace(op, inputs=parts)]
+
+
 RULES = ((Softmax, _softmax_last), (Reduce, _keep_unit_axis), (MatMul, _matmul), (Cast, _identity_cast),
-         (Slice, _strided_last))
+         (Slice, _strided_last), (Concat, _nonempty_parts))
 
 
 def _shared(graph: Graph, ops: list, declared: dict[str, Tensor]) -> tuple[list, set[str]]:

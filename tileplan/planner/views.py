@@ -28,9 +28,25 @@ Other permutations are refused with an error naming the op.
   pieces are the output's pieces at the same offsets (a column range aligned to the input's
   column blocks: the output aliases the input), else on-tile copies and exchanges, one fragment
   per row piece, never per element.
+- ``Concat`` (torch cat, ONNX Concat: a class token joined to the patch tokens), the inverse of a
+  step-1 Slice: input ``i`` is the column window ``[c_i, c_i + w_i)`` of the output's 2-D view
+  (``graph.core.Concat.windows``). A candidate per output layout and choice of input layouts: one
+  buffer per input in ``Window`` of the output's layout, each declared a view of the output's
+  buffer (``Program.aliases``: the output's memory, written where it lies), and one copy of each
+  input into its window, all in one exchange step, planned by the copy machinery like any
+  conversion: on-tile copies where an input's pieces lie on the tiles that hold their window,
+  exchanges otherwise, one fragment per row piece, never per element.
+
+  Design decision: the copies are always made. The case "free where the parts already lie where
+  the result wants them" would need each input's producer to write into the output's memory (the
+  input aliasing its window, the inverse of a Slice's alias), which the lifetimes of the
+  allocator do not express; a Concat joins small tensors in the models tileplan imports (a class
+  token and the patch tokens, once per image), so the copies are cheap.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -92,6 +108,38 @@ def slice_candidates(ctx, op) -> list[Candidate]:
             prog.steps.append(ExchangeStep(f"{op.name}.slice", (Copy(view.name, b.name),)))
             out.append(_candidate(ctx, op, lay_in, lay_out, prog,
                                   f"slice columns [{c0}, {c0 + w}) of {C}: the window copied where it lies"))
+    return out
+
+
+def concat_candidates(ctx, op) -> list[Candidate]:
+    g, tiles = ctx.graph, ctx.target.tiles
+    xs, y = g.inputs_of(op), g.output_of(op)
+    C, windows = op.windows([x.shape for x in xs])
+    per_input = [activation_layouts(x, tiles) for x in xs]
+    # Every combination of input layouts for a few inputs; beyond that, each input in the same
+    # kind of layout (the combinations grow as 2^n and the selection converts into any of them).
+    choices = (list(itertools.product(*per_input)) if len(xs) <= 3 else
+               [tuple(lays[min(k, len(lays) - 1)] for lays in per_input) for k in range(max(map(len, per_input)))])
+    out = []
+    for lay_out in activation_layouts(y, tiles):
+        for lays_in in choices:
+            prog = Program()
+            b = prog.add_buffer(ctx.tensor_buffer(y.name, lay_out))
+            copies = []
+            # Each part in its window of the output's buffer (no part is zero-size: planner.rewrite
+            # drops those).
+            for i, (x, lay_in, (c0, _)) in enumerate(zip(xs, lays_in, windows)):
+                a = prog.add_buffer(ctx.tensor_buffer(x.name, lay_in))
+                view = prog.add_buffer(Buffer(f"{op.name}.window{i}@{lay_out}", Window(lay_out, y.shape, C, c0),
+                                              x.shape, y.dtype, "transient", "standard", y.scale))
+                prog.aliases[view.name] = b.name          # the window is the output's memory
+                copies.append(Copy(a.name, view.name))
+            prog.steps.append(ExchangeStep(f"{op.name}.concat", tuple(copies)))
+            d = cost_program(scheduled(prog, tiles), ctx.target)
+            out.append(Candidate(op.name, tuple(lays_in), lay_out,
+                                 f"concat of {len(xs)} along axis {op.axis % len(y.shape)}: each input copied into "
+                                 f"its column window of {C}", d.estimate, d.estimate, prog,
+                                 np.zeros(tiles, dtype=np.int64)))
     return out
 
 
