@@ -13,6 +13,8 @@ compiled onto ipu21-64 and validated on the IPU model against torch's own output
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -28,6 +30,18 @@ from tileplan.sim.validate import validate_package  # noqa: E402
 from tileplan.target import load_target  # noqa: E402
 
 HIDDEN, LAYERS, PATCH = 64, 2, 8
+
+# The suite runs one compile-and-validate per model and path, covering batch 2, FP16 and a
+# non-square image among them; ``TILEPLAN_ALL_MODELS=1`` runs the whole matrix (each case takes
+# 15-40 s of CPU: all of them would double the suite's time on two cores).
+ALL_MODELS = os.environ.get("TILEPLAN_ALL_MODELS") == "1"
+
+
+def matrix(*cases, lean: tuple):
+    """``cases`` as pytest params; those not in ``lean`` run only with TILEPLAN_ALL_MODELS=1."""
+    skip = pytest.mark.skipif(not ALL_MODELS, reason="one case per model and path runs by default; "
+                                                     "TILEPLAN_ALL_MODELS=1 runs the whole matrix")
+    return [pytest.param(*c, marks=() if c in lean else skip) for c in cases]
 
 
 class LastHidden(torch.nn.Module):
@@ -129,7 +143,9 @@ def test_siglip_vision_model_with_map_head_compiles_and_validates(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch,h,w,dtype", [(1, 32, 32, "float32"), (2, 32, 48, "float32"), (2, 32, 32, "float16")])
+@pytest.mark.parametrize("batch,h,w,dtype", matrix((1, 32, 32, "float32"), (2, 32, 48, "float32"),
+                                                   (2, 32, 32, "float16"),
+                                                   lean=((2, 32, 48, "float32"), (2, 32, 32, "float16"))))
 def test_siglip_vision_model_through_torch_export_compiles_and_validates(batch, h, w, dtype, tmp_path):
     module = siglip_vision(dtype, interpolate=(h, w) != (32, 32))
     x = torch.randn(batch, 3, h, w, dtype=getattr(torch, dtype))
@@ -208,14 +224,17 @@ def compile_class_token_model(name: str, batch: int, dtype: str, tmp_path) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch,dtype", [(1, "float32"), (2, "float32"), (2, "float16")])
+@pytest.mark.parametrize("batch,dtype", matrix((1, "float32"), (2, "float32"), (2, "float16"),
+                                               lean=((2, "float32"),)))
 def test_vit_model_with_its_pooler_compiles_and_validates(batch, dtype, tmp_path):
     compile_class_token_model("vit", batch, dtype, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["clip", "deit", "dinov2"])
-@pytest.mark.parametrize("batch,dtype", [(1, "float32"), (2, "float16")])
+@pytest.mark.parametrize("name,batch,dtype", matrix(*[(n, b, d) for n in ("clip", "deit", "dinov2")
+                                                     for b, d in ((1, "float32"), (2, "float16"))],
+                                                   lean=(("clip", 2, "float16"), ("deit", 2, "float16"),
+                                                         ("dinov2", 2, "float16"))))
 def test_class_token_model_compiles_and_validates(name, batch, dtype, tmp_path):
     compile_class_token_model(name, batch, dtype, tmp_path)
 
