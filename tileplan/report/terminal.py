@@ -98,12 +98,16 @@ def _table(title: str, columns, verbose: bool, flexible: dict | None = None, **k
     return t
 
 
-WIDTH = 100     # the terminal width every compact table fits (numbers whole, long text cut)
+def _width() -> int:
+    """The width tables are printed at: ``$COLUMNS`` or the terminal's, else 160 (the CLI's console
+    when its output is not a terminal)."""
+    import shutil
+    return shutil.get_terminal_size((160, 24)).columns
 
 
 def _pin(t: Table) -> Table:
     """Fix every column but the flexible ones at its widest cell, and narrow the flexible ones so
-    the whole table fits ``WIDTH`` columns: only long text is cut, never a number."""
+    the whole table fits the output's width (``_width``): only long text is cut, never a number."""
     if t.box is box.SIMPLE_HEAD:
         fixed = 0
         for col in t.columns:
@@ -113,7 +117,7 @@ def _pin(t: Table) -> Table:
                 fixed += col.min_width
         flex = [col for col in t.columns if col.header in t.flexible]
         if flex:
-            room = (WIDTH - fixed - 2 * len(t.columns)) // len(flex)     # (a column's padding: one a side)
+            room = (_width() - fixed - 2 * len(t.columns)) // len(flex)  # (a column's padding: one a side)
             for col in flex:
                 col.max_width = max(8, min(col.max_width or room, room))
     return t
