@@ -76,24 +76,36 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
     ridx = {n: i for i, n in enumerate(roots)}
     rsize = np.stack([root_size[n] for n in roots]) if roots else np.zeros((0, tiles), dtype=np.int64)
     prefer_il = np.array([program.buffers[n].region == "interleaved" for n in roots])
-    order = placement_order(rsize.max(axis=1) if len(roots) else [], [rspan[r] for r in roots], roots,
-                            max(len(program.steps), 1))
+    largest = rsize.max(axis=1) if len(roots) else []
+    rspans = [rspan[r] for r in roots]
+    orders = (placement_order(largest, rspans, roots, max(len(program.steps), 1)),
+              sorted(range(len(roots)), key=lambda i: (-int(largest[i]), rspans[i][0], roots[i])))
     raddr = np.full((len(roots), tiles), -1, dtype=np.int64)
     # One placement per distinct size profile.
     profiles, inverse = np.unique(rsize.T, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     regions = {"standard": (target.reserve_bytes, target.standard_bytes),
                "interleaved": (target.standard_bytes, target.sram_bytes)}
-    failed = {}
-    for p, got in _placements(profiles, order, roots, prefer_il, [rspan[r] for r in roots], regions, target):
-        if isinstance(got, str):
-            failed[p] = got
-        else:
-            raddr[:, inverse == p] = got[:, None]
+    # Design decision: a profile that the long-lived-first order cannot place is placed again
+    # largest first (the order before it). Neither order dominates: on random cases long-lived
+    # first misses fewer (21 against 24 of 688), yet the 4096-square FP16 GEMM's serial-K chunks
+    # place only largest first. Profiles either order places keep the first's addresses.
+    todo, failed = list(range(len(profiles))), {}
+    for order in orders:
+        failed = {}
+        for k, got in _placements(profiles[todo], order, roots, prefer_il, rspans, regions, target):
+            p = todo[k]
+            if isinstance(got, str):
+                failed[p] = got
+            else:
+                raddr[:, inverse == p] = got[:, None]
+        todo = sorted(failed)
+        if not todo:
+            break
     if failed:                                  # the first profile that does not fit, as placed one by one
         p = min(failed)
         tile = int(np.flatnonzero(inverse == p)[0])
-        raise TileplanError(_failure(failed[p], tile, rsize[:, tile], roots, [rspan[r] for r in roots],
+        raise TileplanError(_failure(failed[p], tile, rsize[:, tile], roots, rspans,
                                      max(len(program.steps), 1), target))
     addr = np.full((len(names), tiles), -1, dtype=np.int64)
     for i, n in enumerate(names):
