@@ -13,12 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tileplan.graph.core import Role  # noqa: E402
 from tileplan.graph.torch import import_module  # noqa: E402
-from tileplan.lowering.compile import compile_model  # noqa: E402
-from tileplan.lowering.package import load_package  # noqa: E402
-from tileplan.sim.validate import validate_package  # noqa: E402
-from tileplan.target import load_target  # noqa: E402
+from torch_validate import compile_and_validate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from siglip_hf import Hidden  # noqa: E402
@@ -68,14 +64,4 @@ def test_hf_encoder_imports_compiles_and_validates_against_torch(name, dtype, tm
     for op in model.graph.ops:
         if op.kind == "softmax":
             assert op.softmax_scale == float(scaling.astype(getattr(np, dtype)))
-    _, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", params=model.params, jobs=1)
-    (inp,) = model.graph.by_role(Role.INPUT)
-    (out,) = model.graph.by_role(Role.OUTPUT)
-    with torch.no_grad():
-        want = module.float()(x.float()).numpy()      # fp16: the same fp16-valued weights, torch in fp32
-    np.savez(tmp_path / "inputs.npz", **{inp.name: x.float().numpy()})
-    np.savez(tmp_path / "expected.npz", **{out.name: want.reshape(out.shape)})
-    v = validate_package(load_package(path), inputs_path=tmp_path / "inputs.npz",
-                         expected_path=tmp_path / "expected.npz")
-    assert v.passed, v.outputs
-    assert v.outputs[out.name]["cosine"] > 0.999
+    _, v = compile_and_validate(model, module, x, tmp_path)

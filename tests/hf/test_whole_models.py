@@ -24,10 +24,7 @@ transformers = pytest.importorskip("transformers")
 from tileplan.graph.core import Role  # noqa: E402
 from tileplan.graph.onnx import import_onnx  # noqa: E402
 from tileplan.graph.torch import import_module  # noqa: E402
-from tileplan.lowering.compile import compile_model  # noqa: E402
-from tileplan.lowering.package import load_package  # noqa: E402
-from tileplan.sim.validate import validate_package  # noqa: E402
-from tileplan.target import load_target  # noqa: E402
+from torch_validate import compile_and_validate  # noqa: E402
 
 HIDDEN, LAYERS, PATCH = 64, 2, 8
 
@@ -80,20 +77,6 @@ def check_imported(model, batch: int, h: int, w: int) -> None:
     assert len(tables) == 1                                       # the position rows, folded at import
 
 
-def compile_and_validate(model, module, x, tmp_path):
-    """Compile onto ipu21-64, validate against torch; returns (plan, validation)."""
-    p, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", params=model.params, jobs=1)
-    (inp,) = model.graph.by_role(Role.INPUT)
-    (out,) = model.graph.by_role(Role.OUTPUT)
-    with torch.no_grad():
-        want = module.float()(x.float()).numpy()     # fp16: the same fp16-valued weights, torch in fp32
-    np.savez(tmp_path / "inputs.npz", **{inp.name: x.float().numpy()})
-    np.savez(tmp_path / "expected.npz", **{out.name: want.reshape(out.shape)})
-    v = validate_package(load_package(path), inputs_path=tmp_path / "inputs.npz",
-                         expected_path=tmp_path / "expected.npz")
-    assert v.passed, v.outputs
-    assert v.outputs[out.name]["cosine"] > 0.999
-    return p, v
 
 
 def export_onnx(module, x, path) -> None:

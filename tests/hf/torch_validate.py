@@ -1,0 +1,31 @@
+"""The one check of an imported torch module: compile it onto the 64-tile target and validate the
+package on the IPU model against torch's own output (fp16 modules: the same fp16-valued weights,
+torch computing in fp32)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tileplan.graph.core import Role
+from tileplan.lowering.compile import compile_model
+from tileplan.lowering.package import load_package
+from tileplan.sim.validate import validate_package
+from tileplan.target import load_target
+
+
+def compile_and_validate(model, module, x, tmp_path):
+    """Compile ``model`` (the import of ``module`` on example input ``x``) onto ipu21-64 and validate
+    it against ``module(x)``; returns (plan, validation)."""
+    p, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", params=model.params, jobs=1)
+    (inp,) = model.graph.by_role(Role.INPUT)
+    (out,) = model.graph.by_role(Role.OUTPUT)
+    with torch.no_grad():
+        want = module.float()(x.float()).numpy()
+    np.savez(tmp_path / "inputs.npz", **{inp.name: x.float().numpy()})
+    np.savez(tmp_path / "expected.npz", **{out.name: want.reshape(out.shape)})
+    v = validate_package(load_package(path), inputs_path=tmp_path / "inputs.npz",
+                         expected_path=tmp_path / "expected.npz")
+    assert v.passed, v.outputs
+    assert v.outputs[out.name]["cosine"] > 0.999
+    return p, v
