@@ -440,6 +440,25 @@ class _Builder:
                   axis=axis - n if rng.random() < 0.5 else axis, start=start, stop=stop)
         return True
 
+    def concat(self, rng: random.Random) -> bool:
+        """A Concat of a recent activation with another of its type and shape but along ``axis``
+        (itself when none is), on the last axis one time in two."""
+        fits = self.pool[-4:]
+        if not fits:
+            return False
+        t = rng.choice(fits)
+        n = len(t.shape)
+        axis = n - 1 if rng.random() < 0.5 else rng.randrange(n)
+        mates = [u for u in self.pool if u is not t and u.dtype == t.dtype and u.scale == t.scale
+                 and len(u.shape) == n and all(a == b for i, (a, b) in enumerate(zip(u.shape, t.shape)) if i != axis)]
+        parts = [t, rng.choice(mates) if mates else t]
+        shape = t.shape[:axis] + (sum(p.shape[axis] for p in parts),) + t.shape[axis + 1:]
+        lo = None if any(p.lo is None for p in parts) else min(p.lo for p in parts)
+        self.features[f"concat axis {'last' if axis == n - 1 else 'other'}"] += 1
+        self.emit("concat", parts, self.out(t, shape=shape, mag=max(p.mag for p in parts), lo=lo),
+                  axis=axis - n if rng.random() < 0.5 else axis)
+        return True
+
     def matmul(self) -> bool:
         a = self.pick(rank_min=2)
         if a is None:
@@ -582,6 +601,10 @@ class _Builder:
         slices = random.Random(f"slice {self.seed}")
         if slices.random() < 2 / 3:
             self.slicing(slices)
+        # A Concat, in one case of three, likewise from its own generator.
+        joins = random.Random(f"concat {self.seed}")
+        if joins.random() < 1 / 3:
+            self.concat(joins)
         # Every input must be read; an unread one joins the graph through a pointwise op.
         for name in self.inputs:
             if not self.uses[name]:
