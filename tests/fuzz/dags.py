@@ -421,14 +421,21 @@ class _Builder:
         self.emit("transpose", [t], self.out(t, shape=tuple(t.shape[p] for p in perm), lo=t.lo), perm=perm)
         return True
 
-    def slicing(self, rng: random.Random) -> bool:
-        """A Slice of part of one axis of a recent activation, the last axis one time in two."""
+    def recent_axis(self, rng: random.Random):
+        """A recent activation and one of its axes, the last one time in two (None: no activation)."""
         fits = self.pool[-4:]
         if not fits:
-            return False
+            return None
         t = rng.choice(fits)
         n = len(t.shape)
-        axis = n - 1 if rng.random() < 0.5 else rng.randrange(n)
+        return t, n, (n - 1 if rng.random() < 0.5 else rng.randrange(n))
+
+    def slicing(self, rng: random.Random) -> bool:
+        """A Slice of part of one axis of a recent activation, the last axis one time in two."""
+        got = self.recent_axis(rng)
+        if got is None:
+            return False
+        t, n, axis = got
         length = t.shape[axis]
         if length < 2:
             return False
@@ -443,12 +450,10 @@ class _Builder:
     def concat(self, rng: random.Random) -> bool:
         """A Concat of a recent activation with another of its type and shape but along ``axis``
         (itself when none is), on the last axis one time in two."""
-        fits = self.pool[-4:]
-        if not fits:
+        got = self.recent_axis(rng)
+        if got is None:
             return False
-        t = rng.choice(fits)
-        n = len(t.shape)
-        axis = n - 1 if rng.random() < 0.5 else rng.randrange(n)
+        t, n, axis = got
         mates = [u for u in self.pool if u is not t and u.dtype == t.dtype and u.scale == t.scale
                  and len(u.shape) == n and all(a == b for i, (a, b) in enumerate(zip(u.shape, t.shape)) if i != axis)]
         parts = [t, rng.choice(mates) if mates else t]

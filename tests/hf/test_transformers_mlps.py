@@ -3,18 +3,13 @@ import, compile onto ipu21-64, validate on the IPU model against torch's own out
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tileplan.graph.core import Role  # noqa: E402
 from tileplan.graph.torch import import_module  # noqa: E402
-from tileplan.lowering.compile import compile_model  # noqa: E402
-from tileplan.lowering.package import load_package  # noqa: E402
-from tileplan.sim.validate import validate_package  # noqa: E402
-from tileplan.target import load_target  # noqa: E402
+from torch_validate import compile_and_validate  # noqa: E402
 
 
 def siglip(act):
@@ -66,14 +61,4 @@ def test_transformers_mlp_imports_compiles_and_validates_against_torch(name, dty
     if approximate:
         (gelu,) = [op for op in model.graph.ops if op.kind == "gelu"]
         assert gelu.approximate == approximate
-    _, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", params=model.params, jobs=1)
-    (inp,) = model.graph.by_role(Role.INPUT)
-    (out,) = model.graph.by_role(Role.OUTPUT)
-    with torch.no_grad():
-        # fp16: the same (fp16-valued) weights run in fp32 by torch; tileplan's fp16 tolerance applies
-        want = module.float()(x.float()).numpy()
-    np.savez(tmp_path / "inputs.npz", **{inp.name: x.float().numpy()})
-    np.savez(tmp_path / "expected.npz", **{out.name: want.reshape(out.shape)})
-    v = validate_package(load_package(path), inputs_path=tmp_path / "inputs.npz",
-                         expected_path=tmp_path / "expected.npz")
-    assert v.passed, v.outputs
+    compile_and_validate(model, module, x, tmp_path, min_cosine=None)

@@ -14,9 +14,10 @@ from tileplan.sim.validate import validate_package
 from tileplan.target import load_target
 
 
-def compile_and_validate(model, module, x, tmp_path):
+def compile_and_validate(model, module, x, tmp_path, min_cosine: float | None = 0.999):
     """Compile ``model`` (the import of ``module`` on example input ``x``) onto ipu21-64 and validate
-    it against ``module(x)``; returns (plan, validation)."""
+    it against ``module(x)`` (and, unless ``min_cosine`` is None, the output's cosine above it);
+    returns (plan, validation)."""
     p, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / "pkg", params=model.params, jobs=1)
     (inp,) = model.graph.by_role(Role.INPUT)
     (out,) = model.graph.by_role(Role.OUTPUT)
@@ -27,5 +28,6 @@ def compile_and_validate(model, module, x, tmp_path):
     v = validate_package(load_package(path), inputs_path=tmp_path / "inputs.npz",
                          expected_path=tmp_path / "expected.npz")
     assert v.passed, v.outputs
-    assert v.outputs[out.name]["cosine"] > 0.999
+    if min_cosine is not None:
+        assert v.outputs[out.name]["cosine"] > min_cosine
     return p, v
