@@ -27,6 +27,7 @@ global figure: ``LIMITS`` below names the caps the callers share.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -58,6 +59,41 @@ _INT64 = 1 << 63
 _NPY_KINDS = "biuf"           # bool, signed, unsigned, float: nothing that can hold an object
 
 
+@contextlib.contextmanager
+def _regular_fd(where: str, what: str, follow: bool = True, attributed: bool = True):
+    """An open, blocking file descriptor of the regular file ``where`` and its ``fstat``: opened
+    non-blocking (a FIFO never blocks the open), then refused unless ``fstat`` says a regular
+    file; ``follow=False`` refuses a symbolic link. Closed on exit; OS errors become one line.
+    ``attributed=False``: the path is part of the message rather than the error's ``source``, so
+    a caller reading on behalf of another file (a model's external data) can still name that one."""
+    def error(message: str) -> TileplanError:
+        return TileplanError(message, source=where) if attributed else TileplanError(f"{where}: {message}")
+
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(where, flags)
+    except FileNotFoundError:
+        raise error(f"no such {what}") from None
+    except IsADirectoryError:
+        raise error(f"is a folder, not a {what}") from None
+    except OSError as exc:
+        if not follow and os.path.islink(where):
+            raise error(f"is a symbolic link; refusing to read the {what} through it") from None
+        raise error(f"cannot read the {what} ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise error(f"is a folder, not a {what}")
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"is a {_kind(st.st_mode)}, not a regular file; refusing to read the {what}")
+        os.set_blocking(fd, True)
+        yield fd, st
+    except OSError as exc:
+        raise error(f"cannot read the {what} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
 def read_range(path: str | os.PathLike, offset: int, length: int, what: str = "file",
                follow: bool = True) -> bytes:
     """Exactly ``length`` bytes of the regular file ``path`` from ``offset`` (a file shorter than
@@ -67,25 +103,10 @@ def read_range(path: str | os.PathLike, offset: int, length: int, what: str = "f
     where = str(path)
     if offset < 0 or length < 0:
         raise TileplanError(f"{where}: a negative offset or length ({offset}, {length}) into the {what}")
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
-    try:
-        fd = os.open(where, flags)
-    except FileNotFoundError:
-        raise TileplanError(f"{where}: no such {what}") from None
-    except OSError as exc:
-        if not follow and os.path.islink(where):
-            raise TileplanError(f"{where}: is a symbolic link; refusing to read the {what} through it") from None
-        raise TileplanError(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise TileplanError(f"{where}: is a folder, not a {what}")
-        if not stat.S_ISREG(st.st_mode):
-            raise TileplanError(f"{where}: is a {_kind(st.st_mode)}, not a regular file; refusing to read the {what}")
+    with _regular_fd(where, what, follow, attributed=False) as (fd, st):
         if st.st_size < offset + length:
             raise TileplanError(f"{where}: the {what} is {st.st_size:,} bytes, too short for {length:,} bytes "
                                 f"at offset {offset:,}")
-        os.set_blocking(fd, True)
         chunks, got = [], 0
         while got < length:
             chunk = os.pread(fd, min(length - got, 16 * MiB), offset + got)
@@ -94,32 +115,14 @@ def read_range(path: str | os.PathLike, offset: int, length: int, what: str = "f
             chunks.append(chunk)
             got += len(chunk)
         return b"".join(chunks)
-    except OSError as exc:
-        raise TileplanError(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
 
 
 def read_file(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them (see the module docstring)."""
     where = str(path)
-    try:
-        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise TileplanError(f"no such {what}", source=where) from None
-    except IsADirectoryError:
-        raise TileplanError(f"is a folder, not a {what}", source=where) from None
-    except OSError as exc:
-        raise TileplanError(f"cannot read the {what} ({exc.strerror or exc})", source=where) from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise TileplanError(f"is a folder, not a {what}", source=where)
-        if not stat.S_ISREG(st.st_mode):
-            raise TileplanError(f"is a {_kind(st.st_mode)}, not a regular file; refusing to read the {what}", source=where)
+    with _regular_fd(where, what) as (fd, st):
         if st.st_size > limit:
             raise TileplanError(f"the {what} is {st.st_size:,} bytes, more than the limit of {limit:,}", source=where)
-        os.set_blocking(fd, True)
         chunks, got = [], 0
         while got <= limit:
             chunk = os.read(fd, min(limit + 1 - got, 16 * MiB))
@@ -130,10 +133,6 @@ def read_file(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
         if got > limit:
             raise TileplanError(f"the {what} grew past the limit of {limit:,} bytes while read", source=where)
         return b"".join(chunks)
-    except OSError as exc:
-        raise TileplanError(f"cannot read the {what} ({exc.strerror or exc})", source=where) from None
-    finally:
-        os.close(fd)
 
 
 def _kind(mode: int) -> str:
