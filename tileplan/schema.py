@@ -45,7 +45,8 @@ class SchemaError(Exception):
         self.path, self.problem = path, problem
 
 
-def _kind(v) -> str:
+def kind(v) -> str:
+    """How a JSON value's type is named in an error ("a string", "true/false", ...)."""
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -75,7 +76,7 @@ class Spec:
         raise NotImplementedError
 
     def wrong(self, v, path: str):
-        raise SchemaError(path, f"expected {self.what}, got {_kind(v)}")
+        raise SchemaError(path, f"expected {self.what}, got {kind(v)}")
 
 
 def _range(v, lo, hi, path):

@@ -40,6 +40,7 @@ from ..graph.dtypes import DType
 from ..layout import layouts as L
 from ..layout.gemm_grid import Grid
 from ..layout.split_rows import SplitRows
+from .. import schema as S
 from ..safeio import parse_json
 from ..errors import TileplanError
 from .candidates import Candidate, RunnerUp
@@ -69,37 +70,41 @@ class Spec:
         raise NotImplementedError
 
 
-class Int(Spec):
-    def __init__(self, lo: int = -_INT64, hi: int = _INT64 - 1):
-        self.lo, self.hi = lo, hi
+class _Scalar(Spec):
+    """A scalar field checked by the document schema's own node (``tileplan.schema``): one
+    definition of "an integer in range", "a string", "true or false" for every document read."""
+
+    node: S.Spec
 
     def decode(self, v, ctx):
-        if type(v) is not int:
-            raise EntryError(f"expected an integer, found {_kind(v)}")
-        if not self.lo <= v <= self.hi:
-            raise EntryError(f"{v} is out of range [{self.lo}, {self.hi}]")
+        try:
+            self.node.check(v, "")
+        except S.SchemaError as exc:
+            raise EntryError(exc.problem) from None
         return v
 
 
+class Int(_Scalar):
+    def __init__(self, lo: int = -_INT64, hi: int = _INT64 - 1):
+        self.node = S.Int(lo, hi)
+
+
 class Float(Spec):
+    """Exactly a finite float, never an integer: a value read back must equal, and hash like, the
+    one written (``schema.Num`` would accept either)."""
+
     def decode(self, v, ctx):
         if type(v) is not float or not math.isfinite(v):
             raise EntryError(f"expected a finite number, found {_kind(v)}")
         return v
 
 
-class Str(Spec):
-    def decode(self, v, ctx):
-        if type(v) is not str:
-            raise EntryError(f"expected a string, found {_kind(v)}")
-        return v
+class Str(_Scalar):
+    node = S.Str()
 
 
-class Bool(Spec):
-    def decode(self, v, ctx):
-        if type(v) is not bool:
-            raise EntryError(f"expected true or false, found {_kind(v)}")
-        return v
+class Bool(_Scalar):
+    node = S.Bool()
 
 
 class NoneOnly(Spec):
@@ -231,10 +236,9 @@ class Record(Spec):
 
 
 def _kind(v) -> str:
-    if isinstance(v, dict):
-        return f"an object with keys {sorted(map(str, v))[:4]}"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            type(None): "null"}.get(type(v), type(v).__name__)
+    """The schema's wording of a value's type; an object also names its first keys (a damaged
+    entry's tag or fields)."""
+    return f"{S.kind(v)} with keys {sorted(map(str, v))[:4]}" if isinstance(v, dict) else S.kind(v)
 
 
 # ---- the allowlist --------------------------------------------------------------------------
