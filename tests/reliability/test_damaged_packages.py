@@ -92,6 +92,12 @@ CASES = [
     ("a transfer moves no bytes", edit_program(set_item("x_nbytes", 0, 0)), ["nbytes"]),
     ("a transfer reads past the end of tile memory", edit_program(set_item("x_src_off", 0, 10 ** 9)),
      ["src_off", "outside usable memory"]),
+    ("an exchange's sources count more rows than its table",
+     edit_json("program.json", lambda d: (next(s for s in d["steps"] if "sources" in s)["sources"][0].__setitem__(
+         0, 10 ** 6), d)[1]), ["program.json", "sources count"]),
+    ("an exchange's source buffer is past the last buffer",
+     edit_json("program.json", lambda d: (next(s for s in d["steps"] if "sources" in s)["sources"][0].__setitem__(
+         1, 10 ** 6), d)[1]), ["program.json", "source buffer outside"]),
     ("a transfer column holds floats", edit_program(retype("x_nbytes", np.float64)), ["nbytes", "not integers"]),
     ("a compute vertex runs on a negative tile", edit_program(set_item("g0_tile", 0, -1)), ["tile outside"]),
     ("a compute vertex runs past the last tile", edit_program(set_item("g0_tile", 0, 10 ** 6)), ["tile outside"]),

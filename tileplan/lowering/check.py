@@ -245,13 +245,14 @@ def _document_specs(target_fields: dict, steps: int):
     group = Obj({"call": Obj(), "variant": Str(), "cycles": Int(0, 1 << 48),
                  "in_bytes": List(Int(0, 1 << 40), max_len=64), "out_bytes": List(Int(0, 1 << 40), max_len=64)},
                 arrays)
-    step = Obj({"kind": Str(), "name": Str()}, {"groups": List(group), **arrays})
+    step = Obj({"kind": Str(), "name": Str()},
+               {"groups": List(group), "sources": List(List(Int(0, 1 << 40), length=2)), **arrays})
     span = Opt(List(Int(0, max(steps - 1, 0)), length=2))
     buffer = Obj({"name": Str(), "dtype": Str(), "shape": dims(1), "kind": Str(), "region": Str(),
                   "layout": Str(), "tensor": Opt(Str()), "transpose": Bool(), "scale": scale},
                  {"alias_of": Opt(Str()), "span": span, "space": Str()}, closed=True)
     program = Obj({"tiles": Int(1, 1 << 24), "buffers": List(buffer), "steps": List(step), "io": names},
-                  {"passes": names})
+                  {"passes": names, "io_arrays": Map(Map(Str()))})
     plan = Obj(optional={"weights": Opt(Str()), "prearranged": List(Obj({"tensor": Str()}))})
     report = Obj(optional={"roofline_cycles": Opt(Num()), "estimate": Obj(optional={"cycles": Opt(Num())})})
     return {"target.json": target, "model.json": model, "program.json": program, "plan.json": plan,
