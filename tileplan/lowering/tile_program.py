@@ -284,7 +284,8 @@ class TileProgram:
                 z = {f: get(p, f, st.get("arrays")) for f in EXCHANGE_FIELDS}
                 z["group"] = _undeltas(z["group"], p)
                 if "sources" in st:
-                    z["src_off"] = _relocated(z["src_off"], z["src_tile"], st["sources"], arrays.get("addr"), p)
+                    z["src_off"] = _relocated(z["src_off"], z["src_tile"], st["sources"], arrays.get("addr"), p,
+                                              (len(index["buffers"]), index["tiles"]))
                 steps.append(Exchange(st["name"], exchange_table(**z)))
         io_refs = index.get("io_arrays") or {}
         io_maps = {}
@@ -319,13 +320,16 @@ def _undeltas(stored, where: str) -> np.ndarray:
     return _narrow(np.cumsum(d, dtype=np.int64), np.int32)
 
 
-def _relocated(rel, src_tile, sources, addr, where: str) -> np.ndarray:
+def _relocated(rel, src_tile, sources, addr, where: str, shape: tuple) -> np.ndarray:
     """An exchange's absolute source addresses from ``src_rel`` and its sources (``[rows, buffer]``
     in table order): ``addr[buffer, src_tile] + src_rel``. A table that does not add up is a
     ``TileplanError`` naming the step."""
     rel, tiles = np.asarray(rel), np.asarray(src_tile)
-    if addr is None or np.asarray(addr).ndim != 2:
-        raise TileplanError("program.npz: no 2-D addr array (the tile program's buffer table)")
+    if addr is None:
+        raise TileplanError("program.npz: no addr array (the tile program's buffer table)")
+    if np.shape(addr) != tuple(shape) or np.asarray(addr).dtype.kind not in "iu":
+        raise TileplanError(f"program.npz: addr has shape {list(np.shape(addr))}, expected [{shape[0]}, {shape[1]}] "
+                            f"(buffers x tiles) of integers")
     if rel.dtype.kind not in "iu" or tiles.dtype.kind not in "iu" or rel.ndim != 1 or rel.shape != tiles.shape:
         raise TileplanError(f"program.npz: {where}: src_off and src_tile are not integer columns of one length")
     if not isinstance(sources, list) or not all(
