@@ -265,6 +265,7 @@ class TileProgram:
             return arrays[name]
 
         steps = []
+        decoded: dict[tuple, np.ndarray] = {}
         for si, st in enumerate(index["steps"]):
             if st["kind"] == "compute":
                 groups = []
@@ -282,10 +283,17 @@ class TileProgram:
             else:
                 p = f"s{si}x"
                 z = {f: get(p, f, st.get("arrays")) for f in EXCHANGE_FIELDS}
-                z["group"] = _undeltas(z["group"], p)
+                # A column decoded once per member (and sources): steps sharing members share the arrays.
+                key = ("group", id(z["group"]))
+                if key not in decoded:
+                    decoded[key] = _undeltas(z["group"], p)
+                z["group"] = decoded[key]
                 if "sources" in st:
-                    z["src_off"] = _relocated(z["src_off"], z["src_tile"], st["sources"], arrays.get("addr"), p,
-                                              (len(index["buffers"]), index["tiles"]))
+                    key = ("src_off", id(z["src_off"]), id(z["src_tile"]), repr(st["sources"]))
+                    if key not in decoded:
+                        decoded[key] = _relocated(z["src_off"], z["src_tile"], st["sources"], arrays.get("addr"), p,
+                                                  (len(index["buffers"]), index["tiles"]))
+                    z["src_off"] = decoded[key]
                 steps.append(Exchange(st["name"], exchange_table(**z)))
         io_refs = index.get("io_arrays") or {}
         io_maps = {}
