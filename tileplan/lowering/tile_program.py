@@ -22,7 +22,9 @@ same activation addresses). Lowering passes every table through an
 ``ArrayPool``, so equal tables are one numpy array in memory, and
 ``program.npz`` stores each distinct table once: a step whose table equals an
 earlier step's names that member in ``program.json`` (``"arrays"``) instead of
-storing its own copy. Transfer tables are int32 (tiles, addresses and byte
+storing its own copy; an exchange's source addresses are stored relative to its source
+buffers, one member for every layer, with a per-step ``[rows, buffer]`` table
+(``Exchange.sources``, ``TileProgram.to_files``). Transfer tables are int32 (tiles, addresses and byte
 counts of one tile's memory all fit). An exchange's table is placed from its
 copies' buffer-relative rows column by column (``Placement``: a column shared
 by the layers is made and pooled once), and keeps in memory where it came from
