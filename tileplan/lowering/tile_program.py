@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,19 +196,26 @@ class TileProgram:
                 arrays[name] = a if encode is None else encode(a)
 
         steps = []
+        first_like: dict[str, int] = {}      # a compute step's groups (without their arrays) -> the first step
         for si, st in enumerate(self.steps):
             if isinstance(st, ComputeSet):
-                groups = []
+                groups, group_refs = [], []
                 for gi, g in enumerate(st.groups):
                     p = f"s{si}g{gi}"
                     refs: dict[str, str] = {}
                     for f in ("tile", "ins", "outs"):
                         put(f"{p}_{f}", getattr(g, f), refs, f)
-                    d = {"call": call_to_json(g.call), "variant": g.variant, "cycles": g.cycles,
-                         "in_bytes": list(g.in_bytes), "out_bytes": list(g.out_bytes)}
+                    groups.append({"call": call_to_json(g.call), "variant": g.variant, "cycles": g.cycles,
+                                   "in_bytes": list(g.in_bytes), "out_bytes": list(g.out_bytes)})
+                    group_refs.append(refs)
+                key = json.dumps(groups, sort_keys=True, default=str)
+                like = first_like.setdefault(key, si)
+                if like != si:         # a later layer's step: the first one's calls, its own arrays
+                    steps.append({"kind": "compute", "name": st.name, "like": like, "group_arrays": group_refs})
+                    continue
+                for d, refs in zip(groups, group_refs):
                     if refs:
                         d["arrays"] = refs
-                    groups.append(d)
                 steps.append({"kind": "compute", "name": st.name, "groups": groups})
             else:
                 p = f"s{si}x"
@@ -271,7 +279,13 @@ class TileProgram:
         for si, st in enumerate(index["steps"]):
             if st["kind"] == "compute":
                 groups = []
-                for gi, g in enumerate(st["groups"]):
+                if "like" in st:
+                    like = index["steps"][st["like"]]     # (check_documents: an earlier step with its groups)
+                    own = st["group_arrays"]
+                    entries = [dict(g, arrays=refs) for g, refs in zip(like["groups"], own)]
+                else:
+                    entries = st["groups"]
+                for gi, g in enumerate(entries):
                     p = f"s{si}g{gi}"
                     refs = g.get("arrays")
                     try:
