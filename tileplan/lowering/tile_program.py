@@ -276,6 +276,7 @@ class TileProgram:
 
         steps = []
         decoded: dict[tuple, np.ndarray] = {}
+        pool = ArrayPool()
         for si, st in enumerate(index["steps"]):
             if st["kind"] == "compute":
                 groups = []
@@ -306,9 +307,9 @@ class TileProgram:
                 z["group"] = decoded[key]
                 if "sources" in st:
                     key = ("src_off", id(z["src_off"]), id(z["src_tile"]), repr(st["sources"]))
-                    if key not in decoded:
-                        decoded[key] = _relocated(z["src_off"], z["src_tile"], st["sources"], arrays.get("addr"), p,
-                                                  (len(index["buffers"]), index["tiles"]))
+                    if key not in decoded:     # (equal columns are one array, as lowering pooled them)
+                        decoded[key] = pool(_relocated(z["src_off"], z["src_tile"], st["sources"], arrays.get("addr"),
+                                                       p, (len(index["buffers"]), index["tiles"])))
                     z["src_off"] = decoded[key]
                 steps.append(Exchange(st["name"], exchange_table(**z)))
         io_refs = index.get("io_arrays") or {}
