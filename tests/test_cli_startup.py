@@ -33,3 +33,14 @@ def test_version_and_help_import_nothing_heavy():
         mods = modules_after("from tileplan.cli import main\n"
                              f"try:\n    main({argv!r})\nexcept SystemExit as e:\n    assert not e.code, e.code")
         assert heavy(mods) == [], (argv, heavy(mods))
+
+
+def test_planning_and_show_import_neither_ml_dtypes_nor_networkx():
+    """Planning an FP8 model makes no FP8 array (ml_dtypes' import registers its casts with numpy, seconds of
+    CPU), and the graph's dependency order is tileplan's own (no networkx)."""
+    from pathlib import Path
+    smoke = str(Path(__file__).resolve().parents[1] / "fixtures" / "mlp_smoke_fp8.toml")
+    for argv in (["plan", smoke, "-t", "ipu21-64", "--no-cache", "-q"], ["show", smoke], ["machines"]):
+        mods = modules_after("from tileplan.cli import main\n"
+                             f"try:\n    main({argv!r})\nexcept SystemExit as e:\n    assert not e.code, e.code")
+        assert not [m for m in mods if m.split(".")[0] in ("ml_dtypes", "networkx")], argv

@@ -60,6 +60,16 @@ def retype(suffix, dtype):
     return change
 
 
+def like(doc, which, step=None):
+    """Compute step number ``which`` made "like" step ``step`` (default: the first compute step), the form
+    ``TileProgram.to_files`` gives a repeated layer's step, with no arrays of its own."""
+    compute = [i for i, s in enumerate(doc["steps"]) if s["kind"] == "compute"]
+    i = compute[which]
+    doc["steps"][i] = {"kind": "compute", "name": doc["steps"][i]["name"],
+                       "like": compute[0] if step is None else step, "group_arrays": []}
+    return doc
+
+
 def set_buffer_dtype(doc):
     b = next(b for b in doc["buffers"] if b["kind"] == "input")
     b["dtype"] = "fp32" if b["dtype"] != "fp32" else "fp16"
@@ -92,6 +102,16 @@ CASES = [
     ("a transfer moves no bytes", edit_program(set_item("x_nbytes", 0, 0)), ["nbytes"]),
     ("a transfer reads past the end of tile memory", edit_program(set_item("x_src_off", 0, 10 ** 9)),
      ["src_off", "outside usable memory"]),
+    ("an exchange's sources count more rows than its table",
+     edit_json("program.json", lambda d: (next(s for s in d["steps"] if "sources" in s)["sources"][0].__setitem__(
+         0, 10 ** 6), d)[1]), ["program.json", "sources count"]),
+    ("an exchange's source buffer is past the last buffer",
+     edit_json("program.json", lambda d: (next(s for s in d["steps"] if "sources" in s)["sources"][0].__setitem__(
+         1, 10 ** 6), d)[1]), ["program.json", "source buffer outside"]),
+    ("a compute step is like a step after it", edit_json("program.json", lambda d: like(d, 0, len(d["steps"]) - 1)),
+     ["program.json", "like", "not an earlier compute step"]),
+    ("a compute step lists arrays for fewer groups than the step it is like",
+     edit_json("program.json", lambda d: like(d, 1)), ["program.json", "group_arrays", "one entry per group"]),
     ("a transfer column holds floats", edit_program(retype("x_nbytes", np.float64)), ["nbytes", "not integers"]),
     ("a compute vertex runs on a negative tile", edit_program(set_item("g0_tile", 0, -1)), ["tile outside"]),
     ("a compute vertex runs past the last tile", edit_program(set_item("g0_tile", 0, 10 ** 6)), ["tile outside"]),

@@ -9,8 +9,8 @@ two); casts into FP8 divide by the scale and saturate to +-240.
 from __future__ import annotations
 
 import enum
+from functools import cache
 
-import ml_dtypes
 import numpy as np
 
 
@@ -25,8 +25,7 @@ class DType(enum.Enum):
 
     @property
     def numpy(self) -> np.dtype:
-        return np.dtype({DType.FP32: np.float32, DType.FP16: np.float16,
-                         DType.FP8: ml_dtypes.float8_e4m3fnuz}[self])
+        return _numpy_dtype(self._value_)
 
     @property
     def cpp(self) -> str:
@@ -48,6 +47,20 @@ class DType(enum.Enum):
 
 
 _ITEMSIZE = {"fp32": 4, "fp16": 2, "fp8": 1}     # bytes per element, by DType value
+
+
+@cache
+def _numpy_dtype(value: str) -> np.dtype:
+    """The numpy dtype of a ``DType`` value.
+
+    Design decision: ml_dtypes is imported here, on the first FP8 array, not with this module:
+    importing it registers its casts with numpy, about 2 s of CPU with ml_dtypes 0.7 and numpy 2.4,
+    and planning, ``show`` and ``machines`` never make an FP8 array (lowering's parameter values,
+    the IPU model and the importers do)."""
+    if value == "fp8":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.float8_e4m3fnuz)
+    return np.dtype(np.float32 if value == "fp32" else np.float16)
 
 FP8_MAX = 240.0  # ml_dtypes.float8_e4m3fnuz max finite; IPU F143 saturation bound
 

@@ -14,6 +14,7 @@ rounded once to the output type. FP8 outputs saturate to +-240 and keep NaN.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -52,20 +53,21 @@ def round_to(values32: np.ndarray, dtype: DType, scale_exp: int = 0) -> np.ndarr
         return quantise(scaled, dtype)
 
 
-_FP8_F32 = np.arange(256, dtype=np.uint8).view(DType.FP8.numpy).astype(np.float32)   # every FP8 value in FP32
+@functools.cache
+def _fp8_f32() -> np.ndarray:
+    """Every FP8 value in FP32, by its byte (made on the first FP8 operand: ``graph.dtypes`` imports
+    ml_dtypes only when an FP8 array is made)."""
+    return np.arange(256, dtype=np.uint8).view(DType.FP8.numpy).astype(np.float32)
 
 
 def _f32(x: np.ndarray) -> np.ndarray:
     """``x.astype(np.float32)``; FP8 through a table of its 256 values (the same bits, a few times faster
     than ml_dtypes' cast), into an array of the layout ``astype`` makes."""
-    if x.dtype == _FP8_NUMPY:
+    if x.dtype.itemsize == 1 and x.dtype == DType.FP8.numpy:
         out = np.empty_like(x, dtype=np.float32)
-        np.take(_FP8_F32, x.view(np.uint8), out=out)
+        np.take(_fp8_f32(), x.view(np.uint8), out=out)
         return out
     return x.astype(np.float32)
-
-
-_FP8_NUMPY = DType.FP8.numpy
 
 
 # ---- matmul / reduce --------------------------------------------------------------

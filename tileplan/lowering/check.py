@@ -245,13 +245,15 @@ def _document_specs(target_fields: dict, steps: int):
     group = Obj({"call": Obj(), "variant": Str(), "cycles": Int(0, 1 << 48),
                  "in_bytes": List(Int(0, 1 << 40), max_len=64), "out_bytes": List(Int(0, 1 << 40), max_len=64)},
                 arrays)
-    step = Obj({"kind": Str(), "name": Str()}, {"groups": List(group), **arrays})
+    step = Obj({"kind": Str(), "name": Str()},
+               {"groups": List(group), "sources": List(List(Int(0, 1 << 40), length=2)),
+                "like": Int(0, max(steps - 1, 0)), "group_arrays": List(Map(Str())), **arrays})
     span = Opt(List(Int(0, max(steps - 1, 0)), length=2))
     buffer = Obj({"name": Str(), "dtype": Str(), "shape": dims(1), "kind": Str(), "region": Str(),
                   "layout": Str(), "tensor": Opt(Str()), "transpose": Bool(), "scale": scale},
                  {"alias_of": Opt(Str()), "span": span, "space": Str()}, closed=True)
     program = Obj({"tiles": Int(1, 1 << 24), "buffers": List(buffer), "steps": List(step), "io": names},
-                  {"passes": names})
+                  {"passes": names, "io_arrays": Map(Map(Str()))})
     plan = Obj(optional={"weights": Opt(Str()), "prearranged": List(Obj({"tensor": Str()}))})
     report = Obj(optional={"roofline_cycles": Opt(Num()), "estimate": Obj(optional={"cycles": Opt(Num())})})
     return {"target.json": target, "model.json": model, "program.json": program, "plan.json": plan,
@@ -299,7 +301,14 @@ def check_documents(docs: dict, root) -> None:
     for i, st in enumerate(prog["steps"]):
         if st["kind"] not in ("compute", "exchange"):
             fail(f"steps[{i}].kind", f"{st['kind'][:40]!r} is neither 'compute' nor 'exchange'")
-        if st["kind"] == "compute" and "groups" not in st:
+        if st["kind"] == "compute" and "like" in st:
+            like = prog["steps"][st["like"]]
+            if st["like"] >= i or like["kind"] != "compute" or "groups" not in like:
+                fail(f"steps[{i}].like", f"{st['like']} is not an earlier compute step that lists its groups")
+            if len(st.get("group_arrays", ())) != len(like["groups"]):
+                fail(f"steps[{i}].group_arrays", f"not one entry per group of step {st['like']} "
+                                                  f"({len(like['groups'])})")
+        elif st["kind"] == "compute" and "groups" not in st:
             fail(f"steps[{i}].groups", "missing")
     for i, name in enumerate(prog["io"]):
         if name not in buffers:

@@ -79,7 +79,7 @@ def lower(program: Program, target, *, registry=None, passes=None, block_moves: 
     for st in state.tile_program.steps:
         if isinstance(st, Exchange):
             if st.transfers is None:            # no pass merged it: its rows as expanded
-                st.transfers, st.origin = state.placement(st.parts)
+                st.transfers, st.origin, st.sources = state.placement(st.parts)
             st.parts = None                     # lowering's own: not kept with the program
     state.tile_program.passes = [p.name for p in chosen]
     state.pool = ArrayPool()                    # a fresh one: the old index keeps replaced tables alive

@@ -43,7 +43,8 @@ from ..graph.serialize import graph_from_dict, graph_to_dict
 from ..target import Target
 from .tile_program import TileProgram
 
-FORMAT = "tileplan-package/2"   # 2: host/tables.bin stores repeated steps once (TPHOST2)
+FORMAT = "tileplan-package/3"   # 2: host/tables.bin stores repeated steps once (TPHOST2); 3: program.npz
+                                # stores exchange sources relative to their buffers, groups as differences
 
 
 def dumps(obj) -> str:

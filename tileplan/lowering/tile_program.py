@@ -22,7 +22,9 @@ same activation addresses). Lowering passes every table through an
 ``ArrayPool``, so equal tables are one numpy array in memory, and
 ``program.npz`` stores each distinct table once: a step whose table equals an
 earlier step's names that member in ``program.json`` (``"arrays"``) instead of
-storing its own copy. Transfer tables are int32 (tiles, addresses and byte
+storing its own copy; an exchange's source addresses are stored relative to its source
+buffers, one member for every layer, with a per-step ``[rows, buffer]`` table
+(``Exchange.sources``, ``TileProgram.to_files``). Transfer tables are int32 (tiles, addresses and byte
 counts of one tile's memory all fit). An exchange's table is placed from its
 copies' buffer-relative rows column by column (``Placement``: a column shared
 by the layers is made and pooled once), and keeps in memory where it came from
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +95,10 @@ class Exchange:
                                   # copy's buffer-relative rows: equal numbers, equal rows (a tower's layers
                                   # share them). What lets host emission replay a repeated exchange once
                                   # (``emit.host``). None: a table without its copies (built by hand, loaded)
+    sources: tuple | None = None  # the table's source addresses relative to its source buffers: (src_rel, an
+                                  # int32 [rows] column, ((rows, source buffer index), ...) in table order);
+                                  # src_off = addr[buffer, src_tile] + src_rel. What program.npz stores in
+                                  # place of src_off (a tower's layers share src_rel). None: not known
 
 
 def absolute(tr: Transfers, addr: np.ndarray) -> Transfers:
@@ -162,46 +169,83 @@ class TileProgram:
     # ---- serialisation: one npz of arrays plus a JSON index ------------------------------
 
     def to_files(self) -> tuple[bytes, dict]:
-        arrays: dict[str, np.ndarray] = {"addr": self.addr, "size": self.size}
-        stored: dict[int, str] = {}      # id of an array already stored -> its member name
+        """``program.npz``'s arrays and ``program.json``'s index.
 
-        def put(name: str, a: np.ndarray, refs: dict, field: str) -> None:
-            """Store ``a`` under ``name``, or refer to the member that already holds this array."""
-            if id(a) in stored:
-                refs[field] = stored[id(a)]
+        Design decision: what a tower's layers repeat is stored once. An array several steps hold
+        (``ArrayPool``) is one member, which the later steps name (``"arrays"``). An exchange's
+        source addresses are stored relative to its source buffers when lowering knows them
+        (``Exchange.sources``): the member holds ``src_rel`` (the same rows for every layer, so one
+        member) and the step lists its ``"sources"``, ``[rows, buffer]`` in table order, the
+        per-instance address table (``addr[buffer, src_tile] + src_rel``). A transfer's ``group``
+        (its multicast id: mostly one more than the row before's) is stored as its differences
+        from the row before, which deflate to almost nothing. Host maps with equal arrays share
+        their members (``"io_arrays"``)."""
+        arrays: dict[str, np.ndarray] = {"addr": self.addr, "size": self.size}
+        stored: dict[tuple, str] = {}    # (id of an array already stored, its encoding) -> its member name
+        kept: list = []                  # the arrays named by ``stored`` (kept alive: their ids stay theirs)
+
+        def put(name: str, a: np.ndarray, refs: dict, field: str, encode=None) -> None:
+            """Store ``a`` (``encode(a)`` when given) under ``name``, or refer to the member that already
+            holds it."""
+            key = (id(a), encode)
+            if key in stored:
+                refs[field] = stored[key]
             else:
-                stored[id(a)] = name
-                arrays[name] = a
+                stored[key] = name
+                kept.append(a)
+                arrays[name] = a if encode is None else encode(a)
 
         steps = []
+        first_like: dict[str, int] = {}      # a compute step's groups (without their arrays) -> the first step
         for si, st in enumerate(self.steps):
             if isinstance(st, ComputeSet):
-                groups = []
+                groups, group_refs = [], []
                 for gi, g in enumerate(st.groups):
                     p = f"s{si}g{gi}"
                     refs: dict[str, str] = {}
                     for f in ("tile", "ins", "outs"):
                         put(f"{p}_{f}", getattr(g, f), refs, f)
-                    d = {"call": call_to_json(g.call), "variant": g.variant, "cycles": g.cycles,
-                         "in_bytes": list(g.in_bytes), "out_bytes": list(g.out_bytes)}
+                    groups.append({"call": call_to_json(g.call), "variant": g.variant, "cycles": g.cycles,
+                                   "in_bytes": list(g.in_bytes), "out_bytes": list(g.out_bytes)})
+                    group_refs.append(refs)
+                key = json.dumps(groups, sort_keys=True, default=str)
+                like = first_like.setdefault(key, si)
+                if like != si:         # a later layer's step: the first one's calls, its own arrays
+                    steps.append({"kind": "compute", "name": st.name, "like": like, "group_arrays": group_refs})
+                    continue
+                for d, refs in zip(groups, group_refs):
                     if refs:
                         d["arrays"] = refs
-                    groups.append(d)
                 steps.append({"kind": "compute", "name": st.name, "groups": groups})
             else:
                 p = f"s{si}x"
                 refs = {}
-                for f in EXCHANGE_FIELDS:
-                    put(f"{p}_{f}", getattr(st.transfers, f), refs, f)
                 d = {"kind": "exchange", "name": st.name}
+                sources = st.sources if st.sources is not None and \
+                    sum(n for n, _ in st.sources[1]) == len(st.transfers) else None
+                for f in EXCHANGE_FIELDS:
+                    if f == "src_off" and sources is not None:
+                        put(f"{p}_{f}", sources[0], refs, f)
+                        d["sources"] = [[int(n), int(b)] for n, b in sources[1]]
+                    else:
+                        put(f"{p}_{f}", getattr(st.transfers, f), refs, f, _deltas if f == "group" else None)
                 if refs:
                     d["arrays"] = refs
                 steps.append(d)
+        equal: dict[tuple, np.ndarray] = {}     # (dtype, shape, digest) -> the first host map array of it
+        io_refs: dict[str, dict] = {}
         for name, (t, s, e, o) in sorted(self.io_maps.items()):
+            refs = {}
             for k, a in zip(("tile", "start", "stop", "offset"), (t, s, e, o)):
-                arrays[f"io:{name}:{k}"] = a
+                a = np.ascontiguousarray(a)
+                a = equal.setdefault((a.dtype.str, a.shape, hashlib.blake2b(a.data, digest_size=16).digest()), a)
+                put(f"io:{name}:{k}", a, refs, k)
+            if refs:
+                io_refs[name] = refs
         index = {"tiles": self.tiles, "buffers": [b.__dict__ for b in self.buffers], "steps": steps,
                  "io": sorted(self.io_maps), "passes": self.passes}
+        if io_refs:
+            index["io_arrays"] = io_refs
         return deterministic_npz(arrays), index
 
     @classmethod
@@ -231,10 +275,18 @@ class TileProgram:
             return arrays[name]
 
         steps = []
+        decoded: dict[tuple, np.ndarray] = {}
+        pool = ArrayPool()
         for si, st in enumerate(index["steps"]):
             if st["kind"] == "compute":
                 groups = []
-                for gi, g in enumerate(st["groups"]):
+                if "like" in st:
+                    like = index["steps"][st["like"]]     # (check_documents: an earlier step with its groups)
+                    own = st["group_arrays"]
+                    entries = [dict(g, arrays=refs) for g, refs in zip(like["groups"], own)]
+                else:
+                    entries = st["groups"]
+                for gi, g in enumerate(entries):
                     p = f"s{si}g{gi}"
                     refs = g.get("arrays")
                     try:
@@ -248,20 +300,78 @@ class TileProgram:
             else:
                 p = f"s{si}x"
                 z = {f: get(p, f, st.get("arrays")) for f in EXCHANGE_FIELDS}
+                # A column decoded once per member (and sources): steps sharing members share the arrays.
+                key = ("group", id(z["group"]))
+                if key not in decoded:
+                    decoded[key] = _undeltas(z["group"], p)
+                z["group"] = decoded[key]
+                if "sources" in st:
+                    key = ("src_off", id(z["src_off"]), id(z["src_tile"]), repr(st["sources"]))
+                    if key not in decoded:     # (equal columns are one array, as lowering pooled them)
+                        decoded[key] = pool(_relocated(z["src_off"], z["src_tile"], st["sources"], arrays.get("addr"),
+                                                       p, (len(index["buffers"]), index["tiles"])))
+                    z["src_off"] = decoded[key]
                 steps.append(Exchange(st["name"], exchange_table(**z)))
+        io_refs = index.get("io_arrays") or {}
+        io_maps = {}
         for n in index["io"]:
-            for k in ("tile", "start", "stop", "offset"):
-                if f"io:{n}:{k}" not in arrays:
+            refs = io_refs.get(n) or {}
+            members = [refs.get(k, f"io:{n}:{k}") for k in ("tile", "start", "stop", "offset")]
+            for k, m in zip(("tile", "start", "stop", "offset"), members):
+                if not isinstance(m, str) or m not in arrays:
                     raise TileplanError(f"program.json: the tile program's host map of {n!r} lacks its {k} array in program.npz")
+            io_maps[n] = tuple(arrays[m] for m in members)
         for k in ("addr", "size"):
             if k not in arrays:
                 raise TileplanError(f"program.npz: no {k} array (the tile program's buffer table)")
-        io_maps = {n: tuple(arrays[f"io:{n}:{k}"] for k in ("tile", "start", "stop", "offset")) for n in index["io"]}
         return cls(index["tiles"], [BufferInfo(**b) for b in index["buffers"]], arrays["addr"], arrays["size"],
                    steps, io_maps, list(index.get("passes", [])))
 
 
 EXCHANGE_FIELDS = ("group", "src_tile", "src_off", "dst_tile", "dst_off", "nbytes")
+
+
+def _deltas(group: np.ndarray) -> np.ndarray:
+    """A transfer table's group column as stored: each id minus the one before (the first as is)."""
+    g = np.asarray(group)
+    return np.diff(g, prepend=g.dtype.type(0)) if g.size else g
+
+
+def _undeltas(stored, where: str) -> np.ndarray:
+    """The group column of ``_deltas``' form (int32 when its ids fit, as lowering made it)."""
+    d = np.asarray(stored)
+    if d.dtype.kind not in "iu" or d.ndim != 1:
+        raise TileplanError(f"program.npz: {where}_group is not a 1-D integer array")
+    return _narrow(np.cumsum(d, dtype=np.int64), np.int32)
+
+
+def _relocated(rel, src_tile, sources, addr, where: str, shape: tuple) -> np.ndarray:
+    """An exchange's absolute source addresses from ``src_rel`` and its sources (``[rows, buffer]``
+    in table order): ``addr[buffer, src_tile] + src_rel``. A table that does not add up is a
+    ``TileplanError`` naming the step."""
+    rel, tiles = np.asarray(rel), np.asarray(src_tile)
+    if addr is None:
+        raise TileplanError("program.npz: no addr array (the tile program's buffer table)")
+    if np.shape(addr) != tuple(shape) or np.asarray(addr).dtype.kind not in "iu":
+        raise TileplanError(f"program.npz: addr has shape {list(np.shape(addr))}, expected [{shape[0]}, {shape[1]}] "
+                            f"(buffers x tiles) of integers")
+    if rel.dtype.kind not in "iu" or tiles.dtype.kind not in "iu" or rel.ndim != 1 or rel.shape != tiles.shape:
+        raise TileplanError(f"program.npz: {where}: src_off and src_tile are not integer columns of one length")
+    if not isinstance(sources, list) or not all(
+            isinstance(x, list) and len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+            for x in sources):
+        raise TileplanError(f"program.json: {where}: sources is not a list of [rows, buffer] pairs")
+    rows = [n for n, _ in sources]
+    bufs = np.array([b for _, b in sources], dtype=np.int64)
+    if any(n <= 0 for n in rows) or sum(rows) != rel.size:
+        raise TileplanError(f"program.json: {where}: sources count {sum(rows)} rows, the table has {rel.size}")
+    nbuf, ntiles = np.shape(addr)
+    if ((bufs < 0) | (bufs >= nbuf)).any():
+        raise TileplanError(f"program.json: {where}: a source buffer outside [0, {nbuf})")
+    if tiles.size and (tiles.min() < 0 or tiles.max() >= ntiles):
+        raise TileplanError(f"program.npz: {where}_src_tile: a tile outside [0, {ntiles})")
+    buf = np.repeat(bufs, rows)
+    return _narrow(np.asarray(addr, dtype=np.int64)[buf, tiles.astype(np.int64)] + rel.astype(np.int64), np.int32)
 
 
 def exchange_table(group, src_tile, src_off, dst_tile, dst_off, nbytes) -> Transfers:
@@ -361,7 +471,8 @@ class Placement:
             got = self._rows_of[key] = self._row_numbers.setdefault(digest, len(self._row_numbers))
         return got
 
-    def __call__(self, parts) -> tuple[Transfers, tuple | None]:
+    def __call__(self, parts) -> tuple[Transfers, tuple | None, tuple]:
+        """(the table, its ``Exchange.origin``, its ``Exchange.sources``)."""
         parts = [(rows, int(sid), int(did)) for rows, sid, did in parts if len(rows)]
         origin = self.numbers.origin(parts)
         rows_key = tuple(n for n, _, _ in origin)
@@ -375,7 +486,12 @@ class Placement:
                 got = self._columns[key] = self.pool(self._column(f, parts), np.int32)
             cols.append(got)
         inside = all(self._reads_inside(n, rows, sid) for (n, _, _), (rows, sid, _) in zip(origin, parts))
-        return exchange_table(*cols), (origin if inside else None)
+        key = ("src_rel", rows_key)
+        rel = self._columns.get(key)
+        if rel is None:
+            rel = self._columns[key] = self.pool(self._column("src_rel", parts), np.int32)
+        sources = (rel, tuple((len(rows), sid) for rows, sid, _ in parts))
+        return exchange_table(*cols), (origin if inside else None), sources
 
     def _reads_inside(self, number: int, rows: Transfers, sid: int) -> bool:
         key = (number, self._row(self.size, sid))
@@ -394,6 +510,8 @@ class Placement:
                 out.append(rows.group + base)
                 base += int(rows.group.max()) + 1
             return np.concatenate(out)
+        if f == "src_rel":               # the source offsets relative to each copy's source buffer
+            return np.concatenate([rows.src_off for rows, _, _ in parts])
         if f in ("src_off", "dst_off"):  # ``absolute``
             tile = "src_tile" if f == "src_off" else "dst_tile"
             return np.concatenate([self.addr[sid if f == "src_off" else did, getattr(rows, tile)] + getattr(rows, f)

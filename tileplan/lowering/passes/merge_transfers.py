@@ -37,15 +37,15 @@ def run(state):
             for rows, sid, did in step.parts:
                 if id(rows) not in per_copy:
                     per_copy[id(rows)] = (rows, _merged(rows))
-            merged, origin = placement([(per_copy[id(rows)][1], sid, did) for rows, sid, did in step.parts])
+            merged, origin, sources = placement([(per_copy[id(rows)][1], sid, did) for rows, sid, did in step.parts])
         else:
             key = tuple(id(getattr(t, f)) for f in EXCHANGE_FIELDS)
             if key not in done:
                 done[key] = (t, state.pool.transfers(_merged(t)))
             merged = done[key][1]
-            origin = None
+            origin = sources = None
         fragments = (expanded if step.parts else len(t)) if step.fragments is None else step.fragments
         if len(merged) < fragments:
             state.log.append(f"merge_transfers: {step.name}: {fragments} fragments -> {len(merged)} transfers")
-        tp.steps[i] = Exchange(step.name, merged, origin=origin)
+        tp.steps[i] = Exchange(step.name, merged, origin=origin, sources=sources)
     return state
