@@ -109,8 +109,8 @@ from ..errors import TileplanError
 from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
                    ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh,
                    Tensor)
-from .importing import (BF16_HELP, check_cast_bf16, patch_conv_ops, patch_conv_refusal, reduce_ops, transpose_ops,
-                        unsupported_error)
+from .importing import (BF16_HELP, check_cast_bf16, live_ops, patch_conv_ops, patch_conv_refusal, reduce_ops,
+                        transpose_ops, unsupported_error)
 from .dtypes import DType, quantise
 from .patterns import fuse
 
@@ -308,7 +308,7 @@ class _Importer:
                 self.emit(node, Reshape(out, (x,), out, shape=_static_shape(node.meta["val"], node.name)))
             outputs.append(self.read(spec.arg.name, "the graph output"))
         rescaled: dict[str, int] = {}
-        ops = fuse(self.ops, self.scalar, outputs, self.known.get, rescaled)
+        ops = live_ops(fuse(self.ops, self.scalar, outputs, self.known.get, rescaled), outputs)
         for name, exponent in rescaled.items():        # fp8-matmul: a dequantised weight's 2**s
             self.declared[name] = dataclasses.replace(self.declared[name], scale=exponent)
         read, produced = {t for op in ops for t in op.inputs}, {op.output for op in ops}
