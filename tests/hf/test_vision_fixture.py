@@ -58,7 +58,7 @@ def test_the_vision_generator_writes_what_the_torch_factory_imports(tmp_path):
     imported = canonical(import_module(module, x).graph)
     assert signature(toml) == signature(imported)
     kinds = [op.kind for op in toml.ops]
-XX
+    assert kinds.count("slice") == 2 + 2 + 1       # the crop (rows, columns); the head's k and v; the pooled row
     assert kinds.count("matmul") == 1 + 8 * layers + 6
     (out,) = toml.by_role(Role.OUTPUT)
     assert out.shape == (batch, width)
