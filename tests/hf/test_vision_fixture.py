@@ -1,8 +1,8 @@
 """The whole SigLIP vision model as a fixture: ``fixtures/make_encoder.py``'s vision specs (patch
 embedding, position embeddings, the layers, post-LayerNorm, MAP head) and the torch factory
 ``fixtures/siglip_hf.py:siglip_vision`` on HF ``SiglipVisionModel`` describe the same graph; the
-small factory (an image that is not a whole number of patches, FP8 projections) compiles and
-validates against torch. And a ViT fed an image of another size than its config's, with
+small factory (an image that is not a whole number of patches) compiles and validates against
+torch. And a ViT fed an image of another size than its config's, with
 ``interpolate_pos_encoding``, compiles at that size (the bicubic resize of the position table
 is computed at import)."""
 
@@ -72,9 +72,12 @@ def test_the_committed_vision_fixture_is_the_generators():
 
 @pytest.mark.slow
 def test_the_small_vision_factory_compiles_and_validates(tmp_path):
-    module, (x,) = siglip_hf.siglip_vision(*SMALL, fp8=True)
+    """In FP16 (the crop, the MAP head, the dropped attention weights against torch's output; the
+    FP8 form's graph is the TOML's above: FP8 roundings flip between torch's FP32 run and the
+    FP16 plan, so its pooled row is no comparison)."""
+    module, (x,) = siglip_hf.siglip_vision(*SMALL)
     model = import_module(module, (x,))
-    compile_and_validate(model, module, x, tmp_path, min_cosine=0.99)
+    compile_and_validate(model, module, x, tmp_path)
 
 
 class Pooled(torch.nn.Module):
