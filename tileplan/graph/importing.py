@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..errors import TileplanError
-from .core import Add, MatMul, Op, Reshape, Transpose
+from .core import Add, MatMul, Op, Reshape, Slice, Transpose
 
 CAST_BF16 = ("fp16",)       # what --cast-bf16 converts bf16 models to
 BF16_HELP = ("the IPU has no bf16 arithmetic: convert the model to FP16 with --cast-bf16 fp16 "
@@ -106,9 +106,8 @@ def patch_conv_refusal(x_shape: tuple[int, ...], w_shape: tuple[int, ...], *, st
         return f"dilation {[int(d) for d in dilation]}; tileplan imports convolutions with dilation 1"
     if x_shape[1] != w_shape[1]:
         return f"input has {x_shape[1]} channels, the weight {w_shape[1]}"
-    if x_shape[2] % kernel[0] or x_shape[3] % kernel[1]:
-        return (f"image {list(x_shape[2:])} is not a whole number of {list(kernel)} patches; tileplan imports "
-                "convolutions that cover the image exactly (crop the input)")
+    if x_shape[2] < kernel[0] or x_shape[3] < kernel[1]:
+        return f"image {list(x_shape[2:])} is smaller than the kernel {list(kernel)}"
     return None
 
 
@@ -131,7 +130,15 @@ def patch_conv_ops(name: str, x: str, x_shape: tuple[int, ...], weight: str, bia
     b, c, hh, ww = x_shape
     kh, kw = kernel
     h, w = hh // kh, ww // kw
-    ops: list[Op] = [
+    ops: list[Op] = []
+    # An image that is not a whole number of patches (SigLIP So400m/14 at 384 px: 27 patches of 14
+    # and 6 pixels over): the convolution never reads the last rows and columns, so the patches
+    # come from the image cropped by Slices ``<y>.crop_h`` / ``<y>.crop_w``.
+    for axis, (size, k, tag) in enumerate(((hh, kh, "h"), (ww, kw, "w")), start=2):
+        if size % k:
+            ops.append(Slice(f"{name}.crop_{tag}", (x,), f"{y}.crop_{tag}", axis=axis, start=0, stop=size // k * k))
+            x = f"{y}.crop_{tag}"
+    ops += [
         Reshape(f"{name}.split", (x,), f"{y}.split", shape=(b, c, h, kh, w, kw)),
         *transpose_ops(f"{name}.patches", f"{y}.split", f"{y}.patches", (0, 2, 4, 1, 3, 5)),
         Reshape(f"{name}.rows", (f"{y}.patches",), f"{y}.rows", shape=(b * h * w, c * kh * kw)),
@@ -148,3 +155,18 @@ def patch_conv_ops(name: str, x: str, x_shape: tuple[int, ...], weight: str, bia
     ops.append(Reshape(f"{name}.grid", (out,), f"{y}.grid", shape=(b, h, w, d)))
     ops += transpose_ops(name, f"{y}.grid", y, (0, 3, 1, 2))
     return ops, (b, d, h, w)
+
+
+def live_ops(ops: list[Op], outputs: list[str]) -> list[Op]:
+    """The ops a graph output depends on, in their order.
+
+    Design decision: what no output reads is dropped at import, as an exporter's dead values
+    (``nn.MultiheadAttention``'s averaged attention weights, computed for ``need_weights`` and
+    discarded by HF's pooling head) would otherwise be planned, costed and run."""
+    need = set(outputs)
+    kept = []
+    for op in reversed(ops):
+        if op.output in need:
+            kept.append(op)
+            need.update(op.inputs)
+    return kept[::-1]

@@ -109,8 +109,8 @@ from ..errors import TileplanError
 from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
                    ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh,
                    Tensor)
-from .importing import (BF16_HELP, check_cast_bf16, patch_conv_ops, patch_conv_refusal, reduce_ops, transpose_ops,
-                        unsupported_error)
+from .importing import (BF16_HELP, check_cast_bf16, live_ops, patch_conv_ops, patch_conv_refusal, reduce_ops,
+                        transpose_ops, unsupported_error)
 from .dtypes import DType, quantise
 from .patterns import fuse
 
@@ -302,11 +302,13 @@ class _Importer:
             node = fx_nodes.get(spec.arg.name)
             if node is not None and node.op == "call_function" and self.reshaped(node):
                 # a dropped view is the output: the graph output keeps torch's shape (a Reshape op)
+                # (named after the node, or ``<node>.view`` when the node's own op wrote that name)
                 x = self.value[node.name]
-                self.emit(node, Reshape(node.name, (x,), node.name, shape=_static_shape(node.meta["val"], node.name)))
+                out = node.name if x != node.name else f"{node.name}.view"
+                self.emit(node, Reshape(out, (x,), out, shape=_static_shape(node.meta["val"], node.name)))
             outputs.append(self.read(spec.arg.name, "the graph output"))
         rescaled: dict[str, int] = {}
-        ops = fuse(self.ops, self.scalar, outputs, self.known.get, rescaled)
+        ops = live_ops(fuse(self.ops, self.scalar, outputs, self.known.get, rescaled), outputs)
         for name, exponent in rescaled.items():        # fp8-matmul: a dequantised weight's 2**s
             self.declared[name] = dataclasses.replace(self.declared[name], scale=exponent)
         read, produced = {t for op in ops for t in op.inputs}, {op.output for op in ops}
@@ -542,12 +544,14 @@ class _Importer:
         (ta, fa), (tb, fb) = self.operand(a, node), self.operand(b, node)
         fb ^= transpose_b
         b_is_matrix_parameter = self.known[tb].role is Role.PARAMETER and len(self.known[tb].shape) == 2
-        for arg, ok in ((a, b_is_matrix_parameter), (b, False)):
-            if self.reshaped(arg) and not ok:
-                raise _node_err(node, f"operand {arg.name!r} is a reshape tileplan dropped (it keeps the "
-                                      f"shape {list(self.known[self.value[arg.name]].shape)}); a MatMul of two "
-                                      "activations or with a batched parameter needs its batch dimensions "
-                                      "as written")
+        # A view tileplan dropped (the last dimension kept) is brought back as a Reshape where the
+        # product needs torch's batch dimensions: a MatMul of two activations or with a batched
+        # parameter (nn.MultiheadAttention's folded query against its keys); a row-wise product
+        # with a matrix parameter reads any leading shape.
+        if self.reshaped(a) and not b_is_matrix_parameter:
+            ta = _source(self, node, self.transposed[a.name][1].args[0] if a.name in self.transposed else a, "view_a")
+        if self.reshaped(b):
+            tb = _source(self, node, self.transposed[b.name][1].args[0] if b.name in self.transposed else b, "view_b")
         out = node.name if bias is None and alpha == 1 else f"{node.name}.matmul"
         self.emit(node, MatMul(node.name, (ta, tb), out, transpose_a=fa, transpose_b=fb))
         if alpha != 1:
@@ -859,13 +863,13 @@ def _split(imp: _Importer, node) -> None:
     imp.pieces[node.name] = (src, dim, bounds, target == "aten.unbind.int")
 
 
-def _source(imp: _Importer, node, src) -> str:
-    """The tensor of ``src`` in torch's shape: a Reshape ``<node>.shape`` where tileplan dropped
+def _source(imp: _Importer, node, src, tag: str = "shape") -> str:
+    """The tensor of ``src`` in torch's shape: a Reshape ``<node>.<tag>`` where tileplan dropped
     one (a slice's axis is torch's)."""
     x = imp.read(src, _describe(node))
     if imp.reshaped(src):
         shape = _static_shape(src.meta["val"], node.name)
-        out = f"{node.name}.shape"
+        out = f"{node.name}.{tag}"
         imp.emit(node, Reshape(out, (x,), out, shape=shape))
         return out
     return x

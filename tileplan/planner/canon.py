@@ -191,17 +191,33 @@ def repeated_blocks(graph: Graph, storage: dict) -> list[list[Op]]:
     return best
 
 
+def renaming(old: list[str], graph: Graph, op: Op) -> "Renaming":
+    """The ``Renaming`` from ``old`` (the ``op_names`` of an op with ``op``'s ``op_key``: of this
+    graph, or as a plan cache entry stored them) onto ``op``'s names; its first
+    ``len(neighbourhood)`` names are op names (``Renaming.op``)."""
+    return Renaming(old, op_names(graph, op), ops=len(neighbourhood(graph, op)))
+
+
 class Renaming:
     """Maps one op's names onto another's with the same ``op_key`` (``op_names`` position by position)
     in strings: buffer names, step names, descriptions. A name matches where it is not part of a
-    longer name (the longest name wins; ``.`` joins a name to a suffix such as ``@layout``)."""
+    longer name (the longest name wins; ``.`` joins a name to a suffix such as ``@layout``).
 
-    def __init__(self, old: list[str], new: list[str]):
+    Design decision: op names map through their own table (``op``; the first ``ops`` names), the
+    fields of a candidate that name ops (the op it fuses into, the ops it does the work of) through
+    it. One model may name an op and a tensor alike (torch.export: the MatMul ``matmul_1`` writes
+    the tensor ``matmul_1``) while another of the same key names them apart (ONNX: ``MatMul_1`` and
+    ``MatMul_1_output_0``); one table for both would map that op name onto a tensor name, and a
+    plan cache entry written by one import would send the other after a name it has not got. In
+    strings (buffers hold tensors) the tensor's mapping wins."""
+
+    def __init__(self, old: list[str], new: list[str], ops: int | None = None):
         # Names both ops share stay in the table, mapped to themselves: a shared tensor ``l.q.x8``
         # (one cast read by the Q, K and V GEMMs) is the longest match in ``l.q.x8@Rows``, so the
         # shorter ``l.q`` -> ``l.k`` does not rename its prefix.
         self.table = dict(zip(old, new))
-        self.changes = any(o != n for o, n in self.table.items())
+        self.ops = dict(zip(old[:ops], new[:ops])) if ops is not None else self.table
+        self.changes = any(o != n for o, n in self.table.items()) or any(o != n for o, n in self.ops.items())
         if self.changes:
             alts = "|".join(re.escape(o) for o in sorted(self.table, key=len, reverse=True))
             self.pattern = re.compile(rf"(?<![\w.])(?:{alts})(?![\w])")
@@ -210,6 +226,10 @@ class Renaming:
     @property
     def identity(self) -> bool:
         return not self.changes
+
+    def op(self, name):
+        """An op name mapped (None stays None; a name not in the table stays as it is)."""
+        return self.ops.get(name, name) if name is not None else None
 
     def __call__(self, s):
         if s is None or not self.changes:
@@ -259,13 +279,17 @@ def retarget(cand, rename: Renaming, op_name: str, keep_program: bool = True, la
     elif keep_program and cand.template is not None:
         src, first = cand.template
         template = (src, _Chain(first, rename))
-    return dc.replace(cand, op=op_name, fused=rename(cand.fused), desc=rename(cand.desc),
-                      program=program, template=template, through=tuple(rename(t) for t in cand.through))
+    return dc.replace(cand, op=op_name, fused=_op_name(rename, cand.fused), desc=rename(cand.desc),
+                      program=program, template=template, through=tuple(_op_name(rename, t) for t in cand.through))
 
 
 def retarget_runner_up(r, rename: Renaming, op_name: str):
     """A runner-up re-targeted like its candidate (``retarget``, program dropped) and its reason renamed."""
     return dataclasses.replace(r, candidate=retarget(r.candidate, rename, op_name, False), why=rename(r.why))
+
+
+def _op_name(rename, name):
+    return rename.op(name) if hasattr(rename, "op") else rename(name)
 
 
 class _Chain:
@@ -277,3 +301,6 @@ class _Chain:
 
     def __call__(self, s):
         return self.second(self.first(s))
+
+    def op(self, name):
+        return _op_name(self.second, _op_name(self.first, name))

@@ -721,7 +721,7 @@ class Catalogues:
             src = self.source[op.name]
             if src == op.name:
                 continue
-            rn = canon.Renaming(canon.op_names(ctx.graph, ctx.graph.op(src)), canon.op_names(ctx.graph, op))
+            rn = canon.renaming(canon.op_names(ctx.graph, ctx.graph.op(src)), ctx.graph, op)
             out[op.name] = [canon.retarget(c, rn, op.name, False) for c in out[src]]
             ctx.runner_ups[op.name] = [canon.retarget_runner_up(r, rn, op.name) for r in ctx.runner_ups.get(src, [])]
             if ctx.progress is not None:
@@ -798,12 +798,12 @@ def cached_catalogue(ctx, cache, key: dict, op) -> tuple[list[Candidate], list[R
     names, new = got["names"], canon.op_names(ctx.graph, op)
     if len(names) != len(new):
         return cache.reject(key, f"it names {len(names)} ops and tensors, the op {op.name!r} has {len(new)}", True)
-    rn = canon.Renaming(names, new)
+    rn = canon.renaming(names, ctx.graph, op)
     ops = {o.name for o in ctx.graph.ops}
     stored = set(names)
     for c in got["kept"] + [r.candidate for r in got["lost"]]:
         for name in (c.op, c.fused, *c.through):
-            if name is not None and (name not in stored or rn(name) not in ops):
+            if name is not None and (name not in stored or rn.op(name) not in ops):
                 return cache.reject(key, f"a candidate names {name[:80]!r}, not an op of {op.name!r}'s neighbourhood", True)
     return ([canon.retarget(c, rn, op.name, False) for c in got["kept"]],
             [canon.retarget_runner_up(r, rn, op.name) for r in got["lost"]])

@@ -317,7 +317,7 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
             key = canon.op_key(graph, ctx.storage, op) if share else None
             if key in shared:
                 src, src_cands = shared[key]
-                rn = canon.Renaming(canon.op_names(graph, src), canon.op_names(graph, op))
+                rn = canon.renaming(canon.op_names(graph, src), graph, op)
                 own = [canon.retarget(c, rn, op.name, lazy=True) for c in src_cands]
             else:
                 own = family_of(op).candidates(ctx, op)

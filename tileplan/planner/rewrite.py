@@ -56,8 +56,9 @@ import math
 import numpy as np
 
 from ..errors import TileplanError
-from ..graph.core import Cast, Concat, Graph, MatMul, Reduce, Reshape, Role, Slice, Softmax, Tensor, Transpose
+from ..graph.core import Binary, Cast, Concat, Graph, MatMul, Reduce, Reshape, Role, Slice, Softmax, Tensor, Transpose
 from ..graph.dtypes import dequantise, quantise
+from . import elementwise as ew
 
 
 def _fold(graph: Graph) -> tuple[list, dict[str, float], set[str]]:
@@ -235,6 +236,51 @@ def _batch_broadcast(graph: Graph, op: MatMul, shapes: list[list[int]], original
     return made
 
 
+def _middle_broadcast(graph: Graph, op: Binary) -> list | None:
+    """A pointwise op whose operand repeats over a middle axis (``[1, 4, 16, 16]`` with
+    ``[1, 4, 1, 16]``): the broadcast axes brought to the front by a Transpose of the full operand
+    (the last axis stays: a leading permutation the Transpose family plans), the broadcast operand
+    reshaped to match (moving unit axes relabels nothing), the op then a row broadcast, and the
+    result transposed back.
+
+    Design decision: rearrange the full operand rather than expand the broadcast one (an expanded
+    parameter would be uploaded repeated; an expanded activation is an op tileplan has not got).
+    A broadcast over the last axis together with others is not handled here (refused by the
+    Pointwise family, naming the shapes)."""
+    ins = graph.inputs_of(op)
+    out = graph.output_of(op)
+    try:
+        ew.broadcast_form(graph, op)
+        return None
+    except TileplanError:
+        pass
+    n = len(out.shape)
+    for idx in (1, 0):
+        t, other = ins[idx], ins[1 - idx]
+        if other.shape != out.shape or len(t.shape) > n:
+            continue
+        padded = (1,) * (n - len(t.shape)) + tuple(t.shape)
+        if padded[-1] != out.shape[-1]:
+            continue
+        spread = [a for a in range(n - 1) if padded[a] == 1 and out.shape[a] > 1]
+        perm = tuple(spread + [a for a in range(n) if a not in spread])
+        inverse = tuple(perm.index(a) for a in range(n))
+        moved = tuple(out.shape[a] for a in perm)
+        front = f"{op.output}.bcast_front"
+        row = f"{op.output}.bcast_row"
+        res = f"{op.output}.bcast_out"
+        operands = [front, front]
+        operands[idx] = row
+        return [Tensor(front, moved, other.dtype, scale=other.scale),
+                Tensor(row, tuple(padded[a] for a in perm), t.dtype, scale=t.scale),
+                Tensor(res, moved, out.dtype, scale=out.scale),
+                Transpose(f"{op.name}.bcast_front", (other.name,), front, perm=perm),
+                Reshape(f"{op.name}.bcast_row", (t.name,), row, shape=tuple(padded[a] for a in perm)),
+                dataclasses.replace(op, inputs=tuple(operands), output=res),
+                Transpose(f"{op.name}.bcast_back", (res,), op.output, perm=inverse)]
+    return None
+
+
 def _identity_cast(graph: Graph, op: Cast) -> list | None:
     src, dst = graph.tensors[op.inputs[0]], graph.tensors[op.output]
     if (src.dtype, src.scale) != (dst.dtype, dst.scale):
@@ -252,7 +298,7 @@ def _nonempty_parts(graph: Graph, op: Concat) -> list | None:
 
 
 RULES = ((Softmax, _softmax_last), (Reduce, _keep_unit_axis), (MatMul, _matmul), (Cast, _identity_cast),
-         (Slice, _strided_last), (Concat, _nonempty_parts))
+         (Slice, _strided_last), (Concat, _nonempty_parts), (Binary, _middle_broadcast))
 
 
 def _shared(graph: Graph, ops: list, declared: dict[str, Tensor]) -> tuple[list, set[str]]:
