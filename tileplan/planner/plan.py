@@ -177,6 +177,8 @@ class Plan:
     weights: str = "planner"      # the parameter storage it was planned with (``graph.core.WEIGHTS``)
     qkv: dict | None = None       # fused QKV (``planner.qkv``): the mode, the form chosen, both forms' cycles
                                   # and the fused groups; None when the graph has no group
+    stages: dict | None = None    # a multi-IPU target's form (``planner.stages``): "stages" with the split, per
+                                  # stage cycles and link bytes, or "spread"; None on one IPU
 
     @property
     def ratio(self) -> float:
@@ -198,13 +200,19 @@ def _pinned_layouts(graph: Graph) -> Graph:
 @pausing
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
          dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
-         cache=None, caches: Caches | None = None, qkv: str = "auto") -> Plan:
+         cache=None, caches: Caches | None = None, qkv: str = "auto", ipus: str = "auto") -> Plan:
     """Plan ``graph`` on ``target`` (``plan_graph`` says how). ``qkv``: GEMMs reading one
     activation with alike weights (an encoder layer's Q, K and V projections) are planned as
     they are and fused into one GEMM plus Slices (``planner.qkv``), and the plan with fewer
     modelled cycles is kept (``"auto"``); ``"fused"`` or ``"separate"`` plans only that form.
-    ``Plan.qkv`` records which, with both estimates."""
+    ``Plan.qkv`` records which, with both estimates. ``ipus``: how a multi-IPU target is used
+    (``planner.stages``: ``"stages"``, ``"spread"`` or ``"auto"``, the cheaper); one IPU ignores it."""
     from . import qkv as fuse
+    if target.ipus > 1 and ipus != "spread":
+        from .stages import plan_over_ipus
+        return plan_over_ipus(graph, target, mode=ipus, jobs=jobs, solver=solver, frontier_bound=frontier_bound,
+                              dp_paths=dp_paths, progress=progress, weights=weights, pins=pins, share=share,
+                              cache=cache, caches=caches, qkv=qkv)
     t0 = time.perf_counter()
     fuse.check_qkv(qkv)
     canon_graph = canonical(graph)
