@@ -208,6 +208,8 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     ``Plan.qkv`` records which, with both estimates. ``ipus``: how a multi-IPU target is used
     (``planner.stages``: ``"stages"``, ``"spread"`` or ``"auto"``, the cheaper); one IPU ignores it."""
     from . import qkv as fuse
+    from .stages import check_mode
+    check_mode(ipus)
     if target.ipus > 1 and ipus != "spread":
         from .stages import plan_over_ipus
         return plan_over_ipus(graph, target, mode=ipus, jobs=jobs, solver=solver, frontier_bound=frontier_bound,

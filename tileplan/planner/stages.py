@@ -328,8 +328,12 @@ def compose(graph: Graph, target, plans: list, sp: Split):
               "ipu_of": {n: s["ipu"] for s in stages for n in s["ops_names"]}}
     qkv = None
     if any(p.qkv is not None for p in plans):
+        def total(form):          # both forms' cycles summed over the stages, where every stage planned it
+            got = [p.qkv.get(f"{form}_cycles") if p.qkv else None for p in plans]
+            return None if any(c is None for c in got) else int(sum(got))
         qkv = {"mode": first.qkv["mode"] if first.qkv else "auto", "chosen": "fused" if fused else "separate",
-               "separate_cycles": None, "fused_cycles": None, "fused": fused, "groups": groups}
+               "separate_cycles": total("separate"), "fused_cycles": total("fused"), "fused": fused,
+               "groups": groups}
     return Plan(joined, target, mid, cands, picks, detailed.estimate, detailed, joined.roofline_cycles(target),
                 0.0, first.solver, runner_ups, None, storage, pinned=None, weights=first.weights, qkv=qkv,
                 stages=record)

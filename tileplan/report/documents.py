@@ -73,11 +73,12 @@ def plan_spec(tiles: int, ops: int, runner_ups: int) -> Obj:
 
 def report_spec(tiles: int, steps: int) -> Obj:
     """report.json (``lowering.compile``): per-tile memory of ``tiles`` tiles, at most ``steps``
-    estimated and program steps (the tile program's)."""
+    program steps (the tile program's) and a bounded multiple of them estimated (the estimate
+    costs the plan's program before lowering groups independent exchanges into one step)."""
     step = Obj({"name": NAME, "kind": NAME, "cycles": COUNT, "sync": COUNT})
     per_tile = List(COUNT, length=tiles)
     return Obj({"memory": Obj({"tile_estimate": per_tile, "standard": per_tile, "interleaved": per_tile})},
-               {"estimate_steps": List(step, max_len=steps), "program_steps": List(step, max_len=steps),
+               {"estimate_steps": List(step, max_len=16 * steps + 16), "program_steps": List(step, max_len=steps),
                 "passes": List(TEXT, max_len=4096), "pass_log": List(TEXT, max_len=1 << 20),
                 "program_cycles": Opt(COUNT), "estimate": Obj({"cycles": COUNT})})
 
