@@ -165,3 +165,33 @@ def test_a_gemm_too_big_for_one_ipu_spreads_its_grid_over_two(tmp_path):
     assert ipus == {0, 1}                            # the GEMM's grid spans both IPUs
     with pytest.raises(TileplanError, match="no pipeline-stage split"):
         _compile(load_model(model), target, tmp_path / "pkg2", ipus="stages")
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+def _refused(result, *words):
+    code, _, err = result
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def test_the_command_line_refuses_an_unknown_ipus_form(cli, tmp_path):
+    _refused(cli("plan", FIXTURES / "mlp_smoke_fp8.toml", "--target", "ipu21-64x2", "--ipus", "pipelined"),
+             "--ipus", "pipelined")
+
+
+def test_stages_that_cannot_hold_a_model_are_refused_before_any_costing(cli, tmp_path):
+    """The parameter bytes against each IPU's memory: one line naming the model and the op, at once."""
+    import time
+    (tmp_path / "t.toml").write_text('inherits = "ipu21-64x2"\nname = "two-small"\ntiles = 16\n')
+    model = tmp_path / "g.toml"
+    model.write_text('[model]\nname = "wide_gemm"\ntarget = "t.toml"\n[tensors]\n'
+                     'a = { shape = [16, 1024], dtype = "fp16", role = "input" }\n'
+                     'b = { shape = [1024, 3072], dtype = "fp16", role = "parameter" }\n'
+                     '[[ops]]\nname = "gemm"\nop = "matmul"\ninputs = ["a", "b"]\noutput = "c"\n')
+    t0 = time.perf_counter()
+    _refused(cli("compile", model, "--ipus", "stages", "-o", tmp_path / "pkg", "-j", "1"),
+             "wide_gemm", "'gemm'", "6,291,456 bytes of parameters")
+    assert time.perf_counter() - t0 < 10 and not (tmp_path / "pkg").exists()

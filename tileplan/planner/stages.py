@@ -214,6 +214,7 @@ def plan_stages(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", fron
     if cache is None:
         cache = MemoryCache()          # the stages' common catalogues costed once
     w = resolve_weights(canon_graph, weights)
+    split(canon_graph, target, [0] * len(canon_graph.ops))     # no split fits: refused before any costing
     costs = op_costs(canon_graph, sub, jobs=jobs, cache=cache, weights=w, frontier_bound=frontier_bound)
     sp = split(canon_graph, target, costs)
     plans = []
