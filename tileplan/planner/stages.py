@@ -101,7 +101,7 @@ def op_costs(graph: Graph, sub, *, jobs: int, cache, weights, frontier_bound: in
 def split(graph: Graph, target, costs: list[int]) -> Split:
     """The stage split of ``graph``'s ops (canonical order) over ``target``'s IPUs (module doc); a
     ``TileplanError`` saying why when no split fits."""
-    from ..estimate.exchange import link_cycles  # noqa: F401  (the link figures' one home)
+    from ..estimate.exchange import link_cycles, phase_sync
     from .canon import repeated_blocks
     from .storage import parameter_storage
     ops = graph.ops
@@ -128,12 +128,14 @@ def split(graph: Graph, target, costs: list[int]) -> Split:
     produced_at = {op.output: i for i, op in enumerate(ops)}
 
     def crossing(c: int) -> int:
-        """Cycles of the link transfer at a cut before op ``c``: the bytes of the values made before
-        it and read after it over one link, its latency and a sync spanning IPUs."""
+        """Cycles of the link transfer at a cut before op ``c`` (``estimate.exchange``'s link model):
+        the bytes of the values made before it and read after it, from one IPU to the next, and a
+        sync spanning IPUs."""
         names = {t for op in ops[c:] for t in op.inputs
                  if t in produced_at and produced_at[t] < c}
-        b = sum(graph.tensors[t].size * graph.tensors[t].dtype.itemsize for t in names)
-        return -(-b // target.link_bytes_per_cycle) + target.link_latency_cycles + target.sync_cycles_multi
+        pairs = np.zeros(target.ipus * target.ipus, dtype=np.int64)
+        pairs[1] = sum(graph.tensors[t].size * graph.tensors[t].dtype.itemsize for t in names)   # IPU 0 -> 1
+        return link_cycles(pairs, target) + phase_sync(bool(pairs[1]), pairs, target)
 
     points = [0, *cuts, n]
     cross = {c: crossing(c) for c in cuts}
