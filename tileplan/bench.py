@@ -785,6 +785,10 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
             f"{k} {v:,}" for k, v in r["model_floor_by_family"].items()) if r.get("model_floor_by_family") else "—"),
         row("coarse vs detailed Spearman (per GEMM)", _spearman),
         row("bounded search (16 paths) gap to optimum", _search),
+        row("pipeline stages (IPU: cycles, B received over the IPU-Links)", lambda r: "; ".join(
+            f"{s['ipu']}: {s['cycles']:,}, {s['link_bytes_in']:,} B" for s in r["pipeline"]["stages"])
+            + f" (interval {r['pipeline']['interval_cycles']:,})"
+            if (r.get("pipeline") or {}).get("stages") else "—"),
         row("validate time (IPU model)", lambda r: _fmt_seconds(r["validate_seconds"])),
         row("HTML report: size; write; load in headless Chromium",
             lambda r: f"{_fmt_bytes(r['report_html_bytes'])}; {_fmt_seconds(r['report_seconds'])}; "
