@@ -492,6 +492,10 @@ def compile_command(
               f"sync {_n(est.sync)}), {roofline_ratio_text(est.cycles, p.roofline)}; "
               f"memory peak (planner's estimate): {_n(est.total_memory)} B per tile")
     out.print(f"tile program: {len(state.tile_program.steps)} steps; passes: {', '.join(state.tile_program.passes)}")
+    if p.stages:                             # a multi-IPU target: its pipeline stages, or spread
+        from .report.terminal import stage_lines
+        for line in stage_lines(p.stages):
+            out.print(plain(line))
     if p.graph.folded:                       # planner.rewrite: results known at plan time, written by the host
         out.print(plain("folded at plan time (host data, 0 cycles): " + ", ".join(
             f"{n} = {v!r}" for n, v in sorted(p.graph.folded.items()))))
