@@ -58,6 +58,23 @@ def test_the_split_balances_whole_layers_over_the_ipus(target, layers):
     assert sp.ranges[0][0] == 0 and sp.ranges[-1][1] == len(g.ops)
 
 
+def test_the_fp16_siglip_tower_splits_into_two_stages_of_whole_layers():
+    """822 MB of FP16 weights: more than one C600 holds, half of it on each of two."""
+    import time
+    from tileplan.graph.loaders import load_model
+    from tileplan.planner.rewrite import canonical
+    from tileplan.planner.stages import FILL, split
+    g = canonical(load_model(FIXTURES / "siglip_tower_fp16_b1.toml"))
+    two = load_target("ipu21x2")
+    t0 = time.perf_counter()
+    sp = split(g, two, [10_000] * len(g.ops))      # ~200,000 cycles a layer, more than a crossing
+    assert time.perf_counter() - t0 < 5
+    layers = [sorted({int(op.name.split(".")[0][1:]) for op in g.ops[a:b]}) for a, b in sp.ranges]
+    assert layers == [list(range(14)), list(range(14, 27))]
+    assert sum(sp.params) > FILL * two.tiles_per_ipu * two.usable_bytes      # not one IPU's worth
+    assert all(p <= FILL * two.tiles_per_ipu * two.usable_bytes for p in sp.params)
+
+
 def test_a_split_whose_stages_cannot_hold_their_parameters_is_refused(tmp_path):
     """Four layers' parameters (299,136 B for two) over two IPUs of one 256 KiB tile each: no split
     fits, and the error names the model and the largest op's parameter bytes."""
