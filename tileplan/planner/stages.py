@@ -40,7 +40,6 @@ fit stops with the planner's error, naming the stage.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 
@@ -74,14 +73,13 @@ def _param_bytes(graph: Graph, op) -> int:
                if graph.tensors[i].role is Role.PARAMETER)
 
 
-def op_costs(graph: Graph, sub, *, jobs: int, cache, weights, frontier_bound: int) -> list[int]:
-    """Each op's cheapest candidate on the one-IPU target ``sub`` (cycles), from the catalogue the
-    stage plans reuse (GEMMs through the cache, elementwise ops costed once per planning problem)."""
+def op_costs(ctx, cache) -> list[int]:
+    """Each op's cheapest candidate in the planning context ``ctx`` of a one-IPU target (cycles), from
+    the catalogue the stage plans reuse (GEMMs through ``cache``, elementwise ops costed once per
+    planning problem)."""
     from . import canon
     from .catalogue import Catalogues
     from .families import family_of
-    from .plan import _context
-    ctx = _context(graph, sub, jobs, frontier_bound, None, None, weights)
     g = ctx.graph
     gemms = Catalogues(ctx, [op for op in g.ops if family_of(op).catalogued], share=True, cache=cache).result()
     seen: dict = {}
@@ -201,48 +199,14 @@ def stage_graph(graph: Graph, lo: int, hi: int) -> Graph:
     return dataclasses.replace(g, imported=dict(graph.imported))
 
 
-def plan_stages(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
-                dp_paths=16, progress=None, weights=None, pins=(), share: bool = True, cache=None,
-                caches=None, qkv: str = "auto"):
-    """``graph`` planned as pipeline stages over ``target``'s IPUs (module doc): a ``Plan`` of the
-    whole target whose ``stages`` records the split."""
-    from .cache import MemoryCache
-    from .plan import plan
-    from .rewrite import canonical
-    from .storage import resolve_weights
-    t0 = time.perf_counter()
-    canon_graph = canonical(graph)
-    sub = target.with_tiles(target.tiles_per_ipu)
-    if cache is None:
-        cache = MemoryCache()          # the stages' common catalogues costed once
-    w = resolve_weights(canon_graph, weights)
-    split(canon_graph, target, [0] * len(canon_graph.ops))     # no split fits: refused before any costing
-    costs = op_costs(canon_graph, sub, jobs=jobs, cache=cache, weights=w, frontier_bound=frontier_bound)
-    sp = split(canon_graph, target, costs)
-    plans = []
-    for k, (lo, hi) in enumerate(sp.ranges):
-        g = stage_graph(canon_graph, lo, hi)
-        names = {op.name for op in g.ops}
-        try:
-            plans.append(plan(g, sub, jobs=jobs, solver=solver, frontier_bound=frontier_bound, dp_paths=dp_paths,
-                              progress=progress, weights=w, pins=[p for p in pins if p.op in names], share=share,
-                              cache=cache, caches=caches, qkv=qkv, ipus="spread"))
-        except TileplanError as exc:
-            raise TileplanError(f"pipeline stage {k} (IPU {k}: ops {canon_graph.ops[lo].name!r} to "
-                                f"{canon_graph.ops[hi - 1].name!r}): {exc}") from None
-    out = compose(canon_graph, target, plans, sp)
-    out.plan_seconds = time.perf_counter() - t0
-    return out
-
-
-def compose(graph: Graph, target, plans: list, sp: Split):
-    """One ``Plan`` of the whole target from the stage plans (stage k on IPU k): their programs moved
-    onto their IPUs' tiles and joined by an exchange per value crossing a boundary."""
+def compose(graph: Graph, target, plans: list, sp: Split, buffer_name) -> dict:
+    """The fields of one ``Plan`` of the whole target from the stage plans (stage k on IPU k): their
+    programs moved onto their IPUs' tiles and joined by an exchange per value crossing a boundary.
+    ``buffer_name``: ``plan.buffer_name`` (a tensor's buffer in a layout)."""
     from ..estimate.detailed import cost_program, scheduled
     from ..layout.layouts import shifted
     from ..program import ComputeStep, Copy, ExchangeStep, Program
     from .mid import MidGraph, MidNode
-    from .plan import Plan, buffer_name
     tpi = target.tiles_per_ipu
     program = Program()
     nodes: list = []
@@ -337,39 +301,6 @@ def compose(graph: Graph, target, plans: list, sp: Split):
         qkv = {"mode": first.qkv["mode"] if first.qkv else "auto", "chosen": "fused" if fused else "separate",
                "separate_cycles": total("separate"), "fused_cycles": total("fused"), "fused": fused,
                "groups": groups}
-    return Plan(joined, target, mid, cands, picks, detailed.estimate, detailed, joined.roofline_cycles(target),
-                0.0, first.solver, runner_ups, None, storage, pinned=None, weights=first.weights, qkv=qkv,
-                stages=record)
-
-
-def plan_over_ipus(graph: Graph, target, *, mode: str = "auto", **kw):
-    """``plan``'s multi-IPU entry (module doc): ``stages``, or ``auto``'s choice between the two
-    forms. The plan's ``stages`` record says which form it is and, with ``auto``, both forms'
-    cycles (None: that form does not fit, with why)."""
-    from .plan import plan
-    check_mode(mode)
-    if mode == "stages":
-        return plan_stages(graph, target, **kw)
-    t0 = time.perf_counter()
-    staged = spread = None
-    why = {}
-    try:
-        staged = plan_stages(graph, target, **kw)
-    except TileplanError as exc:
-        why["stages"] = str(exc)
-    try:
-        spread = plan(graph, target, ipus="spread", **kw)
-    except TileplanError as exc:
-        if staged is None:
-            raise
-        why["spread"] = str(exc)
-    best = staged if spread is None or (staged is not None and staged.estimate.cycles < spread.estimate.cycles) \
-        else spread
-    record = dict(best.stages) if best.stages else {"mode": "spread"}
-    record.update({"chosen_by": "auto",
-                   "stages_cycles": int(staged.estimate.cycles) if staged is not None else None,
-                   "spread_cycles": int(spread.estimate.cycles) if spread is not None else None,
-                   "not_fitting": why})
-    best.stages = record
-    best.plan_seconds = time.perf_counter() - t0
-    return best
+    return dict(graph=joined, target=target, mid=mid, candidates=cands, picks=picks, estimate=detailed.estimate,
+                detailed=detailed, roofline=joined.roofline_cycles(target), solver=first.solver,
+                runner_ups=runner_ups, storage=storage, weights=first.weights, qkv=qkv, stages=record)
