@@ -34,7 +34,8 @@ parameter is read on both sides. A dynamic programme over the cuts minimises the
 stage's cost being its ops' cycles plus the link transfer of what it receives, then the total
 (the latency of one image); a stage whose parameters exceed ``FILL`` of its IPU's usable
 memory is not allowed. The stage plans then check memory exactly; a stage that still does not
-fit stops with the planner's error, naming the stage.
+fit stops with the planner's error, naming the stage. (The entry points, ``plan_stages`` and
+``plan_over_ipus``, live in ``planner.plan``; this module holds the mechanics.)
 """
 
 from __future__ import annotations
