@@ -19,7 +19,7 @@ TWO = load_target("ipu21-64x2")
 
 def test_multi_ipu_presets_state_their_ipus_and_links():
     for name, ipus, topology in (("ipu21x2", 2, "all-to-all"), ("ipu21x4", 4, "ring"), ("ipu2x4", 4, "ring"),
-                                 ("ipu21-64x2", 2, "all-to-all")):
+                                 ("ipu21-64x2", 2, "all-to-all"), ("ipu21-64x4", 4, "ring")):
         t = load_target(name)
         assert (t.ipus, t.topology) == (ipus, topology)
         assert t.tiles == ipus * t.tiles_per_ipu

@@ -10,7 +10,7 @@ from tileplan.target import PRESET_DIR, Target, load_target, preset_names
 
 
 def test_all_presets_load():
-    assert preset_names() == ["bow", "ipu2", "ipu21", "ipu21-64", "ipu21-64x2", "ipu21x2", "ipu21x4", "ipu2x4"]
+    assert preset_names() == ["bow", "ipu2", "ipu21", "ipu21-64", "ipu21-64x2", "ipu21-64x4", "ipu21x2", "ipu21x4", "ipu2x4"]
     for name in preset_names():
         t = load_target(name)
         assert isinstance(t, Target) and t.name == name

@@ -85,6 +85,7 @@ class Benchmark:
     compact: tuple[tuple[str, ...], tuple[str, ...]] = (("plan",), ("plan", "compile", "validate"))
                                   # (quick, full): the stages of the compact-weights run; "plan" alone is
                                   # its plan and estimate (simulating it too would not fit the budget)
+    ipus: str = "auto"            # a multi-IPU target's form (``planner.stages``: auto, stages or spread)
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -131,6 +132,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     # post-LayerNorm, MAP head): the tower's cost plus what a user's model adds.
     Benchmark("siglip_vision_fp8_b1", "ipu21", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
               in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE),
+    # The same tower with FP16 weights (822 MB): two C600s, one pipeline stage of whole layers each;
+    # its record's "pipeline" holds each stage's cycles and the bytes it receives over the IPU-Links.
+    Benchmark("siglip_tower_fp16_b1", "ipu21x2", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
+              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, ipus="stages"),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 
@@ -149,7 +154,7 @@ FIGURES = (
     "sram_bytes", "max_abs_error", "outputs_passed", "estimate_to_simulated",
     "validate_cpu_seconds", "cosine_min", "validate_atol",
     "plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries", "package_bytes",
-    "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note",
+    "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note", "pipeline",
 )
 
 # The targets of DESIGN.md ("Benchmarks") and issue 6, and the reference figures beside them.
@@ -187,7 +192,8 @@ def _plan_figures(p) -> dict:
             "estimate": {"compute": est.compute, "exchange": est.exchange, "sync": est.sync,
                          "cycles": est.cycles, "total_memory": est.total_memory},
             "estimate_roofline_ratio": p.ratio if p.roofline else None,
-            "cycles_by_family": cycles_by_family(p)}
+            "cycles_by_family": cycles_by_family(p),
+            **({"pipeline": {k: v for k, v in p.stages.items() if k != "ipu_of"}} if p.stages else {})}
 
 
 def _floor_figures(p) -> dict:
@@ -265,7 +271,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
         cache = PlanCache(Path(work_dir) / "plan-cache")
     compiled = None
     for i in range(bench["repeats"]):
-        p = plan(graph, target, jobs=jobs, cache=cache, weights="planner")
+        p = plan(graph, target, jobs=jobs, cache=cache, weights="planner", ipus=bench["ipus"])
         times.append(p.plan_seconds)
         if cache is not None:
             send("figures", {"plan_seconds_cold": times[0], "plan_cache_entries": cache.info()["entries"],
@@ -288,7 +294,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
     # The same graph with every weight in its compact resident storage, beside the planner's own choice.
     send("stage", "compact plan")
-    compact = plan(graph, target, jobs=jobs, cache=cache, weights="compact")
+    compact = plan(graph, target, jobs=jobs, cache=cache, weights="compact", ipus=bench["ipus"])
     send("compact", {"plan_seconds_all": [compact.plan_seconds], "plan_seconds": compact.plan_seconds,
                      "plan_seconds_first": compact.plan_seconds, **_plan_figures(compact), **_floor_figures(compact)})
     send("figures", {"storage_in_grid": sorted(r["tensor"] for r in prearranged(p))})   # (the two plans may
@@ -428,7 +434,7 @@ def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float) -> dict:
     recv, send = ctx.Pipe(duplex=False)
     work_dir = tempfile.mkdtemp(prefix=f"tileplan-bench-{b.name}-")
     spec = {"name": b.name, "target": b.target, "small": b.small, "jobs": jobs,
-            "repeats": b.repeats(quick), "stages": rec["stages"], "cached": b.cached,
+            "repeats": b.repeats(quick), "stages": rec["stages"], "cached": b.cached, "ipus": b.ipus,
             "compact_stages": rec["compact"]["stages"],
             "start_method": multiprocessing.get_start_method()}
     t0 = time.monotonic()
@@ -797,6 +803,10 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
             f"{k} {v:,}" for k, v in r["model_floor_by_family"].items()) if r.get("model_floor_by_family") else "—"),
         row("coarse vs detailed Spearman (per GEMM)", _spearman),
         row("bounded search (16 paths) gap to optimum", _search),
+        row("pipeline stages (IPU: cycles, B received over the IPU-Links)", lambda r: "; ".join(
+            f"{s['ipu']}: {s['cycles']:,}, {s['link_bytes_in']:,} B" for s in r["pipeline"]["stages"])
+            + f" (interval {r['pipeline']['interval_cycles']:,})"
+            if (r.get("pipeline") or {}).get("stages") else "—"),
         row("validate time (IPU model)", lambda r: _fmt_seconds(r["validate_seconds"])),
         row("HTML report: size; write; load in headless Chromium",
             lambda r: f"{_fmt_bytes(r['report_html_bytes'])}; {_fmt_seconds(r['report_seconds'])}; "

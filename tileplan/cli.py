@@ -351,6 +351,17 @@ QkvOption = Annotated[str, typer.Option(
          "or force one form.")]
 
 
+IpusOption = Annotated[str, typer.Option(
+    "--ipus", metavar="auto|stages|spread",
+    help="A target of several IPUs: pipeline stages (contiguous layers per IPU), one graph spread over every "
+         "tile, or auto (plan both, keep the cheaper).")]
+
+
+def _ipus(mode: str) -> str:
+    from .planner.stages import MODES
+    return _one_of(mode, "--ipus", MODES)
+
+
 def _qkv(qkv: str) -> str:
     from .planner.qkv import QKV_MODES
     return _one_of(qkv, "--qkv", QKV_MODES)
@@ -398,6 +409,7 @@ def plan_command(
     cast_bf16: CastBf16Option = None,
     weights: WeightsOption = None,
     qkv: QkvOption = "auto",
+    ipus: IpusOption = "auto",
 ) -> None:
     """Plan a model: choose every op's implementation and print the cost report.
     With --json (or -o -) the plan, as plan.json holds it, goes to stdout."""
@@ -418,7 +430,8 @@ def plan_command(
         check_file(output)                   # before planning, not after
     with _naming(model):
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=_catalogue_ticks(graph),
-                      pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
+                      pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv,
+                      ipus=_ipus(ipus))
     _at("report")
     out.settle()
     doc = plan_to_json(result)           # once: the report, plan.json and --json print the same document
@@ -450,6 +463,7 @@ def compile_command(
     cast_bf16: CastBf16Option = None,
     weights: WeightsOption = None,
     qkv: QkvOption = "auto",
+    ipus: IpusOption = "auto",
 ) -> None:
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
     from .report.terminal import plain, roofline_ratio_text
@@ -463,7 +477,8 @@ def compile_command(
     check_folder(output)                     # before planning, not after
     with _naming(model):                     # (compile_model's steps, each with its stage)
         p = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=_catalogue_ticks(graph),
-                 pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv)
+                 pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv,
+                 ipus=_ipus(ipus))
         _at("lowering")
         state, path = compile_plan(p, tgt, output, params=params, stage=_at)
     _at("report")
@@ -477,6 +492,10 @@ def compile_command(
               f"sync {_n(est.sync)}), {roofline_ratio_text(est.cycles, p.roofline)}; "
               f"memory peak (planner's estimate): {_n(est.total_memory)} B per tile")
     out.print(f"tile program: {len(state.tile_program.steps)} steps; passes: {', '.join(state.tile_program.passes)}")
+    if p.stages:                             # a multi-IPU target: its pipeline stages, or spread
+        from .report.terminal import stage_lines
+        for line in stage_lines(p.stages):
+            out.print(plain(line))
     if p.graph.folded:                       # planner.rewrite: results known at plan time, written by the host
         out.print(plain("folded at plan time (host data, 0 cycles): " + ", ".join(
             f"{n} = {v!r}" for n, v in sorted(p.graph.folded.items()))))

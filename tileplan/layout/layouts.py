@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -660,3 +660,80 @@ class Blocks(Layout):
         w = bw[entry]
         return OwnerMap.build(btile[entry], start, start + w, base[entry] + row_in * w,
                               rows * cols, replicas=r)
+
+
+@dataclass(frozen=True)
+class Shifted:
+    """``base`` moved ``offset`` tiles up: tile ``t`` of ``base`` is tile ``t + offset`` here. A
+    pipeline stage planned on one IPU of a multi-IPU target (``planner.stages``) runs on IPU k's
+    tiles ``[k * tiles_per_ipu, ...)`` in this layout.
+
+    Design decision: a wrapper, not a ``Layout`` subclass, so it can carry any layout-like value
+    (a GEMM grid too, though ``shifted`` moves a grid by its holders, which keeps its own fast
+    paths); format, index space and replicas are the base's, ``str`` names the offset. Build it
+    with ``shifted``."""
+
+    base: Any
+    offset: int
+
+    boundary: ClassVar[bool] = True
+
+    def __str__(self) -> str:
+        return f"{self.base}+{self.offset}"
+
+    @property
+    def local_format(self) -> str:
+        return getattr(self.base, "local_format", "rows")
+
+    @property
+    def index_space(self) -> str:
+        return getattr(self.base, "index_space", "rows")
+
+    @property
+    def replicas(self) -> int:
+        return int(getattr(self.base, "replicas", 1))
+
+    def effective(self, shape, dtype):
+        eff = self.base.effective(shape, dtype) if hasattr(self.base, "effective") else self.base
+        return self if eff == self.base else shifted(eff, self.offset)
+
+    def owner_map(self, shape, dtype, tiles: int) -> OwnerMap:
+        return _shifted_owner_map(self, _shape(shape), dtype, int(tiles))
+
+    def bytes_per_tile(self, shape, dtype, tiles: int) -> np.ndarray:
+        out = np.zeros(int(tiles), dtype=np.int64)
+        if hasattr(self.base, "bytes_per_tile"):
+            out[self.offset:] = self.base.bytes_per_tile(shape, dtype, int(tiles) - self.offset)
+        else:
+            out[self.offset:] = self.base.owner_map(shape, dtype, int(tiles) - self.offset).bytes_per_tile(
+                int(tiles) - self.offset, dtype.itemsize)
+        return out
+
+    def verify(self, shape, dtype, target) -> OwnerMap:
+        return self.owner_map(shape, dtype, target.tiles)
+
+
+@functools.lru_cache(maxsize=256)
+def _shifted_owner_map(layout: Shifted, shape: Shape, dtype: DType, tiles: int) -> OwnerMap:
+    if tiles <= layout.offset:
+        raise LayoutError(f"{layout}: the target has tiles 0..{tiles - 1}")
+    om = layout.base.owner_map(shape, dtype, tiles - layout.offset)
+    return OwnerMap(om.tile.astype(np.int64) + layout.offset, om.start, om.stop, om.offset, om.size, om.replicas,
+                    om.local_format)
+
+
+def shifted(layout, offset: int):
+    """``layout`` on tiles ``offset`` higher: a GEMM grid with its holders moved (still a grid), a
+    ``WholeRows`` with its first tile moved, anything else wrapped in ``Shifted`` (offset 0: itself)."""
+    if not offset or layout is None:
+        return layout
+    from .gemm_grid import Grid
+    if isinstance(layout, Shifted):
+        return shifted(layout.base, layout.offset + offset)
+    if isinstance(layout, Grid):
+        h = layout.holder_array()
+        moved = np.where(h >= 0, h + offset, h)
+        return replace(layout, holders=np.ascontiguousarray(moved, dtype="<i8").tobytes())
+    if isinstance(layout, WholeRows):
+        return replace(layout, first_tile=layout.first_tile + offset)
+    return Shifted(layout, int(offset))

@@ -85,10 +85,10 @@ def build_report(plan, state, target, est=None) -> dict:
 
 
 def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver: str = "dp", progress=None,
-                  registry=None, pins=(), cache=None, weights=None, qkv: str = "auto"):
+                  registry=None, pins=(), cache=None, weights=None, qkv: str = "auto", ipus: str = "auto"):
     from ..planner.plan import plan as make_plan
     p = make_plan(graph, target, jobs=jobs, solver=solver, progress=progress, pins=pins, cache=cache,
-                  weights=weights, qkv=qkv)
+                  weights=weights, qkv=qkv, ipus=ipus)
     state, path = compile_plan(p, target, out_dir, params=params, registry=registry)
     return p, state, path
 

@@ -177,6 +177,8 @@ class Plan:
     weights: str = "planner"      # the parameter storage it was planned with (``graph.core.WEIGHTS``)
     qkv: dict | None = None       # fused QKV (``planner.qkv``): the mode, the form chosen, both forms' cycles
                                   # and the fused groups; None when the graph has no group
+    stages: dict | None = None    # a multi-IPU target's form (``planner.stages``): "stages" with the split, per
+                                  # stage cycles and link bytes, or "spread"; None on one IPU
 
     @property
     def ratio(self) -> float:
@@ -198,13 +200,20 @@ def _pinned_layouts(graph: Graph) -> Graph:
 @pausing
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
          dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
-         cache=None, caches: Caches | None = None, qkv: str = "auto") -> Plan:
+         cache=None, caches: Caches | None = None, qkv: str = "auto", ipus: str = "auto") -> Plan:
     """Plan ``graph`` on ``target`` (``plan_graph`` says how). ``qkv``: GEMMs reading one
     activation with alike weights (an encoder layer's Q, K and V projections) are planned as
     they are and fused into one GEMM plus Slices (``planner.qkv``), and the plan with fewer
     modelled cycles is kept (``"auto"``); ``"fused"`` or ``"separate"`` plans only that form.
-    ``Plan.qkv`` records which, with both estimates."""
+    ``Plan.qkv`` records which, with both estimates. ``ipus``: how a multi-IPU target is used
+    (``planner.stages``: ``"stages"``, ``"spread"`` or ``"auto"``, the cheaper); one IPU ignores it."""
     from . import qkv as fuse
+    from .stages import check_mode
+    check_mode(ipus)
+    if target.ipus > 1 and ipus != "spread":
+        return plan_over_ipus(graph, target, mode=ipus, jobs=jobs, solver=solver, frontier_bound=frontier_bound,
+                              dp_paths=dp_paths, progress=progress, weights=weights, pins=pins, share=share,
+                              cache=cache, caches=caches, qkv=qkv)
     t0 = time.perf_counter()
     fuse.check_qkv(qkv)
     canon_graph = canonical(graph)
@@ -589,3 +598,70 @@ def _block_ranges(graph: Graph, storage: dict) -> list[tuple[int, int]] | None:
     index = {op.name: i for i, op in enumerate(graph.ops)}
     blocks = [(index[b[0].name], index[b[-1].name] + 1) for b in repeated_blocks(graph, storage)]
     return blocks or None
+
+
+# ---- several IPUs (``planner.stages``) ----------------------------------------------------------
+
+def plan_stages(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
+                dp_paths=16, progress=None, weights=None, pins=(), share: bool = True, cache=None,
+                caches=None, qkv: str = "auto"):
+    """``graph`` planned as pipeline stages over ``target``'s IPUs (``planner.stages``): a ``Plan`` of the
+    whole target whose ``stages`` records the split."""
+    from .cache import MemoryCache
+    from .stages import compose, op_costs, split, stage_graph
+    t0 = time.perf_counter()
+    canon_graph = canonical(graph)
+    sub = target.with_tiles(target.tiles_per_ipu)
+    if cache is None:
+        cache = MemoryCache()          # the stages' common catalogues costed once
+    w = resolve_weights(canon_graph, weights)
+    split(canon_graph, target, [0] * len(canon_graph.ops))     # no split fits: refused before any costing
+    costs = op_costs(_context(canon_graph, sub, jobs, frontier_bound, None, caches, w), cache)
+    sp = split(canon_graph, target, costs)
+    plans = []
+    for k, (lo, hi) in enumerate(sp.ranges):
+        g = stage_graph(canon_graph, lo, hi)
+        names = {op.name for op in g.ops}
+        try:
+            plans.append(plan(g, sub, jobs=jobs, solver=solver, frontier_bound=frontier_bound, dp_paths=dp_paths,
+                              progress=progress, weights=w, pins=[p for p in pins if p.op in names], share=share,
+                              cache=cache, caches=caches, qkv=qkv, ipus="spread"))
+        except TileplanError as exc:
+            raise TileplanError(f"pipeline stage {k} (IPU {k}: ops {canon_graph.ops[lo].name!r} to "
+                                f"{canon_graph.ops[hi - 1].name!r}): {exc}") from None
+    out = Plan(**compose(canon_graph, target, plans, sp, buffer_name))
+    out.plan_seconds = time.perf_counter() - t0
+    return out
+
+
+def plan_over_ipus(graph: Graph, target, *, mode: str = "auto", **kw):
+    """``plan``'s multi-IPU entry (``planner.stages``): ``stages``, or ``auto``'s choice between the two
+    forms. The plan's ``stages`` record says which form it is and, with ``auto``, both forms'
+    cycles (None: that form does not fit, with why)."""
+    from .stages import check_mode
+    check_mode(mode)
+    if mode == "stages":
+        return plan_stages(graph, target, **kw)
+    t0 = time.perf_counter()
+    staged = spread = None
+    why = {}
+    try:
+        staged = plan_stages(graph, target, **kw)
+    except TileplanError as exc:
+        why["stages"] = str(exc)
+    try:
+        spread = plan(graph, target, ipus="spread", **kw)
+    except TileplanError as exc:
+        if staged is None:
+            raise
+        why["spread"] = str(exc)
+    best = staged if spread is None or (staged is not None and staged.estimate.cycles < spread.estimate.cycles) \
+        else spread
+    record = dict(best.stages) if best.stages else {"mode": "spread"}
+    record.update({"chosen_by": "auto",
+                   "stages_cycles": int(staged.estimate.cycles) if staged is not None else None,
+                   "spread_cycles": int(spread.estimate.cycles) if spread is not None else None,
+                   "not_fitting": why})
+    best.stages = record
+    best.plan_seconds = time.perf_counter() - t0
+    return best

@@ -239,6 +239,12 @@ def plan_to_json(plan) -> dict:
         doc["pinned"] = {**plan.pinned, "cycles": int(plan.estimate.cycles)}
     if plan.qkv is not None:                  # fused QKV: the form chosen and both forms' cycles
         doc["qkv"] = plan.qkv
+    if getattr(plan, "stages", None):         # a multi-IPU target: stages (each op's IPU) or spread
+        doc["stages"] = {k: v for k, v in plan.stages.items() if k != "ipu_of"}
+        ipu_of = plan.stages.get("ipu_of", {})
+        for entry in ops:
+            if entry["name"] in ipu_of:
+                entry["ipu"] = ipu_of[entry["name"]]
     return doc
 
 

@@ -45,7 +45,8 @@ def plan_spec(tiles: int, ops: int, runner_ups: int) -> Obj:
     memory = Obj({"standard": COUNT, "interleaved": COUNT, "total": COUNT})
     op = Obj({"name": NAME, "kind": NAME, "candidate": TEXT, "estimate": _phases(), "memory": memory,
               "layouts": Obj({"inputs": Map(TEXT, max_len=1024), "output": TEXT}), "grid": Opt(grid)},
-             {"floor": Opt(COUNT), "floor_group": Opt(List(NAME, max_len=ops)), "fused_with": Opt(NAME), "absorbed": Opt(Bool()), "absorbed_into": Opt(NAME)})
+             {"floor": Opt(COUNT), "floor_group": Opt(List(NAME, max_len=ops)), "fused_with": Opt(NAME), "absorbed": Opt(Bool()), "absorbed_into": Opt(NAME),
+              "ipu": Opt(Int(0, tiles - 1))})
     conversion = Obj({"for_op": NAME, "tensor": NAME, "from": TEXT, "to": TEXT, "bytes": COUNT,
                       "estimate": _phases()})
     loser = Obj({"implementation": TEXT, "candidate": TEXT, "lost": TEXT,
@@ -61,6 +62,11 @@ def plan_spec(tiles: int, ops: int, runner_ups: int) -> Obj:
                   "own_choice": Map(TEXT, max_len=ops)})
     qkv = Obj({"groups": List(List(NAME, max_len=ops), max_len=ops), "mode": NAME, "chosen": NAME,
                "separate_cycles": Opt(COUNT), "fused_cycles": Opt(COUNT)})
+    stage = Obj({"ipu": Int(0, tiles - 1), "first_op": NAME, "last_op": NAME, "ops": Int(0, ops), "cycles": COUNT,
+                 "parameter_bytes": COUNT, "link_bytes_in": COUNT})
+    stages = Obj({"mode": Enum("stages", "spread")},
+                 {"interval_cycles": COUNT, "stages": List(stage, max_len=tiles), "chosen_by": NAME,
+                  "stages_cycles": Opt(COUNT), "spread_cycles": Opt(COUNT), "not_fitting": Map(TEXT, max_len=2)})
     return Obj({"model": NAME, "target": NAME, "solver": NAME, "tiles": Int(tiles, tiles),
                 "ops": List(op, max_len=ops), "conversions": List(conversion, max_len=16 * ops + 16),
                 "totals": totals, "roofline_cycles": Num(0, EXACT), "ratio": Opt(RATIO),
@@ -68,16 +74,18 @@ def plan_spec(tiles: int, ops: int, runner_ups: int) -> Obj:
                {"weights": Opt(NAME), "model_floor": Opt(Obj({"cycles": COUNT}, {"roofline_ratio": Opt(RATIO),
                                                                                  "plan_ratio": Opt(RATIO)})),
                 "prearranged": List(prearranged, max_len=16 * ops + 16),
-                "folded": List(folded, max_len=16 * ops + 16), "pinned": Opt(pinned), "qkv": Opt(qkv)})
+                "folded": List(folded, max_len=16 * ops + 16), "pinned": Opt(pinned), "qkv": Opt(qkv),
+                "stages": Opt(stages)})
 
 
 def report_spec(tiles: int, steps: int) -> Obj:
     """report.json (``lowering.compile``): per-tile memory of ``tiles`` tiles, at most ``steps``
-    estimated and program steps (the tile program's)."""
+    program steps (the tile program's) and a bounded multiple of them estimated (the estimate
+    costs the plan's program before lowering groups independent exchanges into one step)."""
     step = Obj({"name": NAME, "kind": NAME, "cycles": COUNT, "sync": COUNT})
     per_tile = List(COUNT, length=tiles)
     return Obj({"memory": Obj({"tile_estimate": per_tile, "standard": per_tile, "interleaved": per_tile})},
-               {"estimate_steps": List(step, max_len=steps), "program_steps": List(step, max_len=steps),
+               {"estimate_steps": List(step, max_len=16 * steps + 16), "program_steps": List(step, max_len=steps),
                 "passes": List(TEXT, max_len=4096), "pass_log": List(TEXT, max_len=1 << 20),
                 "program_cycles": Opt(COUNT), "estimate": Obj({"cycles": COUNT})})
 

@@ -293,9 +293,31 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
     qkv = data.get("qkv")                   # fused QKV (planner.qkv): the form chosen, both forms' cycles
     if qkv:
         lines.append(qkv_line(qkv))
+    lines.extend(stage_lines(data.get("stages")))
     if plan_seconds is not None:
         lines.append(f"plan time: {plan_seconds:.2f} s")
     return Text("\n").join(plain(line) for line in lines)
+
+
+def stage_lines(stages: dict | None) -> list[str]:
+    """A multi-IPU plan's form (``planner.stages``): pipeline stages, one line per stage (its IPU, its
+    ops, cycles, parameter bytes and the bytes it receives over the IPU-Links), or spread."""
+    if not stages:
+        return []
+    how = ""
+    if stages.get("chosen_by") == "auto":
+        costs = ", ".join(f"{form} {stages[f'{form}_cycles']:,}" if stages.get(f"{form}_cycles") is not None
+                          else f"{form} does not fit" for form in ("stages", "spread"))
+        how = f" (the cheaper; cycles: {costs})"
+    if stages["mode"] != "stages":
+        return [f"IPUs: one graph spread over every IPU's tiles{how}"]
+    out = [f"IPUs: {len(stages['stages'])} pipeline stages{how}; pipelined interval "
+           f"{stages['interval_cycles']:,} cycles (the slowest stage)"]
+    for s in stages["stages"]:
+        recv = f"; receives {s['link_bytes_in']:,} B over the IPU-Links" if s["link_bytes_in"] else ""
+        out.append(f"  stage {s['ipu']} on IPU {s['ipu']}: ops {s['first_op']} .. {s['last_op']} ({s['ops']} ops), "
+                   f"{s['cycles']:,} cycles, {s['parameter_bytes']:,} B of parameters{recv}")
+    return out
 
 
 def qkv_line(qkv: dict) -> str:
