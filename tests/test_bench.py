@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tileplan.bench import FIGURES, Benchmark, run_one
+from tileplan.bench import FIGURES, PLANNED_TWICE, Benchmark, run_one, throughput
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,8 @@ def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
     assert rec["status"] == "ok", rec["status"]
     assert set(FIGURES) <= set(rec)
     uncached = ("plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries")   # cached benchmarks only
-    missing = [k for k in FIGURES if rec[k] is None and k != "stage_at_stop" and k not in uncached]
+    unbatched = ("batch", "stage_cycles", "throughput")          # towers with a batch (and pipeline stages) only
+    missing = [k for k in FIGURES if rec[k] is None and k != "stage_at_stop" and k not in uncached + unbatched]
     assert not missing, f"figures not measured: {missing}"
     assert rec["stages_done"] == ["plan", "quality", "compile", "validate", "report"]
     assert rec["report_html_bytes"] > 0 and rec["report_seconds"] > 0
@@ -100,3 +101,24 @@ def test_a_cached_benchmark_measures_its_cold_and_warm_plans():
     assert rec["plan_seconds_warm"] is not None and rec["plan_cache_entries"] == 3   # fc1, fc2, the selection
     assert sum(rec["cycles_by_family"].values()) >= rec["estimate"]["cycles"]     # grouping only saves
     assert set(rec["cycles_by_family"]) >= {"projection GEMMs", "pointwise"}
+
+
+def test_throughput_is_batch_times_clock_over_cycles_and_over_the_slowest_stage_when_pipelined():
+    one = throughput(2, 1.5e9, 15_000_000)
+    assert one["images_per_second"] == 200.0 and one["latency_seconds"] == 0.01
+    assert one["seconds_per_image"] == 0.005 and not one["pipelined"]
+    # Two stages of one batch: the latency adds them, a batch completes every slowest stage.
+    two = throughput(2, 1.5e9, 15_000_000, [6_000_000, 9_000_000])
+    assert two["images_per_second"] == 2 * 1.5e9 / 9_000_000 and two["latency_seconds"] == 0.01
+    assert two["interval_cycles"] == 9_000_000 and two["pipelined"]
+
+
+def test_a_benchmark_with_a_batch_reports_its_modelled_throughput():
+    rec = run_one(Benchmark("mlp_smoke_fp8", "ipu21-64", True, (300, 300), quick_stages=("plan", "compile", "validate"),
+                            compact=PLANNED_TWICE, batch=4), quick=True, jobs=1, budget=300)
+    assert rec["status"] == "ok", rec["status"]
+    t = rec["throughput"]
+    assert rec["clock_hz"] == 1.5e9 and t["source"] == "simulated" and t["batch"] == 4
+    assert t["images_per_second"] == 4 * 1.5e9 / rec["simulated"]["cycles"]
+    # the compact run was planned only: its throughput comes from its estimate, and says so
+    assert rec["compact"]["throughput"]["source"] == "estimate"

@@ -85,6 +85,7 @@ class Benchmark:
     compact: tuple[tuple[str, ...], tuple[str, ...]] = (("plan",), ("plan", "compile", "validate"))
                                   # (quick, full): the stages of the compact-weights run; "plan" alone is
                                   # its plan and estimate (simulating it too would not fit the budget)
+    batch: int = 0                # images per run of a vision tower (``throughput``); 0: not reported
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -126,7 +127,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               compact=PLANNED_TWICE),
     # The 27-layer SigLIP tower: repeated layers costed once, a plan cache (cold, then warm repeats).
     Benchmark("siglip_tower_fp8_b1", "ipu21", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
-              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE),
+              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, batch=1),
+    # The same tower at batch 2 and 4: throughput beside the anchor's batch-2 run on one C600.
+    Benchmark("siglip_tower_fp8_b2", "ipu21", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
+              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, batch=2),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 
@@ -146,6 +150,7 @@ FIGURES = (
     "validate_cpu_seconds", "cosine_min", "validate_atol",
     "plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries", "package_bytes",
     "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note",
+    "batch", "clock_hz", "stage_cycles", "throughput",
 )
 
 # The targets of DESIGN.md ("Benchmarks") and issue 6, and the reference figures beside them.
@@ -160,7 +165,45 @@ REFERENCE = {
     "ipu_stack_siglip_tower_b1_cycles": 10_088_124,          # measured on hardware
     "ipu_stack_siglip_tower_b1_plan_seconds": 70.6,          # package planning, many threads
     "poplar_sdk_siglip_tower_b1_cycles": [15_987_659, 17_804_824],   # measured on hardware
+    # The same tower at batch 2 on one C600 (ipu-stack): hardware cycles, images/s timed by the host.
+    "ipu_stack_siglip_tower_b2_cycles": [16_202_412, 17_462_346],
+    "ipu_stack_siglip_tower_b2_images_per_second": 163.8,
 }
+
+
+# ---- throughput ----------------------------------------------------------------------------------
+
+def throughput(batch: int, clock_hz: float, cycles: int, stage_cycles: list[int] | None = None) -> dict:
+    """Latency and images per second of one run of ``batch`` images taking ``cycles`` at ``clock_hz``
+    (the target's ``clock_hz``, whose source its TOML file names).
+
+    One program (no pipeline): the batch's latency is ``cycles / clock``, the time per image that
+    over ``batch``, and images/s ``batch x clock / cycles``. Pipeline stages over several IPUs
+    (``stage_cycles``, one figure per stage for one batch): the batch's latency is the sum of the
+    stages, and with successive batches overlapping across the stages a new batch completes every
+    slowest stage, so images/s is ``batch x clock / max(stage_cycles)``.
+
+    Design decision: the figures are derived from cycles and the clock alone (modelled cycles,
+    never host timings), so they say what the cycle model predicts, not what a host measures."""
+    if batch <= 0 or clock_hz <= 0 or cycles <= 0:
+        raise ValueError(f"throughput needs a positive batch, clock and cycles (got {batch}, {clock_hz}, {cycles})")
+    interval = max(stage_cycles) if stage_cycles else cycles
+    latency = sum(stage_cycles) if stage_cycles else cycles
+    return {"batch": batch, "clock_hz": clock_hz, "cycles": cycles, "interval_cycles": interval,
+            "latency_seconds": latency / clock_hz, "seconds_per_image": interval / clock_hz / batch,
+            "images_per_second": batch * clock_hz / interval, "pipelined": bool(stage_cycles)}
+
+
+def record_throughput(rec: dict) -> dict | None:
+    """``throughput`` of a benchmark record with a batch: from its simulated cycles, else its
+    estimate (``source`` says which), with its per-stage cycles when it has them (``stage_cycles``);
+    None without a batch, a clock or cycles."""
+    batch, clock = rec.get("batch"), rec.get("clock_hz")
+    got = [(k, rec.get(k)) for k in ("simulated", "estimate") if rec.get(k)]
+    if not batch or not clock or not got:
+        return None
+    source, figures = got[0]
+    return {**throughput(batch, clock, figures["cycles"], rec.get("stage_cycles")), "source": source}
 
 
 # ---- the worker --------------------------------------------------------------------------------
@@ -245,8 +288,8 @@ def _stages(bench: dict, work_dir: str, send) -> None:
     target = load_target(bench["target"])
     check_against_target(graph, target)
     jobs = bench["jobs"]
-    send("figures", {"tiles": target.tiles, "sram_bytes": target.sram_bytes})
-    send("compact", {"tiles": target.tiles, "sram_bytes": target.sram_bytes})
+    send("figures", {"tiles": target.tiles, "sram_bytes": target.sram_bytes, "clock_hz": target.clock_hz})
+    send("compact", {"tiles": target.tiles, "sram_bytes": target.sram_bytes, "clock_hz": target.clock_hz})
     stages, compact_stages = bench["stages"], bench["compact_stages"]
 
     send("stage", "plan")
@@ -393,10 +436,10 @@ def empty_record(b: Benchmark, quick: bool, jobs: int) -> dict:
     rec = dict.fromkeys(FIGURES)
     stages = b.quick_stages if quick else b.stages
     rec.update(fixture=b.name, target=b.target, stages=list(stages), stages_done=[], jobs=jobs,
-               plan_repeats=b.repeats(quick))
+               plan_repeats=b.repeats(quick), batch=b.batch or None)
     compact = dict.fromkeys(f for f in FIGURES if f != "compact")      # the compact-weights run: the same keys
     compact.update(fixture=b.name, target=b.target, stages=list(b.compact_stages(quick)), stages_done=[], jobs=jobs,
-                   plan_repeats=1)
+                   plan_repeats=1, batch=b.batch or None)
     rec["compact"] = compact
     return rec
 
@@ -465,6 +508,8 @@ def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float) -> dict:
         recv.close()
         shutil.rmtree(work_dir, ignore_errors=True)
     rec["elapsed_seconds"] = time.monotonic() - t0
+    rec["throughput"] = record_throughput(rec)
+    rec["compact"]["throughput"] = record_throughput(rec["compact"])
     _compact_status(rec)
     return rec
 
@@ -648,6 +693,17 @@ def target_figures(results: dict) -> list[dict]:
         f"ipu-stack {REFERENCE['ipu_stack_siglip_tower_b1_cycles']:,} cycles, Poplar SDK {lo:,}-{hi:,} cycles, "
         "both measured on a C600", _get(results, tower, "model_floor_roofline_ratio"),
         ccycles)
+    b2 = "siglip_tower_fp8_b2"
+    sim = _get(results, b2, "simulated")
+    lo, hi = REFERENCE["ipu_stack_siglip_tower_b2_cycles"]
+    tp = _get(results, b2, "throughput")
+    add("SigLIP tower (27 layers) at batch 2: modelled cycles / ipu-stack's hardware cycles",
+        sim["cycles"] / lo if sim else None, 1.0, "x",
+        f"{b2} simulated cycles (the IPU model: modelled, not measured on hardware) over the anchor's {lo:,}"
+        + (f"; {tp['images_per_second']:.1f} images/s modelled (batch x clock / cycles)" if tp else ""),
+        f"ipu-stack on a C600: {lo:,}-{hi:,} cycles (hardware), "
+        f"{REFERENCE['ipu_stack_siglip_tower_b2_images_per_second']} images/s timed by the host",
+        _get(results, b2, "model_floor_roofline_ratio"))
     add("SigLIP b4 FP8 MLP report page (1472 tiles): size", _get(results, "siglip_mlp_fp8_b4", "report_html_bytes"),
         10 * 2**20, "B", "siglip_mlp_fp8_b4 report_html_bytes (issue 15)", "")
     add("SigLIP b4 FP8 MLP report page: load in headless Chromium",
@@ -727,6 +783,15 @@ def _search(rec: dict) -> str:
     return f"{100 * s['gap']:.2f}% ({how}, {s['combinations']:,} combinations)"
 
 
+def _throughput(rec: dict) -> str:
+    t = rec.get("throughput")
+    if not t:
+        return "—"
+    return (f"{t['images_per_second']:.1f} images/s at batch {t['batch']}{' (pipelined)' if t['pipelined'] else ''}; "
+            f"{1e3 * t['seconds_per_image']:.2f} ms; {1e3 * t['latency_seconds']:.2f} ms "
+            f"({t['source']} cycles at {t['clock_hz'] / 1e9:g} GHz)")
+
+
 def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
     """(figure, one cell per benchmark) for the per-benchmark table."""
     recs = list(results.values())
@@ -779,6 +844,7 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
             f"{k} {v:,}" for k, v in r["model_floor_by_family"].items()) if r.get("model_floor_by_family") else "—"),
         row("coarse vs detailed Spearman (per GEMM)", _spearman),
         row("bounded search (16 paths) gap to optimum", _search),
+        row("throughput (modelled): images/s; time per image; latency of a batch", _throughput),
         row("validate time (IPU model)", lambda r: _fmt_seconds(r["validate_seconds"])),
         row("HTML report: size; write; load in headless Chromium",
             lambda r: f"{_fmt_bytes(r['report_html_bytes'])}; {_fmt_seconds(r['report_seconds'])}; "
@@ -902,7 +968,10 @@ def markdown(doc: dict) -> str:
         "and reduce, and a sync per phase; per elementwise op its kernel on a balanced share. A target "
         "below the floor cannot be met by a better search, only by a wider candidate space or faster "
         "kernels. The exhaustive optimum is "
-        f"replaced by the exact (unbounded) DP when the product of choices exceeds {MAX_EXHAUSTIVE:,}.",
+        f"replaced by the exact (unbounded) DP when the product of choices exceeds {MAX_EXHAUSTIVE:,}. "
+        "Throughput (towers with a batch, `bench.throughput`): images/s = batch x clock / cycles, from the "
+        "simulated cycles (else the estimate) and the target's `clock_hz` (ipu21: 1.5 GHz, the clock "
+        "ipu-stack's README uses for its C600 peak figure; see the target file): modelled, not timed.",
         "",
     ]
     lines += calibration_lines(doc)
