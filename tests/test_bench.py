@@ -122,3 +122,27 @@ def test_a_benchmark_with_a_batch_reports_its_modelled_throughput():
     assert t["images_per_second"] == 4 * 1.5e9 / rec["simulated"]["cycles"]
     # the compact run was planned only: its throughput comes from its estimate, and says so
     assert rec["compact"]["throughput"]["source"] == "estimate"
+
+
+def test_scale_projection_fills_each_ipu_with_whole_layers_and_replicates_the_pipeline_over_a_pod():
+    from tileplan.bench import scale_projection
+    from tileplan.target import load_target
+    ipu, link = load_target("ipu2"), load_target("ipu2x4")       # 1472 x 589,824 usable B; 24 B/cycle, ring
+    per_tile = 32_000                                            # a layer's parameters per tile
+    got = scale_projection(layer_cycles=1_000_000, layer_param_bytes=per_tile * ipu.tiles,
+                           layer_peak_bytes=per_tile + 100_000, boundary_bytes=240_000, layers=40, batch=2,
+                           ipu=ipu, link=link)
+    # (589,824 - 100,000) // 32,000 = 15 layers an IPU: 3 stages of 14 layers
+    assert got["layers_per_ipu"] == 15 and got["stages"] == 3 and got["layers_per_stage"] == 14
+    assert got["ipus_by_parameters"] == 3                        # 40 x 47.1 MB over 868 MB an IPU
+    boundary = 240_000 // 24 + link.link_latency_cycles + link.sync_cycles_multi
+    assert got["boundary_cycles"] == boundary
+    assert got["stage_cycles"] == 14 * 1_000_000 + boundary
+    assert got["latency_cycles"] == 40 * 1_000_000 + 2 * boundary
+    pod16 = got["pods"][16]
+    assert pod16["pipelines"] == 5 and pod16["ipus_idle"] == 1
+    assert pod16["images_per_second"] == 5 * 2 * ipu.clock_hz / got["stage_cycles"]
+    # Everything on one IPU: no boundary, one stage.
+    small = scale_projection(layer_cycles=1_000, layer_param_bytes=ipu.tiles * 100, layer_peak_bytes=1_000,
+                             boundary_bytes=1_000, layers=4, batch=1, ipu=ipu, link=link)
+    assert small["stages"] == 1 and small["boundary_cycles"] == 0 and small["pods"][64]["pipelines"] == 64

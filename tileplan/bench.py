@@ -206,6 +206,54 @@ def record_throughput(rec: dict) -> dict | None:
     return {**throughput(batch, clock, figures["cycles"], rec.get("stage_cycles")), "source": source}
 
 
+# ---- scale on paper -------------------------------------------------------------------------------
+
+def scale_projection(*, layer_cycles: int, layer_param_bytes: int, layer_peak_bytes: int, boundary_bytes: int,
+                     layers: int, batch: int, ipu, link, pods=(16, 64)) -> dict:
+    """The cost model's projection of a tower of ``layers`` identical layers over pipeline stages, one
+    IPU each, from one planned layer: its cycles, its parameter bytes, its planner's memory peak
+    (worst tile, bytes) and the bytes crossing a stage boundary (the activation between layers).
+    ``ipu``: the target of one IPU (tiles, usable bytes, clock); ``link``: a multi-IPU target whose
+    link figures cost a boundary (``estimate.exchange.link_cycles``, one hop, plus its cross-IPU
+    sync). ``pods``: IPU counts to project on, the stages' pipeline replicated over them.
+
+    Design decision: a stage holds its layers' parameters, each spread evenly over its tiles, beside
+    one layer's other bytes (the layer's peak less its share of parameters: activations,
+    transients), so layers per IPU = (usable - those) / (parameters per tile of a layer), rounded
+    down; the stages are contiguous blocks balanced by layer count (the layers are identical). A
+    stage's interval is its layers' cycles plus one boundary transfer; a batch's latency is every
+    layer plus every boundary; a pipeline completes a batch every slowest stage, and a Pod of N IPUs
+    runs N // stages such pipelines. Every figure is modelled (the cycle model's), none measured."""
+    import numpy as np
+
+    from .estimate.exchange import link_cycles
+    usable = ipu.tiles * ipu.usable_bytes
+    params = layers * layer_param_bytes
+    per_tile = layer_param_bytes / ipu.tiles
+    other = max(layer_peak_bytes - per_tile, 0)
+    per_ipu = int((ipu.usable_bytes - other) // per_tile) if per_tile else layers
+    if per_ipu < 1:
+        raise ValueError("one layer does not fit one IPU")
+    stages = -(-layers // per_ipu)
+    per_stage = -(-layers // stages)
+    pairs = np.zeros(link.ipus * link.ipus, dtype=np.int64)
+    pairs[1] = boundary_bytes                      # IPU 0 -> IPU 1: one hop
+    boundary = link_cycles(pairs, link) + link.sync_cycles_multi if stages > 1 else 0
+    interval = per_stage * layer_cycles + boundary
+    latency = layers * layer_cycles + (stages - 1) * boundary
+    out = {"layers": layers, "batch": batch, "parameter_bytes": params, "sram_bytes_per_ipu": usable,
+           "ipus_by_parameters": -(-params // usable), "layers_per_ipu": per_ipu, "stages": stages,
+           "layers_per_stage": per_stage, "boundary_bytes": boundary_bytes, "boundary_cycles": boundary,
+           "stage_cycles": interval, "latency_cycles": latency, "clock_hz": ipu.clock_hz,
+           "latency_seconds": latency / ipu.clock_hz,
+           "images_per_second_one_pipeline": batch * ipu.clock_hz / interval, "pods": {}}
+    for n in pods:
+        replicas = n // stages
+        out["pods"][n] = {"ipus": n, "pipelines": replicas, "ipus_idle": n - replicas * stages,
+                          "images_per_second": replicas * batch * ipu.clock_hz / interval}
+    return out
+
+
 # ---- the worker --------------------------------------------------------------------------------
 
 def _rss() -> tuple[int, int]:
