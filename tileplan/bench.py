@@ -150,7 +150,7 @@ FIGURES = (
     "validate_cpu_seconds", "cosine_min", "validate_atol",
     "plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries", "package_bytes",
     "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note",
-    "batch", "clock_hz", "stage_cycles", "throughput",
+    "batch", "clock_hz", "stage_cycles", "throughput", "plan_budget",
 )
 
 # The targets of DESIGN.md ("Benchmarks") and issue 6, and the reference figures beside them.
@@ -288,16 +288,22 @@ def _floor_figures(p) -> dict:
             "estimate_to_model_floor": p.estimate.cycles / mf["cycles"] if mf["cycles"] else None}
 
 
-def _compile(p, target, pkg_dir: Path, params, plan_seconds: float) -> tuple[dict, Path]:
-    """Lower and package ``p``; ``compile_seconds`` is ``plan_seconds`` (the benchmark's first plan:
-    a fresh process, an empty plan cache, what one ``tileplan compile`` pays) plus that."""
-    from .lowering.compile import compile_plan
+def _compile(p, target, pkg_dir: Path, params, plan_seconds: float, replan) -> tuple[dict, Path, object]:
+    """Lower and package ``p`` as ``tileplan compile`` does (``compile_fitting``: planned again by
+    ``replan(budget)`` where the allocator fragments it); ``compile_seconds`` is ``plan_seconds``
+    (the benchmark's first plan: a fresh process, an empty plan cache, what one ``tileplan
+    compile`` pays) plus that. Returns the figures, the package and the plan compiled; a plan made
+    again within a budget brings its estimate figures and ``plan_budget``."""
+    from .lowering.compile import compile_fitting
     t0 = time.perf_counter()
-    _, pkg_path = compile_plan(p, target, pkg_dir, params=params)
+    done, _, pkg_path = compile_fitting(p, replan, target, pkg_dir, params=params)
     lower_s = time.perf_counter() - t0
     size = sum(f.stat().st_size for f in Path(pkg_path).rglob("*") if f.is_file())
-    return {"lower_package_seconds": lower_s, "compile_seconds": plan_seconds + lower_s,
-            "package_bytes": size}, Path(pkg_path)
+    got = {"lower_package_seconds": lower_s, "compile_seconds": plan_seconds + lower_s, "package_bytes": size,
+           "plan_budget": done.budget}
+    if done is not p:
+        got.update(_plan_figures(done))
+    return got, Path(pkg_path), done
 
 
 def _validate(p, pkg_path: Path) -> dict:
@@ -348,6 +354,9 @@ def _stages(bench: dict, work_dir: str, send) -> None:
         from .planner.cache import PlanCache
         cache = PlanCache(Path(work_dir) / "plan-cache")
     compiled = None
+
+    def replan(weights):            # (the allocator fragmented a plan: plan it again within a budget)
+        return lambda budget: plan(graph, target, jobs=jobs, cache=cache, weights=weights, budget=budget)
     for i in range(bench["repeats"]):
         p = plan(graph, target, jobs=jobs, cache=cache, weights="planner")
         times.append(p.plan_seconds)
@@ -366,7 +375,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
             # process's heap is larger and a tower's lowering and packaging (which fork) slower: 20.3 s
             # against 16-17 s in one measurement. Its figures are sent at the compile stage.
             send("stage", "compile")
-            compiled = _compile(p, target, Path(work_dir) / "pkg", load_params(path), times[0])
+            compiled = _compile(p, target, Path(work_dir) / "pkg", load_params(path), times[0], replan("planner"))
             send("stage", "plan")
     send("done", "plan")
 
@@ -396,7 +405,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
     if "compile" in stages:
         pkg_path = _compile_validate(p, target, Path(work_dir) / "pkg", load_params(path), stages, send, "", times[0],
-                                     compiled)
+                                     replan("planner"), compiled)
         if "validate" in stages and "report" in stages:
             from .report import render
             send("stage", "report")
@@ -410,18 +419,18 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
     if "compile" in compact_stages:
         _compile_validate(compact, target, Path(work_dir) / "pkg-compact", load_params(path), compact_stages, send,
-                          "compact", compact.plan_seconds)
+                          "compact", compact.plan_seconds, replan("compact"))
 
 
 def _compile_validate(p, target, pkg_dir: Path, params, stages, send, storage: str, plan_seconds: float,
-                      compiled=None) -> Path:
+                      replan, compiled=None) -> Path:
     """The compile stage, then the validate stage when listed, of one plan; ``storage``: "" for the
     planner's own storage (figures go to the record), "compact" for the compact-weights column (to
     its sub-record); ``compiled``: ``_compile``'s result when the plan was compiled already. Returns
     the package's path."""
     prefix, figures, done = (f"{storage} ", storage, f"{storage}-done") if storage else ("", "figures", "done")
     send("stage", f"{prefix}compile")
-    got, pkg_path = compiled or _compile(p, target, pkg_dir, params, plan_seconds)
+    got, pkg_path, p = compiled or _compile(p, target, pkg_dir, params, plan_seconds, replan)
     send(figures, got)
     send(done, "compile")
     if "validate" in stages:
