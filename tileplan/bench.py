@@ -131,6 +131,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     # The same tower at batch 2 and 4: throughput beside the anchor's batch-2 run on one C600.
     Benchmark("siglip_tower_fp8_b2", "ipu21", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
               in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, batch=2),
+    Benchmark("siglip_tower_fp8_b4", "ipu21", False, (0, 7200), quick_stages=("plan", "compile", "validate"),
+              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, batch=4),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 
