@@ -86,6 +86,7 @@ class Benchmark:
                                   # (quick, full): the stages of the compact-weights run; "plan" alone is
                                   # its plan and estimate (simulating it too would not fit the budget)
     ipus: str = "auto"            # a multi-IPU target's form (``planner.stages``: auto, stages or spread)
+    batch: int = 0                # images per run of a vision tower (``throughput``); 0: not reported
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -127,15 +128,20 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               compact=PLANNED_TWICE),
     # The 27-layer SigLIP tower: repeated layers costed once, a plan cache (cold, then warm repeats).
     Benchmark("siglip_tower_fp8_b1", "ipu21", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
-              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE),
+              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, batch=1),
     # The whole So400m/14 vision model at 384 px (patch embedding, position embeddings, the 27 layers,
     # post-LayerNorm, MAP head): the tower's cost plus what a user's model adds.
     Benchmark("siglip_vision_fp8_b1", "ipu21", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
-              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE),
+              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, batch=1),
     # The same tower with FP16 weights (822 MB): two C600s, one pipeline stage of whole layers each;
     # its record's "pipeline" holds each stage's cycles and the bytes it receives over the IPU-Links.
     Benchmark("siglip_tower_fp16_b1", "ipu21x2", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
-              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, ipus="stages"),
+              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, ipus="stages", batch=1),
+    # The same tower at batch 2 and 4: throughput beside the anchor's batch-2 run on one C600.
+    Benchmark("siglip_tower_fp8_b2", "ipu21", False, (0, 5400), quick_stages=("plan", "compile", "validate"),
+              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, batch=2),
+    Benchmark("siglip_tower_fp8_b4", "ipu21", False, (0, 7200), quick_stages=("plan", "compile", "validate"),
+              in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, batch=4),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 
@@ -155,6 +161,7 @@ FIGURES = (
     "validate_cpu_seconds", "cosine_min", "validate_atol",
     "plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries", "package_bytes",
     "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note", "pipeline",
+    "batch", "clock_hz", "stage_cycles", "throughput", "plan_budget",
 )
 
 # The targets of DESIGN.md ("Benchmarks") and issue 6, and the reference figures beside them.
@@ -172,7 +179,93 @@ REFERENCE = {
     # The whole SigLIP So400m/14 vision model (patch embedding, position embeddings, 27 layers,
     # post-LayerNorm, MAP head; batch 1, one C600), the anchor compiler's program: measured on hardware.
     "ipu_stack_siglip_vision_b1_cycles": 10_088_124,
+    # The same tower at batch 2 on one C600 (ipu-stack): hardware cycles, images/s timed by the host.
+    "ipu_stack_siglip_tower_b2_cycles": [16_202_412, 17_462_346],
+    "ipu_stack_siglip_tower_b2_images_per_second": 163.8,
 }
+
+
+# ---- throughput ----------------------------------------------------------------------------------
+
+def throughput(batch: int, clock_hz: float, cycles: int, stage_cycles: list[int] | None = None) -> dict:
+    """Latency and images per second of one run of ``batch`` images taking ``cycles`` at ``clock_hz``
+    (the target's ``clock_hz``, whose source its TOML file names).
+
+    One program (no pipeline): the batch's latency is ``cycles / clock``, the time per image that
+    over ``batch``, and images/s ``batch x clock / cycles``. Pipeline stages over several IPUs
+    (``stage_cycles``, one figure per stage for one batch): the batch's latency is the sum of the
+    stages, and with successive batches overlapping across the stages a new batch completes every
+    slowest stage, so images/s is ``batch x clock / max(stage_cycles)``.
+
+    Design decision: the figures are derived from cycles and the clock alone (modelled cycles,
+    never host timings), so they say what the cycle model predicts, not what a host measures."""
+    if batch <= 0 or clock_hz <= 0 or cycles <= 0:
+        raise ValueError(f"throughput needs a positive batch, clock and cycles (got {batch}, {clock_hz}, {cycles})")
+    interval = max(stage_cycles) if stage_cycles else cycles
+    latency = sum(stage_cycles) if stage_cycles else cycles
+    return {"batch": batch, "clock_hz": clock_hz, "cycles": cycles, "interval_cycles": interval,
+            "latency_seconds": latency / clock_hz, "seconds_per_image": interval / clock_hz / batch,
+            "images_per_second": batch * clock_hz / interval, "pipelined": bool(stage_cycles)}
+
+
+def record_throughput(rec: dict) -> dict | None:
+    """``throughput`` of a benchmark record with a batch: from its simulated cycles, else its
+    estimate (``source`` says which), with its per-stage cycles when it has them (``stage_cycles``);
+    None without a batch, a clock or cycles."""
+    batch, clock = rec.get("batch"), rec.get("clock_hz")
+    got = [(k, rec.get(k)) for k in ("simulated", "estimate") if rec.get(k)]
+    if not batch or not clock or not got:
+        return None
+    source, figures = got[0]
+    return {**throughput(batch, clock, figures["cycles"], rec.get("stage_cycles")), "source": source}
+
+
+# ---- scale on paper -------------------------------------------------------------------------------
+
+def scale_projection(*, layer_cycles: int, layer_param_bytes: int, layer_peak_bytes: int, boundary_bytes: int,
+                     layers: int, batch: int, ipu, link, pods=(16, 64)) -> dict:
+    """The cost model's projection of a tower of ``layers`` identical layers over pipeline stages, one
+    IPU each, from one planned layer: its cycles, its parameter bytes, its planner's memory peak
+    (worst tile, bytes) and the bytes crossing a stage boundary (the activation between layers).
+    ``ipu``: the target of one IPU (tiles, usable bytes, clock); ``link``: a multi-IPU target whose
+    link figures cost a boundary (``estimate.exchange.link_cycles``, one hop, plus its cross-IPU
+    sync). ``pods``: IPU counts to project on, the stages' pipeline replicated over them.
+
+    Design decision: a stage holds its layers' parameters, each spread evenly over its tiles, beside
+    one layer's other bytes (the layer's peak less its share of parameters: activations,
+    transients), so layers per IPU = (usable - those) / (parameters per tile of a layer), rounded
+    down; the stages are contiguous blocks balanced by layer count (the layers are identical). A
+    stage's interval is its layers' cycles plus one boundary transfer; a batch's latency is every
+    layer plus every boundary; a pipeline completes a batch every slowest stage, and a Pod of N IPUs
+    runs N // stages such pipelines. Every figure is modelled (the cycle model's), none measured."""
+    import numpy as np
+
+    from .estimate.exchange import link_cycles
+    usable = ipu.tiles * ipu.usable_bytes
+    params = layers * layer_param_bytes
+    per_tile = layer_param_bytes / ipu.tiles
+    other = max(layer_peak_bytes - per_tile, 0)
+    per_ipu = int((ipu.usable_bytes - other) // per_tile) if per_tile else layers
+    if per_ipu < 1:
+        raise ValueError("one layer does not fit one IPU")
+    stages = -(-layers // per_ipu)
+    per_stage = -(-layers // stages)
+    pairs = np.zeros(link.ipus * link.ipus, dtype=np.int64)
+    pairs[1] = boundary_bytes                      # IPU 0 -> IPU 1: one hop
+    boundary = link_cycles(pairs, link) + link.sync_cycles_multi if stages > 1 else 0
+    interval = per_stage * layer_cycles + boundary
+    latency = layers * layer_cycles + (stages - 1) * boundary
+    out = {"layers": layers, "batch": batch, "parameter_bytes": params, "sram_bytes_per_ipu": usable,
+           "ipus_by_parameters": -(-params // usable), "layers_per_ipu": per_ipu, "stages": stages,
+           "layers_per_stage": per_stage, "boundary_bytes": boundary_bytes, "boundary_cycles": boundary,
+           "stage_cycles": interval, "latency_cycles": latency, "clock_hz": ipu.clock_hz,
+           "latency_seconds": latency / ipu.clock_hz,
+           "images_per_second_one_pipeline": batch * ipu.clock_hz / interval, "pods": {}}
+    for n in pods:
+        replicas = n // stages
+        out["pods"][n] = {"ipus": n, "pipelines": replicas, "ipus_idle": n - replicas * stages,
+                          "images_per_second": replicas * batch * ipu.clock_hz / interval}
+    return out
 
 
 # ---- the worker --------------------------------------------------------------------------------
@@ -193,7 +286,9 @@ def _plan_figures(p) -> dict:
                          "cycles": est.cycles, "total_memory": est.total_memory},
             "estimate_roofline_ratio": p.ratio if p.roofline else None,
             "cycles_by_family": cycles_by_family(p),
-            **({"pipeline": {k: v for k, v in p.stages.items() if k != "ipu_of"}} if p.stages else {})}
+            **({"pipeline": {k: v for k, v in p.stages.items() if k != "ipu_of"}} if p.stages else {}),
+            # pipeline stages: each stage's cycles for one batch, the pipelined throughput's interval
+            **({"stage_cycles": [s["cycles"] for s in p.stages["stages"]]} if (p.stages or {}).get("stages") else {})}
 
 
 def _floor_figures(p) -> dict:
@@ -210,16 +305,22 @@ def _floor_figures(p) -> dict:
             "estimate_to_model_floor": p.estimate.cycles / mf["cycles"] if mf["cycles"] else None}
 
 
-def _compile(p, target, pkg_dir: Path, params, plan_seconds: float) -> tuple[dict, Path]:
-    """Lower and package ``p``; ``compile_seconds`` is ``plan_seconds`` (the benchmark's first plan:
-    a fresh process, an empty plan cache, what one ``tileplan compile`` pays) plus that."""
-    from .lowering.compile import compile_plan
+def _compile(p, target, pkg_dir: Path, params, plan_seconds: float, replan) -> tuple[dict, Path, object]:
+    """Lower and package ``p`` as ``tileplan compile`` does (``compile_fitting``: planned again by
+    ``replan(budget)`` where the allocator fragments it); ``compile_seconds`` is ``plan_seconds``
+    (the benchmark's first plan: a fresh process, an empty plan cache, what one ``tileplan
+    compile`` pays) plus that. Returns the figures, the package and the plan compiled; a plan made
+    again within a budget brings its estimate figures and ``plan_budget``."""
+    from .lowering.compile import compile_fitting
     t0 = time.perf_counter()
-    _, pkg_path = compile_plan(p, target, pkg_dir, params=params)
+    done, _, pkg_path = compile_fitting(p, replan, target, pkg_dir, params=params)
     lower_s = time.perf_counter() - t0
     size = sum(f.stat().st_size for f in Path(pkg_path).rglob("*") if f.is_file())
-    return {"lower_package_seconds": lower_s, "compile_seconds": plan_seconds + lower_s,
-            "package_bytes": size}, Path(pkg_path)
+    got = {"lower_package_seconds": lower_s, "compile_seconds": plan_seconds + lower_s, "package_bytes": size,
+           "plan_budget": done.budget}
+    if done is not p:
+        got.update(_plan_figures(done))
+    return got, Path(pkg_path), done
 
 
 def _validate(p, pkg_path: Path) -> dict:
@@ -258,8 +359,8 @@ def _stages(bench: dict, work_dir: str, send) -> None:
     target = load_target(bench["target"])
     check_against_target(graph, target)
     jobs = bench["jobs"]
-    send("figures", {"tiles": target.tiles, "sram_bytes": target.sram_bytes})
-    send("compact", {"tiles": target.tiles, "sram_bytes": target.sram_bytes})
+    send("figures", {"tiles": target.tiles, "sram_bytes": target.sram_bytes, "clock_hz": target.clock_hz})
+    send("compact", {"tiles": target.tiles, "sram_bytes": target.sram_bytes, "clock_hz": target.clock_hz})
     stages, compact_stages = bench["stages"], bench["compact_stages"]
 
     send("stage", "plan")
@@ -270,6 +371,10 @@ def _stages(bench: dict, work_dir: str, send) -> None:
         from .planner.cache import PlanCache
         cache = PlanCache(Path(work_dir) / "plan-cache")
     compiled = None
+
+    def replan(weights):            # (the allocator fragmented a plan: plan it again within a budget)
+        return lambda budget: plan(graph, target, jobs=jobs, cache=cache, weights=weights, ipus=bench["ipus"],
+                                   budget=budget)
     for i in range(bench["repeats"]):
         p = plan(graph, target, jobs=jobs, cache=cache, weights="planner", ipus=bench["ipus"])
         times.append(p.plan_seconds)
@@ -288,7 +393,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
             # process's heap is larger and a tower's lowering and packaging (which fork) slower: 20.3 s
             # against 16-17 s in one measurement. Its figures are sent at the compile stage.
             send("stage", "compile")
-            compiled = _compile(p, target, Path(work_dir) / "pkg", load_params(path), times[0])
+            compiled = _compile(p, target, Path(work_dir) / "pkg", load_params(path), times[0], replan("planner"))
             send("stage", "plan")
     send("done", "plan")
 
@@ -318,7 +423,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
     if "compile" in stages:
         pkg_path = _compile_validate(p, target, Path(work_dir) / "pkg", load_params(path), stages, send, "", times[0],
-                                     compiled)
+                                     replan("planner"), compiled)
         if "validate" in stages and "report" in stages:
             from .report import render
             send("stage", "report")
@@ -332,18 +437,18 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
     if "compile" in compact_stages:
         _compile_validate(compact, target, Path(work_dir) / "pkg-compact", load_params(path), compact_stages, send,
-                          "compact", compact.plan_seconds)
+                          "compact", compact.plan_seconds, replan("compact"))
 
 
 def _compile_validate(p, target, pkg_dir: Path, params, stages, send, storage: str, plan_seconds: float,
-                      compiled=None) -> Path:
+                      replan, compiled=None) -> Path:
     """The compile stage, then the validate stage when listed, of one plan; ``storage``: "" for the
     planner's own storage (figures go to the record), "compact" for the compact-weights column (to
     its sub-record); ``compiled``: ``_compile``'s result when the plan was compiled already. Returns
     the package's path."""
     prefix, figures, done = (f"{storage} ", storage, f"{storage}-done") if storage else ("", "figures", "done")
     send("stage", f"{prefix}compile")
-    got, pkg_path = compiled or _compile(p, target, pkg_dir, params, plan_seconds)
+    got, pkg_path, p = compiled or _compile(p, target, pkg_dir, params, plan_seconds, replan)
     send(figures, got)
     send(done, "compile")
     if "validate" in stages:
@@ -406,10 +511,10 @@ def empty_record(b: Benchmark, quick: bool, jobs: int) -> dict:
     rec = dict.fromkeys(FIGURES)
     stages = b.quick_stages if quick else b.stages
     rec.update(fixture=b.name, target=b.target, stages=list(stages), stages_done=[], jobs=jobs,
-               plan_repeats=b.repeats(quick))
+               plan_repeats=b.repeats(quick), batch=b.batch or None)
     compact = dict.fromkeys(f for f in FIGURES if f != "compact")      # the compact-weights run: the same keys
     compact.update(fixture=b.name, target=b.target, stages=list(b.compact_stages(quick)), stages_done=[], jobs=jobs,
-                   plan_repeats=1)
+                   plan_repeats=1, batch=b.batch or None)
     rec["compact"] = compact
     return rec
 
@@ -478,6 +583,8 @@ def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float) -> dict:
         recv.close()
         shutil.rmtree(work_dir, ignore_errors=True)
     rec["elapsed_seconds"] = time.monotonic() - t0
+    rec["throughput"] = record_throughput(rec)
+    rec["compact"]["throughput"] = record_throughput(rec["compact"])
     _compact_status(rec)
     return rec
 
@@ -672,6 +779,17 @@ def target_figures(results: dict) -> list[dict]:
         f"{vision} simulated cycles (the IPU model: modelled, not measured on hardware)",
         f"ipu-stack {REFERENCE['ipu_stack_siglip_vision_b1_cycles']:,} cycles for the whole model, measured on a C600",
         _get(results, vision, "model_floor_roofline_ratio"))
+    b2 = "siglip_tower_fp8_b2"
+    sim = _get(results, b2, "simulated")
+    lo, hi = REFERENCE["ipu_stack_siglip_tower_b2_cycles"]
+    tp = _get(results, b2, "throughput")
+    add("SigLIP tower (27 layers) at batch 2: modelled cycles / ipu-stack's hardware cycles",
+        sim["cycles"] / lo if sim else None, 1.0, "x",
+        f"{b2} simulated cycles (the IPU model: modelled, not measured on hardware) over the anchor's {lo:,}"
+        + (f"; {tp['images_per_second']:.1f} images/s modelled (batch x clock / cycles)" if tp else ""),
+        f"ipu-stack on a C600: {lo:,}-{hi:,} cycles (hardware), "
+        f"{REFERENCE['ipu_stack_siglip_tower_b2_images_per_second']} images/s timed by the host",
+        _get(results, b2, "model_floor_roofline_ratio"))
     add("SigLIP b4 FP8 MLP report page (1472 tiles): size", _get(results, "siglip_mlp_fp8_b4", "report_html_bytes"),
         10 * 2**20, "B", "siglip_mlp_fp8_b4 report_html_bytes (issue 15)", "")
     add("SigLIP b4 FP8 MLP report page: load in headless Chromium",
@@ -751,6 +869,15 @@ def _search(rec: dict) -> str:
     return f"{100 * s['gap']:.2f}% ({how}, {s['combinations']:,} combinations)"
 
 
+def _throughput(rec: dict) -> str:
+    t = rec.get("throughput")
+    if not t:
+        return "—"
+    return (f"{t['images_per_second']:.1f} images/s at batch {t['batch']}{' (pipelined)' if t['pipelined'] else ''}; "
+            f"{1e3 * t['seconds_per_image']:.2f} ms; {1e3 * t['latency_seconds']:.2f} ms "
+            f"({t['source']} cycles at {t['clock_hz'] / 1e9:g} GHz)")
+
+
 def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
     """(figure, one cell per benchmark) for the per-benchmark table."""
     recs = list(results.values())
@@ -807,6 +934,7 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
             f"{s['ipu']}: {s['cycles']:,}, {s['link_bytes_in']:,} B" for s in r["pipeline"]["stages"])
             + f" (interval {r['pipeline']['interval_cycles']:,})"
             if (r.get("pipeline") or {}).get("stages") else "—"),
+        row("throughput (modelled): images/s; time per image; latency of a batch", _throughput),
         row("validate time (IPU model)", lambda r: _fmt_seconds(r["validate_seconds"])),
         row("HTML report: size; write; load in headless Chromium",
             lambda r: f"{_fmt_bytes(r['report_html_bytes'])}; {_fmt_seconds(r['report_seconds'])}; "
@@ -930,7 +1058,10 @@ def markdown(doc: dict) -> str:
         "and reduce, and a sync per phase; per elementwise op its kernel on a balanced share. A target "
         "below the floor cannot be met by a better search, only by a wider candidate space or faster "
         "kernels. The exhaustive optimum is "
-        f"replaced by the exact (unbounded) DP when the product of choices exceeds {MAX_EXHAUSTIVE:,}.",
+        f"replaced by the exact (unbounded) DP when the product of choices exceeds {MAX_EXHAUSTIVE:,}. "
+        "Throughput (towers with a batch, `bench.throughput`): images/s = batch x clock / cycles, from the "
+        "simulated cycles (else the estimate) and the target's `clock_hz` (ipu21: 1.5 GHz, the clock "
+        "ipu-stack's README uses for its C600 peak figure; see the target file): modelled, not timed.",
         "",
     ]
     lines += calibration_lines(doc)

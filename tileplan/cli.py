@@ -468,7 +468,7 @@ def compile_command(
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
     from .report.terminal import plain, roofline_ratio_text
     from .atomic import check_folder
-    from .lowering.compile import compile_plan
+    from .lowering.compile import compile_fitting
     from .planner.plan import plan
 
     progress.show(quiet)
@@ -476,11 +476,14 @@ def compile_command(
     graph, tgt, params = _model_and_target(model, target, solver, cast_bf16)   # one import: a factory runs once
     check_folder(output)                     # before planning, not after
     with _naming(model):                     # (compile_model's steps, each with its stage)
-        p = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=_catalogue_ticks(graph),
-                 pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv,
-                 ipus=_ipus(ipus))
+        def planned(budget=None):            # (again within a budget when the allocator fragments)
+            return plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=_catalogue_ticks(graph),
+                        pins=_pins(pin, pins_file), cache=plan_cache, weights=weights, qkv=qkv, ipus=_ipus(ipus),
+                        budget=budget)
+        plan_cache = _plan_cache(cache, no_cache)
+        p = planned()
         _at("lowering")
-        state, path = compile_plan(p, tgt, output, params=params, stage=_at)
+        p, state, path = compile_fitting(p, planned, tgt, output, params=params, stage=_at)
     _at("report")
     elapsed = progress.current().seconds()   # the whole command's time, from the process start
     out = Output(quiet=quiet, verbose=verbose)
@@ -496,6 +499,9 @@ def compile_command(
         from .report.terminal import stage_lines
         for line in stage_lines(p.stages):
             out.print(plain(line))
+    if p.budget is not None:                 # lowering.compile.compile_fitting re-planned it
+        out.print(f"planned within {_n(p.budget)} B per tile: the allocator could not place the plan within "
+                  f"{_n(tgt.usable_bytes)}")
     if p.graph.folded:                       # planner.rewrite: results known at plan time, written by the host
         out.print(plain("folded at plan time (host data, 0 cycles): " + ", ".join(
             f"{n} = {v!r}" for n, v in sorted(p.graph.folded.items()))))

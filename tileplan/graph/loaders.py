@@ -87,11 +87,52 @@ def check_against_target(graph: Graph, target) -> None:
             raise TileplanError(f"tensor {t.name!r} {list(t.shape)} {t.dtype} needs {t.nbytes:,} B, more than "
                                 f"the whole usable SRAM of target {target.name!r} ({target.tiles:,} tiles x "
                                 f"{target.usable_bytes:,} B)")
+    check_parameter_bytes(graph, target)
     for t in graph.tensors.values():
         if t.layout is None:
             continue
         t.layout.check(t, tiles=target.tiles)
         _verify_with_layout_module(t, target)
+
+
+def check_parameter_bytes(graph: Graph, target) -> None:
+    """Refuse, before planning, a model whose parameter bytes alone exceed the target's usable SRAM
+    (every tile's usable bytes, over all its IPUs), naming both figures, the IPUs of the target's
+    kind that would hold them and the smallest preset with that many.
+
+    Design decision: parameters stay resident for the whole program, so no plan can hold a model
+    whose parameters outweigh the SRAM; counting them costs milliseconds where planning the model
+    only to be refused takes minutes. The figure is a lower bound, not a fit test: a model under it
+    may still be refused by selection (activations, per-tile balance) with the op and tile named.
+    IPUs needed: the parameter bytes over one IPU's usable bytes, rounded up. The preset offered
+    has IPUs like the target's (same family, tiles per IPU and usable bytes per tile) and at least
+    that many of them; it is a suggestion of where the bytes could fit, not a promise."""
+    from .core import Role
+    params = sum(t.nbytes for t in graph.tensors.values() if t.role is Role.PARAMETER)
+    sram = target.tiles * target.usable_bytes
+    if params <= sram:
+        return
+    per_ipu = target.tiles_per_ipu * target.usable_bytes
+    need = -(-params // per_ipu)
+    preset = _preset_with_ipus(target, need)
+    hint = (f"try --target {preset}" if preset else
+            f"no preset has that many: write a target file with ipus = {need} (docs/targets.md)")
+    raise TileplanError(f"model {graph.name!r}: its parameters take {params:,} bytes, more than the "
+                        f"{sram:,} bytes of usable SRAM of target {target.name!r} ({target.tiles:,} tiles x "
+                        f"{target.usable_bytes:,} B); it needs at least {need} IPUs: {hint}")
+
+
+def _preset_with_ipus(target, ipus: int) -> str | None:
+    """The preset with the fewest IPUs, at least ``ipus``, each like the target's (family, tiles per
+    IPU, usable bytes per tile); None when there is none."""
+    from ..target import load_target, preset_names
+    found = []
+    for name in preset_names():
+        t = load_target(name)
+        if (t.family, t.tiles_per_ipu, t.usable_bytes) == (target.family, target.tiles_per_ipu,
+                                                            target.usable_bytes) and t.ipus >= ipus:
+            found.append((t.ipus, name))
+    return min(found)[1] if found else None
 
 
 def _verify_with_layout_module(tensor, target) -> None:

@@ -53,6 +53,29 @@ from ..estimate.memory import alias_roots, buffer_lifetimes, buffer_tile_bytes
 from ..program import alias_root
 
 
+class Unplaced(TileplanError):
+    """The allocator could not place a tile's buffers: ``tile``, its ``peak`` (the most bytes live at
+    one step) and ``short``, the bytes the placement lacked (over the usable bytes, those above them;
+    fragmented, the failing buffer's bytes less the largest free gap while it is live). What
+    ``lowering.compile.compile_fitting`` re-plans from."""
+
+    def __init__(self, message: str, tile: int = -1, peak: int = 0, short: int = 0):
+        super().__init__(message)
+        self.tile, self.peak, self.short = tile, peak, short
+
+    def __reduce__(self):
+        return Unplaced, (str(self), self.tile, self.peak, self.short)
+
+
+@dataclass(frozen=True)
+class _Miss:
+    """A size profile that did not fit: the message (without the tile) and the bytes the failing
+    buffer lacked (its size less the largest free gap in its regions while it is live)."""
+
+    message: str
+    short: int
+
+
 @dataclass
 class Allocation:
     names: list[str]
@@ -95,7 +118,7 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
         failed = {}
         for k, got in _placements(profiles[todo], order, roots, prefer_il, rspans, regions, target):
             p = todo[k]
-            if isinstance(got, str):
+            if isinstance(got, _Miss):
                 failed[p] = got
             else:
                 raddr[:, inverse == p] = got[:, None]
@@ -105,8 +128,10 @@ def allocate(program, target, aliases: dict[str, str] | None = None,
     if failed:                                  # the first profile that does not fit, as placed one by one
         p = min(failed)
         tile = int(np.flatnonzero(inverse == p)[0])
-        raise TileplanError(_failure(failed[p], tile, rsize[:, tile], roots, rspans,
-                                     max(len(program.steps), 1), target))
+        message, peak = _failure(failed[p].message, tile, rsize[:, tile], roots, rspans,
+                                 max(len(program.steps), 1), target)
+        short = peak - target.usable_bytes if peak > target.usable_bytes else failed[p].short
+        raise Unplaced(message, tile, peak, max(short, target.alignment))
     addr = np.full((len(names), tiles), -1, dtype=np.int64)
     for i, n in enumerate(names):
         addr[i] = np.where(size[i] > 0, raddr[ridx[alias_root(n, aliases)]], -1)
@@ -214,7 +239,7 @@ def _place_profiles(profiles, order, roots, prefer_il, spans, regions, target, s
         yield p, (error if error is not None else addrs.copy())
 
 
-def _does_not_fit(placed, root: str, n: int, prefer_il: bool, a: int, b: int, pos: int, target) -> str:
+def _does_not_fit(placed, root: str, n: int, prefer_il: bool, a: int, b: int, pos: int, target) -> _Miss:
     """Why ``root`` (``n`` bytes, live during [a, b], at ``pos`` in the placement order) finds no gap:
     the bytes live beside it among the buffers placed before it, and each region's largest free gap
     while it is live (``allocate`` adds the tile's own peak, which tells fragmentation from excess)."""
@@ -222,11 +247,12 @@ def _does_not_fit(placed, root: str, n: int, prefer_il: bool, a: int, b: int, po
     live = _live_peak([e[:4] for e in rows], a, b)
     bounds = {"standard": (target.reserve_bytes, target.standard_bytes),
               "interleaved": (target.standard_bytes, target.sram_bytes)}
-    gaps = ", ".join(f"{_largest_gap(placed[reg], lo, hi, a, b, pos, target.alignment):,} in the {reg}"
-                     for reg, (lo, hi) in bounds.items() if hi > lo)
-    return (f"buffer {root!r} ({n:,} bytes, {'interleaved' if prefer_il else 'standard'} preferred) does not "
+    largest = {reg: _largest_gap(placed[reg], lo, hi, a, b, pos, target.alignment)
+               for reg, (lo, hi) in bounds.items() if hi > lo}
+    gaps = ", ".join(f"{gap:,} in the {reg}" for reg, gap in largest.items())
+    return _Miss(f"buffer {root!r} ({n:,} bytes, {'interleaved' if prefer_il else 'standard'} preferred) does not "
             f"fit: up to {live:,} bytes are live beside it and the tile has {target.usable_bytes:,} usable "
-            f"bytes; the largest free gaps while it is live: {gaps} region")
+            f"bytes; the largest free gaps while it is live: {gaps} region", n - max(largest.values(), default=0))
 
 
 def _largest_gap(placed, lo: int, hi: int, a: int, b: int, pos: int, align: int) -> int:
@@ -240,11 +266,11 @@ def _largest_gap(placed, lo: int, hi: int, a: int, b: int, pos: int, align: int)
     return max(best, hi - at, 0)
 
 
-def _failure(message: str, tile: int, sizes: np.ndarray, roots, spans, steps: int, target) -> str:
+def _failure(message: str, tile: int, sizes: np.ndarray, roots, spans, steps: int, target) -> tuple[str, int]:
     """The allocator's error for ``tile`` (``sizes``: its bytes by root): ``message`` (``_does_not_fit``)
     with the tile's peak, the most bytes its buffers hold at one step, which says whether no
     placement could fit them (over the usable bytes) or first fit fragmented the tile (under them),
-    and the largest buffers live at that step."""
+    and the largest buffers live at that step; and that peak."""
     delta = np.zeros(steps + 1, dtype=np.int64)
     for i in np.flatnonzero(sizes).tolist():
         delta[spans[i][0]] += sizes[i]
@@ -261,7 +287,7 @@ def _failure(message: str, tile: int, sizes: np.ndarray, roots, spans, steps: in
     else:
         why = (f"its peak is {peak:,} bytes at step {step} ({peak / target.usable_bytes:.1%} of the usable "
                f"bytes): the placement fragmented the free space")
-    return f"tile {tile}: {message}; {why} (largest live then: {largest} bytes)"
+    return f"tile {tile}: {message}; {why} (largest live then: {largest} bytes)", peak
 
 
 class _Moves:

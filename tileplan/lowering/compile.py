@@ -87,10 +87,51 @@ def build_report(plan, state, target, est=None) -> dict:
 def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver: str = "dp", progress=None,
                   registry=None, pins=(), cache=None, weights=None, qkv: str = "auto", ipus: str = "auto"):
     from ..planner.plan import plan as make_plan
-    p = make_plan(graph, target, jobs=jobs, solver=solver, progress=progress, pins=pins, cache=cache,
-                  weights=weights, qkv=qkv, ipus=ipus)
-    state, path = compile_plan(p, target, out_dir, params=params, registry=registry)
-    return p, state, path
+
+    def planned(budget=None):
+        return make_plan(graph, target, jobs=jobs, solver=solver, progress=progress, pins=pins, cache=cache,
+                         weights=weights, qkv=qkv, ipus=ipus, budget=budget)
+    return compile_fitting(planned(), planned, target, out_dir, params=params, registry=registry)
+
+
+# Re-plans ``compile_fitting`` makes, each within a tighter budget, before it gives up.
+REPLANS = 2
+
+
+def compile_fitting(p, replan, target, out_dir, *, params=None, registry=None, stage=None):
+    """``compile_plan`` of plan ``p``; where the allocator cannot place what selection accepted
+    (``allocate.Unplaced``), the model is planned again by ``replan(budget)`` within a tighter
+    budget of bytes per tile, at most ``REPLANS`` times: ``(plan, state, package path)``.
+
+    Design decision: selection counts bytes, the allocator places them, and first fit can fragment
+    a tile that the count says fits (``allocate``'s module docstring measures how often, all above
+    90% of the capacity). Rather than hold every plan to a fixed headroom, which would cost the
+    plans that place (most of them, the tightest included) cycles they need not pay, the
+    headroom is derived from the failure: the failing tile's peak (the most bytes live at one
+    step) less the bytes the placement lacked (``Unplaced.short``: the failing buffer less the
+    largest free gap, or the bytes over the usable ones). Selection is then held to that budget on
+    every tile, so the failing tile's peak drops by at least what was missing; a plan with the
+    same peak there is no longer accepted. Only selection runs again on a warm plan cache. When no
+    plan fits the tighter budget, the error names both: the allocator's tile, buffers and regions,
+    and selection's refusal."""
+    from ..errors import TileplanError
+    from .allocate import Unplaced
+    budget = target.usable_bytes
+    for attempt in range(REPLANS + 1):
+        try:
+            state, path = compile_plan(p, target, out_dir, params=params, registry=registry, stage=stage)
+            return p, state, path
+        except Unplaced as exc:
+            if attempt == REPLANS:
+                raise TileplanError(f"{exc} (after {REPLANS} re-plans, the last within {budget:,} bytes per "
+                                    "tile)") from None
+            budget = min(budget, exc.peak) - exc.short
+            try:
+                p = replan(budget)
+            except TileplanError as refused:
+                raise TileplanError(f"{exc}; planned again within {budget:,} bytes per tile (the peak less the "
+                                    f"{exc.short:,} bytes the placement lacked): {refused}") from None
+    raise AssertionError("unreachable")
 
 
 @pausing

@@ -74,8 +74,9 @@ class Context:
     one of the target)."""
 
     def __init__(self, graph: Graph, target, jobs: int = 1, frontier_bound: int = 32, progress=None,
-                 caches: Caches | None = None, weights: str = "planner"):
+                 caches: Caches | None = None, weights: str = "planner", budget: int | None = None):
         self.graph, self.target, self.jobs = graph, target, jobs
+        self.budget = budget            # bytes per tile selection may use (None: the target's usable bytes)
         self.weights = weights          # parameter storage (``graph.core.WEIGHTS``): "compact" pre-arranges none
         self.caches = caches if caches is not None else shared_caches(target)
         self.frontier_bound = frontier_bound
@@ -179,6 +180,8 @@ class Plan:
                                   # and the fused groups; None when the graph has no group
     stages: dict | None = None    # a multi-IPU target's form (``planner.stages``): "stages" with the split, per
                                   # stage cycles and link bytes, or "spread"; None on one IPU
+    budget: int | None = None     # bytes per tile selection was held to, when below the target's usable
+                                  # bytes (``lowering.compile.compile_fitting``'s re-plan); None: all of them
 
     @property
     def ratio(self) -> float:
@@ -200,8 +203,10 @@ def _pinned_layouts(graph: Graph) -> Graph:
 @pausing
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
          dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
-         cache=None, caches: Caches | None = None, qkv: str = "auto", ipus: str = "auto") -> Plan:
-    """Plan ``graph`` on ``target`` (``plan_graph`` says how). ``qkv``: GEMMs reading one
+         cache=None, caches: Caches | None = None, qkv: str = "auto", ipus: str = "auto",
+         budget: int | None = None) -> Plan:
+    """Plan ``graph`` on ``target`` (``plan_graph`` says how; ``budget``: the bytes per tile selection
+    may use, below the target's usable bytes; None: all of them). ``qkv``: GEMMs reading one
     activation with alike weights (an encoder layer's Q, K and V projections) are planned as
     they are and fused into one GEMM plus Slices (``planner.qkv``), and the plan with fewer
     modelled cycles is kept (``"auto"``); ``"fused"`` or ``"separate"`` plans only that form.
@@ -213,7 +218,7 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     if target.ipus > 1 and ipus != "spread":
         return plan_over_ipus(graph, target, mode=ipus, jobs=jobs, solver=solver, frontier_bound=frontier_bound,
                               dp_paths=dp_paths, progress=progress, weights=weights, pins=pins, share=share,
-                              cache=cache, caches=caches, qkv=qkv)
+                              cache=cache, caches=caches, qkv=qkv, budget=budget)
     t0 = time.perf_counter()
     fuse.check_qkv(qkv)
     canon_graph = canonical(graph)
@@ -224,7 +229,7 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     if qkv == "auto" and any(p.op in fused_ops for p in every_pin):
         qkv = "fused"              # a pin of a fused GEMM (what --emit-pins writes for a fused plan)
     kw = dict(jobs=jobs, solver=solver, frontier_bound=frontier_bound, dp_paths=dp_paths, progress=progress,
-              weights=weights, pins=pins, share=share, cache=cache, caches=caches)
+              weights=weights, pins=pins, share=share, cache=cache, caches=caches, budget=budget)
     if alt is None:
         return plan_graph(canon_graph, target, **kw)
     if cache is None and qkv == "auto":
@@ -275,17 +280,17 @@ def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bo
     return best
 
 
-def _context(graph: Graph, target, jobs, frontier_bound, progress, caches, weights) -> "Context":
+def _context(graph: Graph, target, jobs, frontier_bound, progress, caches, weights, budget=None) -> "Context":
     """The planning context of ``plan_graph``: the canonical graph with its pinned layouts and its
     parameter storage option resolved."""
     weights = resolve_weights(graph, weights)
     graph = dataclasses.replace(_pinned_layouts(canonical(graph)), weights=weights)
-    return Context(graph, target, jobs, frontier_bound, progress, caches, weights)
+    return Context(graph, target, jobs, frontier_bound, progress, caches, weights, budget)
 
 
 def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
                dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
-               cache=None, caches: Caches | None = None, background: bool = False):
+               cache=None, caches: Caches | None = None, background: bool = False, budget: int | None = None):
     """Plan ``graph`` on ``target``: the catalogue of every op, whole-graph selection, the MidGraph
     and its detailed estimate. ``pins`` (``planner.pins.Pin``) restrict GEMMs to a grid; a pinned
     plan that differs from the planner's own choice records it (``Plan.pinned``). ``share``: ops
@@ -303,7 +308,7 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
     from . import canon
     from .pins import check_pins, pinned_candidates
     t0 = time.perf_counter()
-    ctx = _context(graph, target, jobs, frontier_bound, progress, caches, weights)
+    ctx = _context(graph, target, jobs, frontier_bound, progress, caches, weights, budget)
     graph, weights = ctx.graph, ctx.weights
     pinned = check_pins(graph, [*graph.pins, *pins])
     for name, pin in sorted(pinned.items()):
@@ -372,7 +377,8 @@ def plan_graph(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", front
 def _plan_of(graph: Graph, target, result: tuple, t0: float, solver: str, record, weights: str) -> Plan:
     ctx, cands, picks, mid, detailed, sol = result
     return Plan(graph, target, mid, cands, picks, detailed.estimate, detailed, graph.roofline_cycles(target),
-                time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage, pinned=record, weights=weights)
+                time.perf_counter() - t0, solver, ctx.runner_ups, sol, ctx.storage, pinned=record, weights=weights,
+                budget=ctx.budget)
 
 
 class Pending:
@@ -583,7 +589,7 @@ def build_problem(ctx: Context, cands: dict[str, list[Candidate]]) -> Problem:
         tile_bytes=ctx.tile_bytes,
         conversion=ctx.conversion,
         resident=resident,
-        capacity=target.usable_bytes,
+        capacity=target.usable_bytes if ctx.budget is None else min(target.usable_bytes, ctx.budget),
         resident_parts=parts,
         interleaved_capacity=target.interleaved_bytes,
         resident_interleaved=interleaved,
@@ -604,7 +610,7 @@ def _block_ranges(graph: Graph, storage: dict) -> list[tuple[int, int]] | None:
 
 def plan_stages(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
                 dp_paths=16, progress=None, weights=None, pins=(), share: bool = True, cache=None,
-                caches=None, qkv: str = "auto"):
+                caches=None, qkv: str = "auto", budget: int | None = None):
     """``graph`` planned as pipeline stages over ``target``'s IPUs (``planner.stages``): a ``Plan`` of the
     whole target whose ``stages`` records the split."""
     from .cache import MemoryCache
@@ -625,7 +631,7 @@ def plan_stages(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", fron
         try:
             plans.append(plan(g, sub, jobs=jobs, solver=solver, frontier_bound=frontier_bound, dp_paths=dp_paths,
                               progress=progress, weights=w, pins=[p for p in pins if p.op in names], share=share,
-                              cache=cache, caches=caches, qkv=qkv, ipus="spread"))
+                              cache=cache, caches=caches, qkv=qkv, ipus="spread", budget=budget))
         except TileplanError as exc:
             raise TileplanError(f"pipeline stage {k} (IPU {k}: ops {canon_graph.ops[lo].name!r} to "
                                 f"{canon_graph.ops[hi - 1].name!r}): {exc}") from None
