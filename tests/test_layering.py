@@ -1,4 +1,4 @@
-"""DESIGN.md's dependency order, checked on the source: every import in tileplan/ (module level and
+"""The dependency order of the layers, checked on the source: every import in tileplan/ (module level and
 inside functions) points down the layers, and no modules import each other in a cycle.
 
     vocabulary (graph, target, layout; errors, _version, checked, atomic, safeio, schema, gcpause, forked)
@@ -61,7 +61,7 @@ def layer(module: str) -> int:
     return LAYERS[parts[1] if len(parts) > 1 else ""]
 
 
-def test_every_import_points_down_design_md_layers():
+def test_every_import_points_down_the_layers():
     up = sorted(f"{a} -> {b}" for a, b in import_edges() if layer(b) > layer(a))
     assert not up, "imports from a lower layer to a higher one:\n" + "\n".join(up)
 

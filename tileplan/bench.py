@@ -110,12 +110,12 @@ PLANNED_TWICE = (("plan",), ("plan",))
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("mlp_smoke_fp8", "ipu21-64", True, (60, 600), compact=SIMULATED_TWICE),
     Benchmark("mlp_fp16_small", "ipu21-64", True, (60, 600), compact=SIMULATED_TWICE),
-    Benchmark("siglip_mlp_fp8_b4", "ipu21", False, (200, 3600),      # its report: issue 15's page figures
+    Benchmark("siglip_mlp_fp8_b4", "ipu21", False, (200, 3600),      # its report: the page size and load time
               quick_stages=("plan", "quality", "compile", "validate", "report")),
     Benchmark("gemm_4096_fp16", "ipu2", False, (150, 3600)),
     Benchmark("siglip_mlp_fp8_b1", "ipu21", False, (120, 3600), quick_stages=("plan", "quality")),
     Benchmark("decode_proj_fp16", "ipu21-64", True, (30, 600), compact=SIMULATED_TWICE),  # decode-shaped GEMM
-    # Whole encoder layers (issue 12): LayerNorm, attention with softmax, residuals, the MLP.
+    # Whole encoder layers: LayerNorm, attention with softmax, residuals, the MLP.
     Benchmark("encoder_layer_small", "ipu21-64", True, (60, 600), compact=SIMULATED_TWICE),
     Benchmark("siglip_layer_fp8_b1", "ipu21", False, (150, 3600), quick_stages=("plan", "quality")),
     Benchmark("siglip_layer_fp16_b1", "ipu21", False, (150, 3600), quick_stages=("plan",)),
@@ -148,7 +148,8 @@ FIGURES = (
     "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note",
 )
 
-# The targets of DESIGN.md ("Benchmarks") and issue 6, and the reference figures beside them.
+# The reference figures the benchmark targets are set beside (docs/benchmarks.md): the Rust planner's
+# times, and cycles measured on IPU hardware.
 REFERENCE = {
     "rust_planner_siglip_b4_seconds": 63.5,
     "rust_planner_siglip_b4_threads": 56,
@@ -156,7 +157,7 @@ REFERENCE = {
     "hardware_siglip_b4_cycles": 614_700,
     "hardware_siglip_b4_roofline_ratio_approx": 4.0,
     "hardware_gemm_4096_fp16_cycles": 2_262_696,   # fixtures/gemm_4096_fp16.toml (ipu-stack README)
-    # The SigLIP So400m/14 tower (27 layers, batch 1, one C600), issue 13's anchors:
+    # The SigLIP So400m/14 tower (27 layers, batch 1, one C600), as measured by ipu-stack and the Poplar SDK:
     "ipu_stack_siglip_tower_b1_cycles": 10_088_124,          # measured on hardware
     "ipu_stack_siglip_tower_b1_plan_seconds": 70.6,          # package planning, many threads
     "poplar_sdk_siglip_tower_b1_cycles": [15_987_659, 17_804_824],   # measured on hardware
@@ -636,7 +637,7 @@ def target_figures(results: dict) -> list[dict]:
     add("SigLIP tower (27 layers): plan, warm cache", _get(results, tower, "plan_seconds_warm"), 5.0, "s",
         f"{tower} plan_seconds_warm (median of the repeats after the first)", "")
     add("SigLIP tower (27 layers): planner peak memory", _get(results, tower, "planner_peak_rss_bytes"),
-        8 * 2**30, "B", f"{tower} planner_peak_rss_bytes (issue 13)", "")
+        8 * 2**30, "B", f"{tower} planner_peak_rss_bytes", "")
     sim = _get(results, tower, "simulated")
     cest = _get(compacts, tower, "simulated") or _get(compacts, tower, "estimate")
     ccycles = (cest["cycles"] / REFERENCE["ipu_stack_siglip_tower_b1_cycles"],
@@ -649,12 +650,12 @@ def target_figures(results: dict) -> list[dict]:
         "both measured on a C600", _get(results, tower, "model_floor_roofline_ratio"),
         ccycles)
     add("SigLIP b4 FP8 MLP report page (1472 tiles): size", _get(results, "siglip_mlp_fp8_b4", "report_html_bytes"),
-        10 * 2**20, "B", "siglip_mlp_fp8_b4 report_html_bytes (issue 15)", "")
+        10 * 2**20, "B", "siglip_mlp_fp8_b4 report_html_bytes", "")
     add("SigLIP b4 FP8 MLP report page: load in headless Chromium",
         _get(results, "siglip_mlp_fp8_b4", "report_load_seconds"), 3.0, "s",
-        "siglip_mlp_fp8_b4 report_load_seconds (issue 15)", "")
+        "siglip_mlp_fp8_b4 report_load_seconds", "")
     add("SigLIP b4 FP8 MLP: planner peak memory", _get(results, "siglip_mlp_fp8_b4", "planner_peak_rss_bytes"),
-        4 * 2**30, "B", "siglip_mlp_fp8_b4 planner_peak_rss_bytes (issue 6)", "")
+        4 * 2**30, "B", "siglip_mlp_fp8_b4 planner_peak_rss_bytes", "")
     ratio, how = _cycles_ratio(results, "siglip_layer_fp8_b1")
     add("SigLIP So400m encoder layer, FP8 b1: cycles / roofline bound", ratio, 3.0, "x",
         f"siglip_layer_fp8_b1 {how or 'cycles'}", "hardware (ipu-stack): 715,350 cycles for one such layer",

@@ -42,8 +42,8 @@ def siglip_encoder(layers: int):
     return Hidden(SiglipEncoder(cfg), encoder=True)
 
 
-# The 2-layer encoder (a first and a last layer, issue 12) in FP16; the 4-layer one (with inner
-# layers, repeated steps shared: issue 13) in FP32.
+# The 2-layer encoder (a first and a last layer) in FP16; the 4-layer one (with inner
+# layers, whose repeated steps the package shares) in FP32.
 MODELS = {"SiglipEncoderLayer": siglip_layer, "ViTLayer": vit_layer, "SiglipEncoder-2": lambda: siglip_encoder(2),
           "SiglipEncoder-4": lambda: siglip_encoder(4)}
 

@@ -32,7 +32,7 @@ FIXTURE_NAMES = ["mlp_smoke_fp8", "mlp_fp16_small", "odd_prime_dims", "odd_fp8_t
 # odd_prime_dims (K = 131): since an odd K block runs on the AMP after a repack (not on the vector
 # unit, which used to dominate and order every grid), its top 32 survivors lie within 5% of each
 # other and the coarse model's errors of ~100 cycles reorder them: Spearman 0.68. A known gap of the
-# coarse model (closing note of issue 11); the test below checks that the pruning keeps the best.
+# coarse model (its per-grid error is not modelled); the test below checks that the pruning keeps the best.
 # With the fused epilogue kinds among its survivors (their reducers cost clearly more, and the coarse
 # model prices that) the ranking is back above 0.8, so it is checked like the others.
 KNOWN_LOW: dict[str, str] = {}
