@@ -19,7 +19,7 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parents[1] / "tileplan"
 LAYERS = {"errors": 0, "_version": 0, "checked": 0, "atomic": 0, "gcpause": 0, "forked": 0, "safeio": 0, "schema": 0,
           "graph": 1, "target": 1, "targets": 1,
-          "layout": 1, "kernels": 2, "program": 3, "estimate": 4, "planner": 5, "lowering": 6, "sim": 7, "report": 8, "cli": 9, "bench": 9, "calibrate": 9, "progress": 9, "calibration": 9,
+          "layout": 1, "kernels": 2, "program": 3, "estimate": 4, "planner": 5, "lowering": 6, "sim": 7, "report": 8, "cli": 9, "__main__": 9, "bench": 9, "calibrate": 9, "progress": 9, "calibration": 9,
           "": 10}
 
 
