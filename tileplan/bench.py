@@ -85,6 +85,7 @@ class Benchmark:
     compact: tuple[tuple[str, ...], tuple[str, ...]] = (("plan",), ("plan", "compile", "validate"))
                                   # (quick, full): the stages of the compact-weights run; "plan" alone is
                                   # its plan and estimate (simulating it too would not fit the budget)
+    trace: bool = False           # its validate stage writes the run's Chrome trace beside bench.json
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -108,10 +109,10 @@ SIMULATED_TWICE = (("plan", "compile", "validate"), ("plan", "compile", "validat
 PLANNED_TWICE = (("plan",), ("plan",))
 
 BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("mlp_smoke_fp8", "ipu21-64", True, (60, 600), compact=SIMULATED_TWICE),
+    Benchmark("mlp_smoke_fp8", "ipu21-64", True, (60, 600), compact=SIMULATED_TWICE, trace=True),
     Benchmark("mlp_fp16_small", "ipu21-64", True, (60, 600), compact=SIMULATED_TWICE),
     Benchmark("siglip_mlp_fp8_b4", "ipu21", False, (200, 3600),      # its report: the page size and load time
-              quick_stages=("plan", "quality", "compile", "validate", "report")),
+              quick_stages=("plan", "quality", "compile", "validate", "report"), trace=True),
     Benchmark("gemm_4096_fp16", "ipu2", False, (150, 3600)),
     Benchmark("siglip_mlp_fp8_b1", "ipu21", False, (120, 3600), quick_stages=("plan", "quality")),
     Benchmark("decode_proj_fp16", "ipu21-64", True, (30, 600), compact=SIMULATED_TWICE),  # decode-shaped GEMM
@@ -146,6 +147,7 @@ FIGURES = (
     "validate_cpu_seconds", "cosine_min", "validate_atol",
     "plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries", "package_bytes",
     "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note",
+    "trace_file", "trace_bytes",
 )
 
 # The reference figures the benchmark targets are set beside (docs/benchmarks.md): the Rust planner's
@@ -210,8 +212,13 @@ def _compile(p, target, pkg_dir: Path, params, plan_seconds: float) -> tuple[dic
             "package_bytes": size}, Path(pkg_path)
 
 
-def _validate(p, pkg_path: Path) -> dict:
-    """The package run on the IPU model; the run is recorded in it (the report's trace reads it)."""
+def _validate(p, pkg_path: Path, trace: str | None = None) -> dict:
+    """The package run on the IPU model; the run is recorded in it (the report's trace reads it).
+    ``trace``: a file to write the run's Chrome trace to (gzip-compressed, as Perfetto and
+    ``chrome://tracing`` open it), after the timed part.
+
+    Design decision: the trace of a 1472-tile run is tens of megabytes of JSON; compressed (gzip
+    with no timestamp: the same run, the same bytes) it is small enough to keep beside bench.json."""
     from .lowering.package import load_package
     from .sim.validate import validate_package, write_validation
     t0, c0 = time.perf_counter(), time.process_time()
@@ -220,7 +227,16 @@ def _validate(p, pkg_path: Path) -> dict:
     prof = v.profile
     peak = prof.memory_peak
     write_validation(pkg, v)
-    return {
+    traced = {}
+    if trace is not None:
+        import gzip
+
+        from .atomic import write_file
+        from .sim.validate import chrome_trace
+        data = gzip.compress(chrome_trace(pkg, v), compresslevel=9, mtime=0)
+        write_file(trace, data)
+        traced = {"trace_file": Path(trace).name, "trace_bytes": len(data)}
+    return {**traced,
         "validate_seconds": time.perf_counter() - t0,
         "validate_cpu_seconds": time.process_time() - c0,
         "cosine_min": min((o["cosine"] for o in v.outputs.values()), default=None),
@@ -306,7 +322,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
     if "compile" in stages:
         pkg_path = _compile_validate(p, target, Path(work_dir) / "pkg", load_params(path), stages, send, "", times[0],
-                                     compiled)
+                                     compiled, bench.get("trace"))
         if "validate" in stages and "report" in stages:
             from .report import render
             send("stage", "report")
@@ -324,11 +340,11 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
 
 def _compile_validate(p, target, pkg_dir: Path, params, stages, send, storage: str, plan_seconds: float,
-                      compiled=None) -> Path:
+                      compiled=None, trace: str | None = None) -> Path:
     """The compile stage, then the validate stage when listed, of one plan; ``storage``: "" for the
     planner's own storage (figures go to the record), "compact" for the compact-weights column (to
     its sub-record); ``compiled``: ``_compile``'s result when the plan was compiled already. Returns
-    the package's path."""
+    the package's path. ``trace``: where the planner's run writes its Chrome trace (``_validate``)."""
     prefix, figures, done = (f"{storage} ", storage, f"{storage}-done") if storage else ("", "figures", "done")
     send("stage", f"{prefix}compile")
     got, pkg_path = compiled or _compile(p, target, pkg_dir, params, plan_seconds)
@@ -336,7 +352,7 @@ def _compile_validate(p, target, pkg_dir: Path, params, stages, send, storage: s
     send(done, "compile")
     if "validate" in stages:
         send("stage", f"{prefix}validate")
-        send(figures, _validate(p, pkg_path))
+        send(figures, _validate(p, pkg_path, trace if not storage else None))
         send(done, "validate")
     return pkg_path
 
@@ -415,7 +431,9 @@ def _stop(proc) -> None:
     proc.join()
 
 
-def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float) -> dict:
+def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float, trace_dir: Path | None = None) -> dict:
+    """One benchmark in its own process, within ``budget`` seconds; a benchmark with ``trace`` writes
+    ``<trace_dir>/<name>.trace.json.gz`` when ``trace_dir`` is given."""
     rec = empty_record(b, quick, jobs)
     rec["budget_seconds"] = round(budget, 1)
     ctx = multiprocessing.get_context("spawn")
@@ -424,6 +442,7 @@ def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float) -> dict:
     spec = {"name": b.name, "target": b.target, "small": b.small, "jobs": jobs,
             "repeats": b.repeats(quick), "stages": rec["stages"], "cached": b.cached,
             "compact_stages": rec["compact"]["stages"],
+            "trace": str(Path(trace_dir).resolve() / f"{b.name}.trace.json.gz") if b.trace and trace_dir is not None else None,
             "start_method": multiprocessing.get_start_method()}
     t0 = time.monotonic()
     proc = ctx.Process(target=_worker, args=(send, spec, work_dir), name=f"bench-{b.name}")
@@ -504,8 +523,10 @@ def machine_info() -> dict:
     }
 
 
-def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_result=None) -> dict:
-    """Run the benchmarks (all, or ``only``) and return the bench.json document."""
+def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_result=None,
+              trace_dir: Path | None = None) -> dict:
+    """Run the benchmarks (all, or ``only``) and return the bench.json document; ``trace_dir``: where
+    the benchmarks marked ``trace`` write their run's Chrome trace (the folder of bench.json)."""
     chosen = [BY_NAME[n] for n in only] if only else list(BENCHMARKS)
     machine = machine_info()           # before the run: its load average and commit are the start's
     started = time.monotonic()
@@ -527,7 +548,7 @@ def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_resul
             rec["elapsed_seconds"] = 0.0
             _compact_status(rec)
         else:
-            rec = run_one(b, quick=quick, jobs=jobs, budget=min(cap, left))
+            rec = run_one(b, quick=quick, jobs=jobs, budget=min(cap, left), trace_dir=trace_dir)
         results[b.name] = rec
         if on_result is not None:
             on_result(rec)

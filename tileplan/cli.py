@@ -636,7 +636,8 @@ def report_command(
 @app.command("bench")
 def bench_command(
     quick: Annotated[bool, typer.Option("--quick", help="Fewer repeats and a 5-minute budget (see BENCH.md).")] = False,
-    out: Annotated[Path, typer.Option("--out", help="Folder for bench.json and BENCH.md.")] = Path("artifacts"),
+    out: Annotated[Path, typer.Option("--out", help="Folder for bench.json, BENCH.md and the SigLIP b4 MLP's "
+                                                     "trace.")] = Path("artifacts"),
     jobs: JobsOption = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this benchmark (repeatable).")] = None,
     as_json: JsonOption = False,
@@ -658,7 +659,7 @@ def bench_command(
         err.print(plain(f"{rec['fixture']}: {rec['status']}{where} ({rec['elapsed_seconds']:.1f} s)"))
 
     _at("bench")
-    doc = run_bench(quick=quick, jobs=jobs or os.cpu_count() or 1, only=only, on_result=on_result)
+    doc = run_bench(quick=quick, jobs=jobs or os.cpu_count() or 1, only=only, on_result=on_result, trace_dir=out)
     _at("report")
     console = Output(as_json, quiet)
     console.settle()
