@@ -47,7 +47,7 @@ def case_outputs(case) -> str:
     return line.removeprefix("outputs = ")
 
 
-def test_the_fifty_cases_hold_every_op_kind_and_the_features_the_issue_names():
+def test_the_fifty_cases_hold_every_op_kind_and_each_feature_three_times():
     kinds, features = Counter(), Counter()
     for seed in range(50):
         case = generate(seed)
