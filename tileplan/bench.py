@@ -442,7 +442,8 @@ def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float, trace_dir: P
     spec = {"name": b.name, "target": b.target, "small": b.small, "jobs": jobs,
             "repeats": b.repeats(quick), "stages": rec["stages"], "cached": b.cached,
             "compact_stages": rec["compact"]["stages"],
-            "trace": str(Path(trace_dir).resolve() / f"{b.name}.trace.json.gz") if b.trace and trace_dir is not None else None,
+            "trace": (str(Path(trace_dir).resolve() / f"{b.name}.trace.json.gz")
+                      if b.trace and trace_dir is not None else None),
             "start_method": multiprocessing.get_start_method()}
     t0 = time.monotonic()
     proc = ctx.Process(target=_worker, args=(send, spec, work_dir), name=f"bench-{b.name}")

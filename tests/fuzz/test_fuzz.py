@@ -4,8 +4,8 @@ their planner estimate is the simulated cycle count.
 Each case (``dags.generate(seed)``) is a TOML model file and a small target (7, 16 or 64 tiles),
 run through the public API as a user would: ``load_model``, ``compile``, ``validate``. The suite
 runs 50 seeds (the fast lane eleven of them, ``FAST_SEEDS``); ``TILEPLAN_FUZZ_CASES=500 pytest -q
-tests/fuzz`` runs more (``TILEPLAN_FUZZ_FIRST`` moves the first seed). A failing case names its seed; ``python tests/fuzz/dags.py SEED > m.toml``
-and ``python tests/fuzz/dags.py SEED --target > fuzzN.toml`` write it out for ``tileplan compile``.
+tests/fuzz`` runs more (``TILEPLAN_FUZZ_FIRST`` moves the first seed). A failing case names its seed;
+``python tests/fuzz/dags.py SEED > m.toml`` and ``python tests/fuzz/dags.py SEED --target > fuzzN.toml`` write it out for ``tileplan compile``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ SEEDS = range(FIRST, FIRST + CASES)
 FAST_SEEDS = frozenset({1, 3, 5, 6, 12, 28, 36, 37, 38, 43, 49})
 
 
-@pytest.mark.parametrize("seed", [s if s in FAST_SEEDS else pytest.param(s, marks=pytest.mark.slow) for s in SEEDS])
+@pytest.mark.parametrize("seed", [s if s in FAST_SEEDS else pytest.param(s, marks=pytest.mark.slow)
+                                  for s in SEEDS])
 def test_a_random_graph_compiles_validates_and_its_estimate_is_the_simulated_cycles(tmp_path, seed):
     case = generate(seed)
     model, target = case.write(tmp_path)
