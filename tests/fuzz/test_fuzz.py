@@ -5,7 +5,8 @@ Each case (``dags.generate(seed)``) is a TOML model file and a small target (7, 
 run through the public API as a user would: ``load_model``, ``compile``, ``validate``. The suite
 runs 50 seeds (the fast lane eleven of them, ``FAST_SEEDS``); ``TILEPLAN_FUZZ_CASES=500 pytest -q
 tests/fuzz`` runs more (``TILEPLAN_FUZZ_FIRST`` moves the first seed). A failing case names its seed;
-``python tests/fuzz/dags.py SEED > m.toml`` and ``python tests/fuzz/dags.py SEED --target > fuzzN.toml`` write it out for ``tileplan compile``.
+``python tests/fuzz/dags.py SEED > m.toml`` and ``python tests/fuzz/dags.py SEED --target > fuzzN.toml``
+write it out for ``tileplan compile``.
 """
 
 from __future__ import annotations
