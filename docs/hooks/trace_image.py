@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 COLOURS = {"compute": "#3b78c2", "exchange": "#e8923a", "idle": "#e6e6e6", "sync": "#555555"}
-WIDTH, LEFT, RIGHT, ROW, TOP = 1200, 70, 20, 9, 64
+WIDTH, LEFT, RIGHT, ROW, TOP = 1200, 70, 34, 9, 64
 
 
 def load(path: Path) -> dict:
