@@ -3,6 +3,7 @@ failures are data. No wall-clock assertions (benchmarks measure, tests do not)."
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -56,6 +57,16 @@ def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
     assert search["optimum_method"] in ("exhaustive", "exact dp (unbounded paths)") and search["paths"] == 16
     assert search["bounded_cycles"] >= search["optimum_cycles"] and search["gap"] >= 0
     assert [t["target"] for t in doc["targets"]] and all("met" in t for t in doc["targets"])
+    # its run's Chrome trace beside bench.json: every tile's events span the simulated cycles
+    trace_file = out / rec["trace_file"]
+    assert rec["trace_file"] == "mlp_smoke_fp8.trace.json.gz" and trace_file.stat().st_size == rec["trace_bytes"]
+    trace = json.loads(gzip.decompress(trace_file.read_bytes()))
+    assert trace["otherData"]["cycles"] == sim["cycles"]
+    spans = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            spans[e["tid"]] = spans.get(e["tid"], 0) + e["dur"]
+    assert len(spans) == rec["tiles"] == 64 and set(spans.values()) == {sim["cycles"]}
     # the same benchmark with compact weights, beside it: planned, compiled and validated too
     compact = rec["compact"]
     assert compact["status"] == "ok" and compact["stages_done"] == compact["stages"] == ["plan", "compile", "validate"]

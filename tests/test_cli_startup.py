@@ -1,5 +1,6 @@
 """``tileplan --version`` and ``--help`` answer at once: the command line's module imports typer and the
-standard library only; numpy, ml_dtypes, rich's tables, networkx, onnx and ortools wait for a command."""
+standard library only; numpy, ml_dtypes, rich's tables, networkx, onnx and ortools wait for a command, and
+help (plain text) needs neither rich nor the pydantic converters typer builds for option values."""
 
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ def test_importing_the_command_line_imports_nothing_heavy():
 
 
 def test_version_and_help_import_nothing_heavy():
-    for argv in (["--version"], ["--help"], ["compile", "--help"]):
+    for argv in (["--version"], ["--help"], ["compile", "--help"], ["validate", "-h"], ["cache", "info", "--help"]):
         mods = modules_after("from tileplan.cli import main\n"
                              f"try:\n    main({argv!r})\nexcept SystemExit as e:\n    assert not e.code, e.code")
         assert heavy(mods) == [], (argv, heavy(mods))
+        assert not {"rich", "pydantic"} & mods, argv
 
 
 def test_planning_and_show_import_neither_ml_dtypes_nor_networkx():
@@ -44,3 +46,11 @@ def test_planning_and_show_import_neither_ml_dtypes_nor_networkx():
         mods = modules_after("from tileplan.cli import main\n"
                              f"try:\n    main({argv!r})\nexcept SystemExit as e:\n    assert not e.code, e.code")
         assert not [m for m in mods if m.split(".")[0] in ("ml_dtypes", "networkx")], argv
+
+
+def test_python_dash_m_tileplan_is_the_command_line():
+    done = subprocess.run([sys.executable, "-m", "tileplan", "compile", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.startswith("Usage: tileplan compile [OPTIONS]") and "--output" in done.stdout
+    assert max(map(len, done.stdout.splitlines())) <= 100      # plain text, at most 100 columns

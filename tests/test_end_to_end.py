@@ -198,7 +198,7 @@ def test_a_gemm_whose_blocks_do_not_fit_at_once_runs_serial_k_and_validates(tmp_
 
 @pytest.mark.slow
 def test_the_full_size_siglip_fp8_encoder_layer_compiles_and_validates(tmp_path):
-    """Issue 12: the So400m/14 encoder layer (729 tokens, 16 heads of 72, FP8 projections) on 1472 tiles:
+    """The So400m/14 encoder layer (729 tokens, 16 heads of 72, FP8 projections) on 1472 tiles:
     within the FP8 tolerance of float64, and the planner's estimate is the simulated cycles."""
     graph = load_model(FIXTURES / "siglip_layer_fp8_b1.toml")
     target = load_target(graph.target)

@@ -87,6 +87,7 @@ class Benchmark:
                                   # its plan and estimate (simulating it too would not fit the budget)
     ipus: str = "auto"            # a multi-IPU target's form (``planner.stages``: auto, stages or spread)
     batch: int = 0                # images per run of a vision tower (``throughput``); 0: not reported
+    trace: bool = False           # its validate stage writes the run's Chrome trace beside bench.json
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -110,14 +111,14 @@ SIMULATED_TWICE = (("plan", "compile", "validate"), ("plan", "compile", "validat
 PLANNED_TWICE = (("plan",), ("plan",))
 
 BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("mlp_smoke_fp8", "ipu21-64", True, (60, 600), compact=SIMULATED_TWICE),
+    Benchmark("mlp_smoke_fp8", "ipu21-64", True, (60, 600), compact=SIMULATED_TWICE, trace=True),
     Benchmark("mlp_fp16_small", "ipu21-64", True, (60, 600), compact=SIMULATED_TWICE),
-    Benchmark("siglip_mlp_fp8_b4", "ipu21", False, (200, 3600),      # its report: issue 15's page figures
-              quick_stages=("plan", "quality", "compile", "validate", "report")),
+    Benchmark("siglip_mlp_fp8_b4", "ipu21", False, (200, 3600),      # its report: the page size and load time
+              quick_stages=("plan", "quality", "compile", "validate", "report"), trace=True),
     Benchmark("gemm_4096_fp16", "ipu2", False, (150, 3600)),
     Benchmark("siglip_mlp_fp8_b1", "ipu21", False, (120, 3600), quick_stages=("plan", "quality")),
     Benchmark("decode_proj_fp16", "ipu21-64", True, (30, 600), compact=SIMULATED_TWICE),  # decode-shaped GEMM
-    # Whole encoder layers (issue 12): LayerNorm, attention with softmax, residuals, the MLP.
+    # Whole encoder layers: LayerNorm, attention with softmax, residuals, the MLP.
     Benchmark("encoder_layer_small", "ipu21-64", True, (60, 600), compact=SIMULATED_TWICE),
     Benchmark("siglip_layer_fp8_b1", "ipu21", False, (150, 3600), quick_stages=("plan", "quality")),
     Benchmark("siglip_layer_fp16_b1", "ipu21", False, (150, 3600), quick_stages=("plan",)),
@@ -162,9 +163,11 @@ FIGURES = (
     "plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries", "package_bytes",
     "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note", "pipeline",
     "batch", "clock_hz", "stage_cycles", "throughput", "plan_budget",
+    "trace_file", "trace_bytes",
 )
 
-# The targets of DESIGN.md ("Benchmarks") and issue 6, and the reference figures beside them.
+# The reference figures the benchmark targets are set beside (docs/benchmarks.md): the Rust planner's
+# times, and cycles measured on IPU hardware.
 REFERENCE = {
     "rust_planner_siglip_b4_seconds": 63.5,
     "rust_planner_siglip_b4_threads": 56,
@@ -172,7 +175,7 @@ REFERENCE = {
     "hardware_siglip_b4_cycles": 614_700,
     "hardware_siglip_b4_roofline_ratio_approx": 4.0,
     "hardware_gemm_4096_fp16_cycles": 2_262_696,   # fixtures/gemm_4096_fp16.toml (ipu-stack README)
-    # The SigLIP So400m/14 tower (27 layers, batch 1, one C600), issue 13's anchors:
+    # The SigLIP So400m/14 tower (27 layers, batch 1, one C600), as measured by ipu-stack and the Poplar SDK:
     "ipu_stack_siglip_tower_b1_cycles": 10_088_124,          # measured on hardware
     "ipu_stack_siglip_tower_b1_plan_seconds": 70.6,          # package planning, many threads
     "poplar_sdk_siglip_tower_b1_cycles": [15_987_659, 17_804_824],   # measured on hardware
@@ -323,8 +326,13 @@ def _compile(p, target, pkg_dir: Path, params, plan_seconds: float, replan) -> t
     return got, Path(pkg_path), done
 
 
-def _validate(p, pkg_path: Path) -> dict:
-    """The package run on the IPU model; the run is recorded in it (the report's trace reads it)."""
+def _validate(p, pkg_path: Path, trace: str | None = None) -> dict:
+    """The package run on the IPU model; the run is recorded in it (the report's trace reads it).
+    ``trace``: a file to write the run's Chrome trace to (gzip-compressed, as Perfetto and
+    ``chrome://tracing`` open it), after the timed part.
+
+    Design decision: the trace of a 1472-tile run is tens of megabytes of JSON; compressed (gzip
+    with no timestamp: the same run, the same bytes) it is small enough to keep beside bench.json."""
     from .lowering.package import load_package
     from .sim.validate import validate_package, write_validation
     t0, c0 = time.perf_counter(), time.process_time()
@@ -333,7 +341,16 @@ def _validate(p, pkg_path: Path) -> dict:
     prof = v.profile
     peak = prof.memory_peak
     write_validation(pkg, v)
-    return {
+    traced = {}
+    if trace is not None:
+        import gzip
+
+        from .atomic import write_file
+        from .sim.validate import chrome_trace
+        data = gzip.compress(chrome_trace(pkg, v), compresslevel=9, mtime=0)
+        write_file(trace, data)
+        traced = {"trace_file": Path(trace).name, "trace_bytes": len(data)}
+    return {**traced,
         "validate_seconds": time.perf_counter() - t0,
         "validate_cpu_seconds": time.process_time() - c0,
         "cosine_min": min((o["cosine"] for o in v.outputs.values()), default=None),
@@ -423,7 +440,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
     if "compile" in stages:
         pkg_path = _compile_validate(p, target, Path(work_dir) / "pkg", load_params(path), stages, send, "", times[0],
-                                     replan("planner"), compiled)
+                                     replan("planner"), compiled, bench.get("trace"))
         if "validate" in stages and "report" in stages:
             from .report import render
             send("stage", "report")
@@ -441,11 +458,11 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
 
 def _compile_validate(p, target, pkg_dir: Path, params, stages, send, storage: str, plan_seconds: float,
-                      replan, compiled=None) -> Path:
+                      replan, compiled=None, trace: str | None = None) -> Path:
     """The compile stage, then the validate stage when listed, of one plan; ``storage``: "" for the
     planner's own storage (figures go to the record), "compact" for the compact-weights column (to
     its sub-record); ``compiled``: ``_compile``'s result when the plan was compiled already. Returns
-    the package's path."""
+    the package's path. ``trace``: where the planner's run writes its Chrome trace (``_validate``)."""
     prefix, figures, done = (f"{storage} ", storage, f"{storage}-done") if storage else ("", "figures", "done")
     send("stage", f"{prefix}compile")
     got, pkg_path, p = compiled or _compile(p, target, pkg_dir, params, plan_seconds, replan)
@@ -453,7 +470,7 @@ def _compile_validate(p, target, pkg_dir: Path, params, stages, send, storage: s
     send(done, "compile")
     if "validate" in stages:
         send("stage", f"{prefix}validate")
-        send(figures, _validate(p, pkg_path))
+        send(figures, _validate(p, pkg_path, trace if not storage else None))
         send(done, "validate")
     return pkg_path
 
@@ -532,7 +549,9 @@ def _stop(proc) -> None:
     proc.join()
 
 
-def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float) -> dict:
+def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float, trace_dir: Path | None = None) -> dict:
+    """One benchmark in its own process, within ``budget`` seconds; a benchmark with ``trace`` writes
+    ``<trace_dir>/<name>.trace.json.gz`` when ``trace_dir`` is given."""
     rec = empty_record(b, quick, jobs)
     rec["budget_seconds"] = round(budget, 1)
     ctx = multiprocessing.get_context("spawn")
@@ -541,6 +560,8 @@ def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float) -> dict:
     spec = {"name": b.name, "target": b.target, "small": b.small, "jobs": jobs,
             "repeats": b.repeats(quick), "stages": rec["stages"], "cached": b.cached, "ipus": b.ipus,
             "compact_stages": rec["compact"]["stages"],
+            "trace": (str(Path(trace_dir).resolve() / f"{b.name}.trace.json.gz")
+                      if b.trace and trace_dir is not None else None),
             "start_method": multiprocessing.get_start_method()}
     t0 = time.monotonic()
     proc = ctx.Process(target=_worker, args=(send, spec, work_dir), name=f"bench-{b.name}")
@@ -623,8 +644,10 @@ def machine_info() -> dict:
     }
 
 
-def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_result=None) -> dict:
-    """Run the benchmarks (all, or ``only``) and return the bench.json document."""
+def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_result=None,
+              trace_dir: Path | None = None) -> dict:
+    """Run the benchmarks (all, or ``only``) and return the bench.json document; ``trace_dir``: where
+    the benchmarks marked ``trace`` write their run's Chrome trace (the folder of bench.json)."""
     chosen = [BY_NAME[n] for n in only] if only else list(BENCHMARKS)
     machine = machine_info()           # before the run: its load average and commit are the start's
     started = time.monotonic()
@@ -646,7 +669,7 @@ def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_resul
             rec["elapsed_seconds"] = 0.0
             _compact_status(rec)
         else:
-            rec = run_one(b, quick=quick, jobs=jobs, budget=min(cap, left))
+            rec = run_one(b, quick=quick, jobs=jobs, budget=min(cap, left), trace_dir=trace_dir)
         results[b.name] = rec
         if on_result is not None:
             on_result(rec)
@@ -756,7 +779,7 @@ def target_figures(results: dict) -> list[dict]:
     add("SigLIP tower (27 layers): plan, warm cache", _get(results, tower, "plan_seconds_warm"), 5.0, "s",
         f"{tower} plan_seconds_warm (median of the repeats after the first)", "")
     add("SigLIP tower (27 layers): planner peak memory", _get(results, tower, "planner_peak_rss_bytes"),
-        8 * 2**30, "B", f"{tower} planner_peak_rss_bytes (issue 13)", "")
+        8 * 2**30, "B", f"{tower} planner_peak_rss_bytes", "")
     sim = _get(results, tower, "simulated")
     cest = _get(compacts, tower, "simulated") or _get(compacts, tower, "estimate")
     ccycles = (cest["cycles"] / REFERENCE["ipu_stack_siglip_tower_b1_cycles"],
@@ -791,12 +814,12 @@ def target_figures(results: dict) -> list[dict]:
         f"{REFERENCE['ipu_stack_siglip_tower_b2_images_per_second']} images/s timed by the host",
         _get(results, b2, "model_floor_roofline_ratio"))
     add("SigLIP b4 FP8 MLP report page (1472 tiles): size", _get(results, "siglip_mlp_fp8_b4", "report_html_bytes"),
-        10 * 2**20, "B", "siglip_mlp_fp8_b4 report_html_bytes (issue 15)", "")
+        10 * 2**20, "B", "siglip_mlp_fp8_b4 report_html_bytes", "")
     add("SigLIP b4 FP8 MLP report page: load in headless Chromium",
         _get(results, "siglip_mlp_fp8_b4", "report_load_seconds"), 3.0, "s",
-        "siglip_mlp_fp8_b4 report_load_seconds (issue 15)", "")
+        "siglip_mlp_fp8_b4 report_load_seconds", "")
     add("SigLIP b4 FP8 MLP: planner peak memory", _get(results, "siglip_mlp_fp8_b4", "planner_peak_rss_bytes"),
-        4 * 2**30, "B", "siglip_mlp_fp8_b4 planner_peak_rss_bytes (issue 6)", "")
+        4 * 2**30, "B", "siglip_mlp_fp8_b4 planner_peak_rss_bytes", "")
     ratio, how = _cycles_ratio(results, "siglip_layer_fp8_b1")
     add("SigLIP So400m encoder layer, FP8 b1: cycles / roofline bound", ratio, 3.0, "x",
         f"siglip_layer_fp8_b1 {how or 'cycles'}", "hardware (ipu-stack): 715,350 cycles for one such layer",

@@ -45,12 +45,32 @@ from .errors import TileplanError  # noqa: E402
 
 DEFAULT_TARGET = "ipu21"
 
+class _FlagValue:
+    """How a boolean flag's parsed value becomes the command's argument: a bool or None passes
+    through as it is. Design decision: typer builds each parameter's converter on first use from a
+    pydantic TypeAdapter, and ``--help`` is an unset flag (None) on the group and a set one on the
+    command, so ``tileplan compile --help`` imported pydantic (a third of its start-up) to pass a
+    None through; a flag never needs a converter. Anything else (never seen) goes to typer's own."""
+
+    def __init__(self, param):
+        self.param = param
+
+    def coerce(self, value, param, ctx):
+        if value is None or isinstance(value, bool):
+            return value
+        from typer._coercion import build_runtime_param
+        return build_runtime_param(self.param.type_descriptor).coerce(value, param=param, ctx=ctx)
+
+
 def _flags_untyped(params: list) -> list:
     """A flag (``--quiet``, ``--help``) takes no value: its help row shows no type (typer would print
-    ``<bool>``)."""
+    ``<bool>``), and its value needs no converter (``_FlagValue``)."""
     for p in params:
-        if getattr(p, "is_flag", False) and p.metavar is None:
-            p.metavar = ""
+        if getattr(p, "is_flag", False):
+            if p.metavar is None:
+                p.metavar = ""
+            if getattr(p, "_runtime_param", False) is None:
+                p._runtime_param = _FlagValue(p)
     return params
 
 
@@ -64,6 +84,12 @@ class _Group(typer.core.TyperGroup):
         return _flags_untyped(super().get_params(ctx))
 
 
+# Design decision: help is plain text (click's layout, at most 100 columns), not typer's rich panels:
+# rendering those imports rich's markdown and syntax modules, which alone took longer than the 0.3 s
+# that ``tileplan --help`` may take; plain text also wraps only the description column, never a
+# name or a value, and needs no markup escapes in the help strings.
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
 app = typer.Typer(
     cls=_Group,
     name="tileplan",
@@ -71,7 +97,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+    context_settings=_CONTEXT,
 )
 
 CastBf16Option = Annotated[Optional[str], typer.Option(
@@ -334,15 +361,15 @@ SOLVERS = ("dp", "cpsat")
 SolverOption = Annotated[str, typer.Option("--solver", metavar="dp|cpsat", help="Selection solver: dp or cpsat.")]
 PinOption = Annotated[Optional[list[str]], typer.Option(
     "--pin", metavar="OP=grid:GMxGNxGK[,order:..][,reduction:..][,partials:..][,serial:N][,storage:..]",
-    help="Pin a GEMM's grid (repeatable; over the model file's \\[pin] table).")]
+    help="Pin a GEMM's grid (repeatable; over the model file's [pin] table).")]
 PinsFileOption = Annotated[Optional[Path], typer.Option("--pins", metavar="FILE",
-                                                        help="A TOML file with a \\[pin] table (what --emit-pins writes).")]
+                                                        help="A TOML file with a [pin] table (what --emit-pins writes).")]
 
 
 WeightsOption = Annotated[Optional[str], typer.Option(
     "--weights", metavar="planner|compact",
     help="Parameter storage: planner (selection may store a GEMM's weights as its grid reads them) or compact "
-         "(never); default: the model file's \\[plan] weights, else planner.")]
+         "(never); default: the model file's [plan] weights, else planner.")]
 
 
 QkvOption = Annotated[str, typer.Option(
@@ -634,7 +661,8 @@ def report_command(
 @app.command("bench")
 def bench_command(
     quick: Annotated[bool, typer.Option("--quick", help="Fewer repeats and a 5-minute budget (see BENCH.md).")] = False,
-    out: Annotated[Path, typer.Option("--out", help="Folder for bench.json and BENCH.md.")] = Path("artifacts"),
+    out: Annotated[Path, typer.Option("--out", help="Folder for bench.json, BENCH.md and the SigLIP b4 MLP's "
+                                                     "trace.")] = Path("artifacts"),
     jobs: JobsOption = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this benchmark (repeatable).")] = None,
     as_json: JsonOption = False,
@@ -656,7 +684,7 @@ def bench_command(
         err.print(plain(f"{rec['fixture']}: {rec['status']}{where} ({rec['elapsed_seconds']:.1f} s)"))
 
     _at("bench")
-    doc = run_bench(quick=quick, jobs=jobs or os.cpu_count() or 1, only=only, on_result=on_result)
+    doc = run_bench(quick=quick, jobs=jobs or os.cpu_count() or 1, only=only, on_result=on_result, trace_dir=out)
     _at("report")
     console = Output(as_json, quiet)
     console.settle()
@@ -697,7 +725,7 @@ def calibrate_command(
 
 
 cache_app = typer.Typer(cls=_Group, help="Inspect or empty the plan cache (GEMM catalogues already costed).",
-                        no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+                        no_args_is_help=True, rich_markup_mode=None, context_settings=_CONTEXT)
 app.add_typer(cache_app, name="cache")
 
 

@@ -7,7 +7,6 @@ import pickle
 from pathlib import Path
 
 from tileplan.estimate.caches import Caches, shared
-from tileplan.graph.loaders import load_model
 from tileplan.kernels import dispatch
 from tileplan.kernels.calls import CopyCall
 from tileplan.planner.plan import plan
@@ -17,11 +16,10 @@ from tileplan.target import load_target
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
-def test_a_plan_with_fresh_caches_is_the_plan_with_the_shared_warm_ones():
-    g = load_model(FIXTURES / "encoder_layer_small.toml")
-    target = load_target(g.target)
-    warm = plan_to_json(plan(g, target))
-    warm_again = plan(g, target)
+def test_a_plan_with_fresh_caches_is_the_plan_with_the_shared_warm_ones(planned):
+    g, target, first = planned(FIXTURES / "encoder_layer_small.toml")      # the session's plan (shared caches)
+    warm = plan_to_json(first)
+    warm_again = plan(g, target)                                            # the shared caches, warm now
     assert plan_to_json(warm_again) == warm
     fresh = Caches(target)
     assert plan_to_json(plan(g, target, caches=fresh)) == warm

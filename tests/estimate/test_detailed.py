@@ -7,7 +7,6 @@ import pytest
 
 from tileplan.estimate import detailed as D
 from tileplan.program import ExchangeStep, Program
-from tileplan.graph.loaders import load_model
 from tileplan.lowering.compile import program_cycles
 from tileplan.lowering.lower import lower
 from tileplan.planner.plan import plan
@@ -15,6 +14,13 @@ from tileplan.target import load_target
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 TARGET = load_target("ipu21-64")
+
+
+def fixture_plan(planned, fixture: str):
+    """The fixture's plan on its own target (ipu21-64, ``TARGET``), planned once per session."""
+    _, target, p = planned(FIXTURES / f"{fixture}.toml")
+    assert target.name == TARGET.name
+    return p
 
 
 def full_expansion_cost(a, b, target):
@@ -29,10 +35,10 @@ def full_expansion_cost(a, b, target):
 @pytest.mark.parametrize("fast_path,least", [(D._replicated_grid_cost, 10), (D._block_move_cost, 2)],
                          ids=["replicated-grid", "block-move"])
 @pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_fp8_panels", "odd_3d_activation", "residual_block"])
-def test_fast_copy_costs_equal_their_full_expansion(fixture, fast_path, least):
+def test_fast_copy_costs_equal_their_full_expansion(fixture, fast_path, least, planned):
     """The planner's shortcuts (replica 0 of a multicast; whole blocks between grids of the same
     blocks) price a copy exactly as the fragment expansion lowering executes."""
-    p = plan(load_model(FIXTURES / f"{fixture}.toml"), TARGET)
+    p = fixture_plan(planned, fixture)
     checked = 0
     for cands in p.candidates.values():
         for c in cands:
@@ -74,9 +80,9 @@ def test_the_whole_graph_estimate_counts_the_supersteps_lowering_schedules():
 
 
 @pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "odd_3d_activation", "residual_block", "mlp_fp16_small"])
-def test_moves_nothing_agrees_with_the_fragment_plan(fixture):
+def test_moves_nothing_agrees_with_the_fragment_plan(fixture, planned):
     """The block-level alias test gives the fragment plan's answer on every copy of every candidate."""
-    p = plan(load_model(FIXTURES / f"{fixture}.toml"), TARGET)
+    p = fixture_plan(planned, fixture)
     answers = []
     for cands in p.candidates.values():
         for c in cands:
@@ -91,9 +97,9 @@ def test_moves_nothing_agrees_with_the_fragment_plan(fixture):
 
 
 @pytest.mark.parametrize("fixture", ["mlp_smoke_fp8", "residual_block", "encoder_layer_small"])
-def test_the_scheduled_program_is_what_the_cycle_changing_low_passes_make(fixture):
+def test_the_scheduled_program_is_what_the_cycle_changing_low_passes_make(fixture, planned):
     """``scheduled`` runs eliminate_noop_copies and group_exchanges as lowering does: same steps, same aliases."""
-    p = plan(load_model(FIXTURES / f"{fixture}.toml"), TARGET)
+    p = fixture_plan(planned, fixture)
     state = lower(p.mid.program, TARGET, passes=["eliminate_noop_copies", "group_exchanges"])
     s = D.scheduled(p.mid.program, TARGET.tiles)
     assert s.steps == state.program.steps and s.aliases == state.aliases

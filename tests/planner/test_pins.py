@@ -108,8 +108,8 @@ def test_emitted_pins_fed_back_give_a_byte_identical_package(tmp_path, cli):
 
 @pytest.mark.slow
 def test_the_siglip_fp16_mlp_compiles_and_validates_with_the_grids_users_pin(tmp_path, cli):
-    """Issue 14's pins on the full-size SigLIP FP16 MLP without biases (1472 tiles); the other pinned
-    pair (up=grid:4x92x4, down=grid:4x24x15) is in the closing note."""
+    """Grids a user pinned on the full-size SigLIP FP16 MLP without biases (1472 tiles): the package
+    compiles with them and validates."""
     model = FIXTURES / "siglip_mlp_fp16_nobias_b1.toml"
     pkg = tmp_path / "pkg"
     code, _, err = cli("compile", model, "-o", pkg, "-q", "--pin", "up=grid:2x92x8", "--pin", "down=grid:3x18x27")

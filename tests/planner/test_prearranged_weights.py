@@ -137,7 +137,10 @@ def test_serial_k_reads_its_pre_arranged_chunks_in_place_and_validates(tmp_path)
     assert v.profile.cycles == p.estimate.cycles
 
 
-@pytest.mark.parametrize("fixture", ["encoder_tower_small", "encoder_layer_small"])
+# The small tower's case costs 40 CPU-seconds (measured; two plans of the tower): slow, in the whole
+# suite; the small encoder layer's runs in the fast lane too.
+@pytest.mark.parametrize("fixture", [pytest.param("encoder_tower_small", marks=pytest.mark.slow),
+                                     "encoder_layer_small"])
 def test_the_planner_s_storage_is_never_slower_than_compact_weights(fixture, planned):
     """The planner's space holds every compact plan (pre-arranging is an option, never a must), so its
     plan may not be slower. The bounded DP with a whole-program resource is greedy: without the

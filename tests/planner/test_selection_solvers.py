@@ -253,6 +253,7 @@ def test_the_interleaved_region_is_checked_beside_the_total():
         assert sol.picks == {"a": 1} and sol.interleaved_peak == 30
 
 
+@pytest.mark.slow           # 25 CPU-seconds (measured): CP-SAT proving the layer's optimum
 def test_the_search_gap_of_a_layer_too_large_for_the_exact_dp_is_measured_against_cp_sat_s_proved_optimum(planned):
     """The small encoder layer has about 1.5e20 choice combinations: neither exhaustive search nor
     the unbounded DP finishes, so the bench's oracle is CP-SAT's solution, used only when CP-SAT

@@ -6,7 +6,7 @@ source and the destination tile's memory (adjacent fragments merged), and a run
 sent once to several destinations is one multicast transfer. ``Transfers``
 holds them as numpy arrays, one row per (transfer, destination).
 
-Cycle model (DESIGN.md, "The target"), used identically by the detailed
+Cycle model (docs/targets.md), used identically by the detailed
 estimate, lowering and the IPU model:
 
 - per tile, send cycles = sum over the transfers it sends of

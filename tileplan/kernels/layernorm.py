@@ -71,7 +71,7 @@ from ..graph.dtypes import DType
 from ..target import Target
 from . import rowwise as rw
 from .calls import describe
-from .codelets import CodeletSource, _param, _vec, codelet_key, render
+from .codelets import CodeletSource, _param, _vec, body, codelet_key, render
 from .cycles import REDUCE_SETUP, reduce_work
 from .reference import _f32, _result, operand, round_to
 from .registry import Predicate, Variant
@@ -330,21 +330,6 @@ def apply(call: LayerNormApplyCall, x: np.ndarray, stats: np.ndarray, gamma: np.
 
 # ---- codelets ---------------------------------------------------------------------------
 
-def _value_lambda(dtype: DType, residual: bool) -> str:
-    if residual:
-        return (f"    auto value = [&](unsigned i) {{ return load_f32(store_as<{dtype.cpp}>(load_f32(x[i]) "
-                f"+ load_f32(r[i]))); }};")
-    return "    auto value = [&](unsigned i) { return load_f32(x[i]); };"
-
-
-CPP_MOMENTS = """      float s = 0.0f;
-      for (unsigned c = 0; c < cols; ++c) s += value(base + c);
-      const float n = float(cols);
-      const float mean = s / n;
-      float m2 = 0.0f;
-      for (unsigned c = 0; c < cols; ++c) { const float d = value(base + c) - mean; m2 += d * d; }"""
-
-
 def layernorm_codelet(call: LayerNormCall, variant: Variant, schedule: str) -> CodeletSource:
     key = codelet_key(variant.name, call)
     size, d = call.rows * call.cols, call.dtype
@@ -353,20 +338,9 @@ def layernorm_codelet(call: LayerNormCall, variant: Variant, schedule: str) -> C
               + ((_vec("output", "sum", d, size),) if call.residual else ()) + (_vec("output", "y", d, size),)
               + (_param("rows", call.rows), _param("cols", call.cols),
                  _param("eps", float(np.float32(call.eps)), "float")))
-    store_sum = f"\n        sum[base + c] = store_as<{d.cpp}>(v);" if call.residual else ""
-    body = f"""{_value_lambda(d, call.residual)}
-    auto doRow = [&](unsigned row, unsigned c0, unsigned c1) {{
-      const unsigned base = row * cols;
-{CPP_MOMENTS}
-      const float rstd = 1.0f / std::sqrt(m2 / n + eps);
-      for (unsigned c = c0; c < c1; ++c) {{
-        const float v = value(base + c);{store_sum}
-        y[base + c] = store_as<{d.cpp}>((v - mean) * rstd * load_f32(gamma[c]) + load_f32(beta[c]));
-      }}
-    }};
-{rw.cpp_schedule(schedule)}"""
+    code = body("layernorm", stage="rows", residual=call.residual, schedule=rw.schedule(schedule), out=d.cpp)
     what = "round(x + r), written as sum, then " if call.residual else ""
-    return render(key, body, fields, f"{what}LayerNorm over rows of cols, FP32 statistics (two passes), "
+    return render(key, code, fields, f"{what}LayerNorm over rows of cols, FP32 statistics (two passes), "
                                      f"{d} out")
 
 
@@ -379,17 +353,8 @@ def moments_codelet(call: RowMomentsCall, variant: Variant, schedule: str) -> Co
               + ((_vec("output", "sum", d, size),) if call.residual else ())
               + (_vec("output", "moments", FP32, call.rows * STAT_WIDTH),
                  _param("rows", call.rows), _param("cols", call.cols)))
-    store_sum = (f"\n      for (unsigned c = 0; c < cols; ++c) sum[base + c] = store_as<{d.cpp}>(value(base + c));"
-                 if call.residual else "")
-    body = f"""{_value_lambda(d, call.residual)}
-    for (unsigned row = workerId; row < rows; row += workers) {{
-      const unsigned base = row * cols;
-{CPP_MOMENTS}{store_sum}
-      moments[3 * row] = n;
-      moments[3 * row + 1] = mean;
-      moments[3 * row + 2] = m2;
-    }}"""
-    return render(key, body, fields, "partial FP32 row statistics (n, mean, M2) of a row piece, two passes")
+    code = body("layernorm", stage="moments", residual=call.residual, out=d.cpp)
+    return render(key, code, fields, "partial FP32 row statistics (n, mean, M2) of a row piece, two passes")
 
 
 def combine_codelet(call: MomentsCombineCall, variant: Variant) -> CodeletSource:
@@ -401,23 +366,9 @@ def combine_codelet(call: MomentsCombineCall, variant: Variant) -> CodeletSource
                  _param("rows", call.rows), _param("parts", call.parts))
               + ((_param("own", call.own),) if own else ())
               + (_param("eps", float(np.float32(call.eps)), "float"),))
-    body = rw.cpp_get_part(STAT_WIDTH, own) + """
-    // part p of row: (n, mean, M2), part-major; Chan's update in part order.
-    for (unsigned row = workerId; row < rows; row += workers) {
-      float n = get(0, row, 0), mean = get(0, row, 1), m2 = get(0, row, 2);
-      for (unsigned p = 1; p < parts; ++p) {
-        const float nb = get(p, row, 0), meanB = get(p, row, 1), m2B = get(p, row, 2);
-        const float nt = n + nb;
-        const float d = meanB - mean;
-        mean = mean + d * (nb / nt);
-        m2 = (m2 + m2B) + (d * d) * ((n * nb) / nt);
-        n = nt;
-      }
-      stats[2 * row] = mean;
-      stats[2 * row + 1] = 1.0f / std::sqrt(m2 / n + eps);
-    }"""
     what = " (this tile's part apart)" if own else ""
-    return render(key, body, fields, f"merge (n, mean, M2) partials{what} of each row into (mean, rstd), FP32")
+    return render(key, body("layernorm", stage="combine", width=STAT_WIDTH, own=own), fields,
+                  f"merge (n, mean, M2) partials{what} of each row into (mean, rstd), FP32")
 
 
 def apply_codelet(call: LayerNormApplyCall, variant: Variant, schedule: str) -> CodeletSource:
@@ -427,15 +378,8 @@ def apply_codelet(call: LayerNormApplyCall, variant: Variant, schedule: str) -> 
               _vec("input", "gamma", d, call.cols), _vec("input", "beta", d, call.cols),
               _vec("output", "y", d, size),
               _param("rows", call.rows), _param("cols", call.cols))
-    body = f"""    auto doRow = [&](unsigned row, unsigned c0, unsigned c1) {{
-      const float mean = stats[2 * row], rstd = stats[2 * row + 1];
-      for (unsigned c = c0; c < c1; ++c) {{
-        const unsigned i = row * cols + c;
-        y[i] = store_as<{d.cpp}>((load_f32(x[i]) - mean) * rstd * load_f32(gamma[c]) + load_f32(beta[c]));
-      }}
-    }};
-{rw.cpp_schedule(schedule)}"""
-    return render(key, body, fields, f"LayerNorm apply with FP32 (mean, rstd) per row, {d} out")
+    code = body("layernorm", stage="apply", schedule=rw.schedule(schedule), out=d.cpp)
+    return render(key, code, fields, f"LayerNorm apply with FP32 (mean, rstd) per row, {d} out")
 
 
 # ---- variant rows -----------------------------------------------------------------------

@@ -37,7 +37,7 @@ from ..graph.dtypes import DType
 from ..graph.numerics import erf, sigmoid
 from ..target import Target
 from .calls import _dtype, _one_of, _positive, describe
-from .codelets import CodeletSource, _param, _vec, codelet_key, render
+from .codelets import CodeletSource, _param, _vec, body, codelet_key, render
 from .registry import BOTH, FALLBACK, SPECIAL, Predicate, Variant
 from .reference import _f32, _result, operand, round_to
 
@@ -225,34 +225,23 @@ def unary(call: UnaryCall, x: np.ndarray) -> np.ndarray:
 
 # ---- codelets -----------------------------------------------------------------------
 
-_B_INDEX = {"dense": "i", "row_broadcast": "i % cols", "col_broadcast": "i / cols", "scalar": "0"}
-
-
 def binary_codelet(call: BinaryCall, variant) -> CodeletSource:
+    """The op's C++ expression (``BINARY[fn].cpp``, of floats ``x`` and ``y``) in the loop of
+    ``templates/binary.cpp.j2``, which reads ``b`` by the call's mode."""
     key = codelet_key(variant.name, call)
     fields = (_vec("input", "a", call.dtype, call.size), _vec("input", "b", call.dtype, call.b_size),
               _vec("output", "out", call.dtype, call.size), _param("rows", call.rows), _param("cols", call.cols))
-    first, second = ("load_f32(b[j])", "load_f32(a[i])") if call.swap else ("load_f32(a[i])", "load_f32(b[j])")
-    body = f"""    const unsigned size = rows * cols;
-    for (unsigned i = workerId; i < size; i += workers) {{
-      const unsigned j = {_B_INDEX[call.mode]};
-      const float x = {first};
-      const float y = {second};
-      out[i] = store_as<{call.dtype.cpp}>({BINARY[call.fn].cpp});
-    }}"""
+    code = body("binary", mode=call.mode, swap=call.swap, out=call.dtype.cpp, expr=BINARY[call.fn].cpp)
     order = "b op a" if call.swap else "a op b"
-    return render(key, body, fields, f"{call.fn}: {order} ({call.mode}) in FP32, {call.dtype} out")
+    return render(key, code, fields, f"{call.fn}: {order} ({call.mode}) in FP32, {call.dtype} out")
 
 
 def unary_codelet(call: UnaryCall, variant) -> CodeletSource:
     key = codelet_key(variant.name, call)
     fields = (_vec("input", "in", call.dtype, call.n), _vec("output", "out", call.dtype, call.n),
               _param("n", call.n))
-    body = f"""    for (unsigned i = workerId; i < n; i += workers) {{
-      const float x = load_f32(in[i]);
-      out[i] = store_as<{call.dtype.cpp}>({UNARY[call.fn].cpp});
-    }}"""
-    return render(key, body, fields, f"{call.fn} in FP32, {call.dtype} out")
+    code = body("unary", out=call.dtype.cpp, expr=UNARY[call.fn].cpp)
+    return render(key, code, fields, f"{call.fn} in FP32, {call.dtype} out")
 
 
 # ---- variant rows -------------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 from ..graph.dtypes import DType
 from ..target import Target
 from .calls import _dtype, _positive, describe
-from .codelets import CodeletSource, _param, _vec, codelet_key, render
+from .codelets import CodeletSource, _param, _vec, body, codelet_key, render
 from .reference import _result, operand
 from .registry import BOTH, SPECIAL, Variant
 
@@ -66,13 +66,8 @@ def transpose_codelet(call: TransposeCall, variant) -> CodeletSource:
     key = codelet_key(variant.name, call)
     fields = (_vec("input", "in", call.dtype, call.size), _vec("output", "out", call.dtype, call.size),
               _param("rows", call.rows), _param("cols", call.cols))
-    body = """    // Worker w writes output rows (input columns) w, w + workers, ...
-    for (unsigned c = workerId; c < cols; c += workers) {
-      for (unsigned r = 0; r < rows; ++r) {
-        out[c * rows + r] = in[r * cols + c];
-      }
-    }"""
-    return render(key, body, fields, f"[rows, cols] -> [cols, rows] transpose ({call.dtype}, raw elements)")
+    return render(key, body("transpose"), fields,
+                  f"[rows, cols] -> [cols, rows] transpose ({call.dtype}, raw elements)")
 
 
 def variants() -> list[Variant]:

@@ -45,7 +45,7 @@ from ..graph.dtypes import DType
 from ..target import Target
 from . import rowwise as rw
 from .calls import describe
-from .codelets import CodeletSource, _param, _vec, codelet_key, render
+from .codelets import CodeletSource, _param, _vec, body, codelet_key, render
 from .cycles import REDUCE_SETUP, reduce_work
 from .pointwise import ADD_ROW_RESET, ADD_VECTOR_SETUP, ADD_VECTOR_STEP
 from .reference import _f32, _result, operand, round_to
@@ -182,28 +182,13 @@ def combine(call: RowReduceCombineCall, partials: np.ndarray) -> np.ndarray:
 
 # ---- codelets ---------------------------------------------------------------------------
 
-def _accumulate(fn: str, index: str) -> str:
-    if fn == "max":
-        return (f"float m = -INFINITY;\n      for ({index}) {{ const float v = VALUE; m = {rw.CPP_NAN_MAX}; }}\n"
-                f"      const float acc = m;")
-    return f"float acc = 0.0f;\n      for ({index}) acc += VALUE;"
-
-
-def _finish_cpp(fn: str, count: str) -> str:
-    return f"acc / float({count})" if fn == "mean" else "acc"
-
-
 def rowreduce_codelet(call: RowReduceCall, variant: Variant, schedule: str) -> CodeletSource:
     """Rows over workers whatever the schedule (per-row outputs, one summation order)."""
     key = codelet_key(variant.name, call)
     fields = (_vec("input", "x", call.dtype, call.rows * call.cols), _vec("output", "out", call.dtype, call.rows),
               _param("rows", call.rows), _param("cols", call.cols))
-    acc = _accumulate(call.fn, "unsigned c = 0; c < cols; ++c").replace("VALUE", "load_f32(x[row * cols + c])")
-    body = f"""    for (unsigned row = workerId; row < rows; row += workers) {{
-      {acc}
-      out[row] = store_as<{call.dtype.cpp}>({_finish_cpp(call.fn, "cols")});
-    }}"""
-    return render(key, body, fields, f"row {call.fn} in FP32, {call.dtype} out")
+    code = body("rowreduce", stage="rows", fn=call.fn, mean=call.fn == "mean", out=call.dtype.cpp)
+    return render(key, code, fields, f"row {call.fn} in FP32, {call.dtype} out")
 
 
 def partial_codelet(call: RowReducePartialCall, variant: Variant, schedule: str) -> CodeletSource:
@@ -211,12 +196,7 @@ def partial_codelet(call: RowReducePartialCall, variant: Variant, schedule: str)
     fields = (_vec("input", "x", call.dtype, call.rows * call.cols), _vec("output", "partial", FP32, call.rows),
               _param("rows", call.rows), _param("cols", call.cols))
     fn = "max" if call.fn == "max" else "sum"
-    acc = _accumulate(fn, "unsigned c = 0; c < cols; ++c").replace("VALUE", "load_f32(x[row * cols + c])")
-    body = f"""    for (unsigned row = workerId; row < rows; row += workers) {{
-      {acc}
-      partial[row] = acc;
-    }}"""
-    return render(key, body, fields, f"FP32 row {fn} of a row piece")
+    return render(key, body("rowreduce", stage="partial", fn=fn), fields, f"FP32 row {fn} of a row piece")
 
 
 def combine_codelet(call: RowReduceCombineCall, variant: Variant) -> CodeletSource:
@@ -224,13 +204,8 @@ def combine_codelet(call: RowReduceCombineCall, variant: Variant) -> CodeletSour
     fields = (_vec("input", "partials", FP32, call.parts * call.rows), _vec("output", "out", call.dtype, call.rows),
               _param("rows", call.rows), _param("parts", call.parts), _param("totalCols", call.total_cols))
     fn = "max" if call.fn == "max" else "sum"
-    acc = _accumulate(fn, "unsigned p = 0; p < parts; ++p").replace("VALUE", "partials[p * rows + row]")
-    body = f"""    // partials[p][row], part-major.
-    for (unsigned row = workerId; row < rows; row += workers) {{
-      {acc}
-      out[row] = store_as<{call.dtype.cpp}>({_finish_cpp(call.fn, "totalCols")});
-    }}"""
-    return render(key, body, fields, f"combine FP32 row {call.fn} partials, {call.dtype} out")
+    code = body("rowreduce", stage="combine", fn=fn, mean=call.fn == "mean", out=call.dtype.cpp)
+    return render(key, code, fields, f"combine FP32 row {call.fn} partials, {call.dtype} out")
 
 
 # ---- variant rows -----------------------------------------------------------------------

@@ -156,38 +156,9 @@ def exp32(x: np.ndarray) -> np.ndarray:
         return np.exp(x.astype(np.float64)).astype(F32)
 
 
-# ---- C++ pieces -----------------------------------------------------------------------
+# ---- codelets ---------------------------------------------------------------------------
 
-CPP_PIECE = """    // Column piece of this worker for the rows cut over all workers.
-    const unsigned piece = (cols + workers - 1) / workers;
-    const unsigned c0 = workerId * piece < cols ? workerId * piece : cols;
-    const unsigned c1 = c0 + piece < cols ? c0 + piece : cols;"""
-
-def cpp_schedule(schedule: str) -> str:
-    """The C++ loop running ``doRow(row, c0, c1)`` (columns ``[c0, c1)`` of ``row``) on the rows a
-    worker owns or shares under ``schedule``; ``numWorkers()`` decides the split at run time."""
-    check(schedule in SCHEDULES, f"unknown row schedule {schedule!r}")
-    whole = "rows" if schedule == "rows" else "rows - rows % workers"
-    return f"    const unsigned wholeRows = {whole};\n" + CPP_SCHEDULE
-
-
-CPP_SCHEDULE = """    // Rows [0, wholeRows): whole rows, row r on worker r % workers. Rows [wholeRows, rows): each row
-    // cut into column pieces, one per worker. A C++ MultiVertex has no worker rendezvous, so a worker
-    // on a cut row computes the row's statistics itself, in the same order as a whole-row worker.
-    for (unsigned row = workerId; row < wholeRows; row += workers) doRow(row, 0, cols);
-""" + CPP_PIECE + """
-    for (unsigned row = wholeRows; row < rows; ++row) doRow(row, c0, c1);"""
-
-def cpp_get_part(width: int, own: bool) -> str:
-    """C++ lambda ``get(p, row, k)``: value ``k`` of part ``p``'s partials of ``row`` in a combine's
-    operands: all parts in ``partials`` (part-major); with ``own``, part ``own`` from ``mine`` and the
-    others from ``partials`` (part order, the own one left out)."""
-    if not own:
-        return (f"    auto get = [&](unsigned p, unsigned row, unsigned k) -> float {{\n"
-                f"      return partials[{width} * (p * rows + row) + k];\n    }};")
-    return (f"    auto get = [&](unsigned p, unsigned row, unsigned k) -> float {{\n"
-            f"      return p == own ? float(mine[{width} * row + k])\n"
-            f"                      : float(partials[{width} * ((p - (p > own ? 1 : 0)) * rows + row) + k]);\n    }};")
-
-
-CPP_NAN_MAX = "(v > m || v != v) && m == m ? v : m"   # NaN-propagating running maximum
+def schedule(name: str) -> str:
+    """``name`` if it is a row schedule (``templates/rows.cpp.j2`` renders its loop), else an error."""
+    check(name in SCHEDULES, f"unknown row schedule {name!r}")
+    return name

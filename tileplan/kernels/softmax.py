@@ -77,7 +77,7 @@ from ..graph.dtypes import DType
 from ..target import Target
 from . import rowwise as rw
 from .calls import describe
-from .codelets import CodeletSource, _param, _vec, codelet_key, render
+from .codelets import CodeletSource, _param, _vec, body, codelet_key, render
 from .cycles import REDUCE_SETUP, ceil_div, reduce_work
 from .reference import _f32, _result, operand, round_to
 from .registry import Variant
@@ -285,28 +285,8 @@ def apply(call: SoftmaxApplyCall, x: np.ndarray, stats: np.ndarray) -> np.ndarra
 
 # ---- codelets ---------------------------------------------------------------------------
 
-CPP_EXP = "(float)std::exp((double)({arg}))"
-
-
-def _exp_scaled(diff: str) -> str:
-    """The exp of an FP32 difference times the FP32 ``scale`` (a float product, then the exp)."""
-    return CPP_EXP.format(arg=f"({diff}) * scale")
-
-
-CPP_ROW_STATS = f"""      float m = -INFINITY;
-      for (unsigned c = 0; c < cols; ++c) {{ const float v = load_f32(x[base + c]); m = {rw.CPP_NAN_MAX}; }}
-      float s = 0.0f;
-      for (unsigned c = 0; c < cols; ++c) s += {_exp_scaled("load_f32(x[base + c]) - m")};"""
-
-
 def _scale_param(call) -> tuple:
     return (_param("scale", float(np.float32(call.scale)), "float"),)
-
-
-def _scale_loop(dtype: DType) -> str:
-    return f"""      const float inv = 1.0f / s;
-      for (unsigned c = c0; c < c1; ++c)
-        y[base + c] = store_as<{dtype.cpp}>({_exp_scaled("load_f32(x[base + c]) - m")} * inv);"""
 
 
 def softmax_codelet(call: SoftmaxCall, variant: Variant, schedule: str) -> CodeletSource:
@@ -314,13 +294,8 @@ def softmax_codelet(call: SoftmaxCall, variant: Variant, schedule: str) -> Codel
     size = call.rows * call.cols
     fields = (_vec("input", "x", call.dtype, size), _vec("output", "y", call.dtype, size),
               _param("rows", call.rows), _param("cols", call.cols)) + _scale_param(call)
-    body = f"""    auto doRow = [&](unsigned row, unsigned c0, unsigned c1) {{
-      const unsigned base = row * cols;
-{CPP_ROW_STATS}
-{_scale_loop(call.dtype)}
-    }};
-{rw.cpp_schedule(schedule)}"""
-    return render(key, body, fields, f"softmax over rows of cols, FP32 max and sum, {call.dtype} out")
+    code = body("softmax", stage="rows", schedule=rw.schedule(schedule), out=call.dtype.cpp)
+    return render(key, code, fields, f"softmax over rows of cols, FP32 max and sum, {call.dtype} out")
 
 
 def partial_codelet(call: SoftmaxPartialCall, variant: Variant, schedule: str) -> CodeletSource:
@@ -329,13 +304,8 @@ def partial_codelet(call: SoftmaxPartialCall, variant: Variant, schedule: str) -
     fields = (_vec("input", "x", call.dtype, call.rows * call.cols),
               _vec("output", "partial", FP32, call.rows * ROW_STATS),
               _param("rows", call.rows), _param("cols", call.cols)) + _scale_param(call)
-    body = f"""    for (unsigned row = workerId; row < rows; row += workers) {{
-      const unsigned base = row * cols;
-{CPP_ROW_STATS}
-      partial[2 * row] = m;
-      partial[2 * row + 1] = s;
-    }}"""
-    return render(key, body, fields, "partial softmax statistics (max, sum exp(x - max)) of a row piece, FP32")
+    return render(key, body("softmax", stage="partial"), fields,
+                  "partial softmax statistics (max, sum exp(x - max)) of a row piece, FP32")
 
 
 def combine_codelet(call: SoftmaxCombineCall, variant: Variant) -> CodeletSource:
@@ -346,19 +316,8 @@ def combine_codelet(call: SoftmaxCombineCall, variant: Variant) -> CodeletSource
                  _vec("output", "stats", FP32, call.rows * ROW_STATS),
                  _param("rows", call.rows), _param("parts", call.parts))
               + ((_param("own", call.own),) if own else ()) + _scale_param(call))
-    body = rw.cpp_get_part(ROW_STATS, own) + f"""
-    // part p of row: (m, s), part-major.
-    for (unsigned row = workerId; row < rows; row += workers) {{
-      float m = get(0, row, 0);
-      for (unsigned p = 1; p < parts; ++p) {{ const float v = get(p, row, 0); m = {rw.CPP_NAN_MAX}; }}
-      float s = 0.0f;
-      for (unsigned p = 0; p < parts; ++p) {{
-        s += get(p, row, 1) * {_exp_scaled("get(p, row, 0) - m")};
-      }}
-      stats[2 * row] = m;
-      stats[2 * row + 1] = s;
-    }}"""
-    return render(key, body, fields, "merge (max, sum) softmax partials of each row, FP32")
+    return render(key, body("softmax", stage="combine", width=ROW_STATS, own=own), fields,
+                  "merge (max, sum) softmax partials of each row, FP32")
 
 
 def apply_codelet(call: SoftmaxApplyCall, variant: Variant, schedule: str) -> CodeletSource:
@@ -367,13 +326,8 @@ def apply_codelet(call: SoftmaxApplyCall, variant: Variant, schedule: str) -> Co
     fields = (_vec("input", "x", call.dtype, size), _vec("input", "stats", FP32, call.rows * ROW_STATS),
               _vec("output", "y", call.dtype, size),
               _param("rows", call.rows), _param("cols", call.cols)) + _scale_param(call)
-    body = f"""    auto doRow = [&](unsigned row, unsigned c0, unsigned c1) {{
-      const unsigned base = row * cols;
-      const float m = stats[2 * row], s = stats[2 * row + 1];
-{_scale_loop(call.dtype)}
-    }};
-{rw.cpp_schedule(schedule)}"""
-    return render(key, body, fields, f"softmax apply with the row's FP32 (max, sum), {call.dtype} out")
+    code = body("softmax", stage="apply", schedule=rw.schedule(schedule), out=call.dtype.cpp)
+    return render(key, code, fields, f"softmax apply with the row's FP32 (max, sum), {call.dtype} out")
 
 
 # ---- variant rows -----------------------------------------------------------------------

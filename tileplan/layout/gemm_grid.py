@@ -12,7 +12,7 @@ or AMP panels: ``ceil(width / grain)`` panels of ``grain`` columns, each
 end (``aligned_bounds``): only the last column block may end in a partial panel,
 the matrix's own (see ``layout.panels``).
 
-Grids are never offered at an op boundary (DESIGN.md); they are what a GEMM's
+Grids are never offered at an op boundary; they are what a GEMM's
 preparation exchange writes and its vertices read.
 """
 
