@@ -343,8 +343,14 @@ class _Importer:
         self._unpack()
         self._rewrite()
         self._drop_identities()
-        self._fold_constants()
-        self._reinfer_shapes()
+        # Folding makes shapes static (a Reshape by a folded shape), and a static shape makes the
+        # Shape nodes that read it constants: fold and infer again until nothing more folds.
+        while True:
+            count = len(self.nodes)
+            self._fold_constants()
+            self._reinfer_shapes()
+            if len(self.nodes) == count:
+                break
         self._fold_transposes()
         ops, declared = self._lower()
         rescaled: dict[str, int] = {}
@@ -435,21 +441,73 @@ class _Importer:
                     continue
             row = _LOWER.get(n.op_type) if n.domain in ("", "ai.onnx") else None
             ins = [t for t in n.inputs if t]
-            if row is None or not row.fold or not ins or any(t not in self.constants for t in ins):
+            if not ins or any(t not in self.constants for t in ins):
                 kept.append(n)
                 continue
-            if any(self._tensor_dtype(t) is None for t in ins):
+            if row is not None and row.fold and all(self._tensor_dtype(t) is not None for t in ins):
+                try:
+                    self._fold_by_reference(n, row, ins)
+                    continue
+                except TileplanError:
+                    pass            # a node tileplan would not plan (Pow 0.5): the evaluator may fold it
+            if not self._evaluate(n, readers):
                 kept.append(n)
-                continue
-            env = {t: dequantise(self.constants[t], self._tensor_dtype(t), self._scale(t)) for t in ins}
-            dts = {t: self._tensor_dtype(t) for t in ins}
-            for op in row.lower(self, n):
-                info = self.types.get(op.output)
-                dt = (_DTYPES.get(info[0]) if info else None) or dts[op.inputs[0]]
-                stored = quantise(op.reference(*(env[i] for i in op.inputs)), dt, self._scale(op.output))
-                env[op.output], dts[op.output] = dequantise(stored, dt, self._scale(op.output)), dt
-                self.constants[op.output] = stored
         self.nodes = kept
+
+    def _fold_by_reference(self, n: _Node, row: "_Row", ins: list[str]) -> None:
+        """A node of float constants evaluated with the ops' own ``reference()``, through the
+        dtype each op stores (FP8 values quantised with their scales)."""
+        env = {t: dequantise(self.constants[t], self._tensor_dtype(t), self._scale(t)) for t in ins}
+        dts = {t: self._tensor_dtype(t) for t in ins}
+        done: dict[str, np.ndarray] = {}
+        for op in row.lower(self, n):
+            info = self.types.get(op.output)
+            dt = (_DTYPES.get(info[0]) if info else None) or dts[op.inputs[0]]
+            stored = quantise(op.reference(*(env[i] for i in op.inputs)), dt, self._scale(op.output))
+            env[op.output], dts[op.output] = dequantise(stored, dt, self._scale(op.output)), dt
+            done[op.output] = stored
+        self.constants.update(done)
+
+    def _evaluate(self, n: _Node, readers: dict) -> bool:
+        """Any other standard node whose inputs are all constants, evaluated at import by
+        ``onnx.reference.ReferenceEvaluator``: the shape arithmetic after a ``Shape`` (``Mod``,
+        ``Unsqueeze``, integer ``Cast``), and values computed from parameters at a fixed input size
+        (a position table's bicubic ``Resize``, ``Pow(16, 0.5)``). Returns whether it folded.
+
+        Design decision: one evaluator for every such node, with ONNX's own semantics for every
+        attribute, rather than numpy written per op; tileplan plans static shapes, so all of these
+        are constants of the model. Not evaluated: nodes of another domain or with subgraphs, FP8
+        operands (their scales are tileplan's, not ONNX's), and a Transpose read only as MatMul /
+        Gemm operands (``_fold_transposes`` folds it into their flags, keeping the parameter). A
+        node the evaluator cannot run is refused naming it and the evaluator's reason."""
+        onnx = _onnx()
+        if n.domain not in ("", "ai.onnx") or any(isinstance(v, onnx.GraphProto) or
+                                                  (isinstance(v, list) and v and isinstance(v[0], onnx.GraphProto))
+                                                  for v in n.attrs.values()):
+            return False
+        values = [self.constants[t] for t in n.inputs if t]
+        if any(_DTYPES.get(_np_elem_type(v)) is DType.FP8 or not _np_elem_type(v) for v in values):
+            return False
+        if n.op_type == "Transpose" and all(r.op_type in ("MatMul", "Gemm") for r in readers.get(n.outputs[0], [])):
+            return False
+        from onnx.reference import ReferenceEvaluator
+        helper = onnx.helper
+        names = list(dict.fromkeys(t for t in n.inputs if t))
+        graph = helper.make_graph(
+            [helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, **n.attrs)], "fold",
+            [helper.make_tensor_value_info(t, _np_elem_type(self.constants[t]), list(self.constants[t].shape))
+             for t in names],
+            [helper.make_tensor_value_info(t, 0, None) for t in n.outputs if t])
+        model = helper.make_model(graph, opset_imports=[o for o in self.model.opset_import
+                                                        if o.domain in ("", "ai.onnx")] or None)
+        try:
+            results = ReferenceEvaluator(model).run(None, {t: self.constants[t] for t in names})
+        except Exception as exc:        # the evaluator's own error, whatever its class
+            raise n.err(f"its inputs are all constants, but evaluating it at import failed: "
+                        f"{type(exc).__name__}: {exc}") from None
+        for t, v in zip([t for t in n.outputs if t], results):
+            self.constants[t] = np.array(v, order="C")       # (ascontiguousarray makes a 0-d array 1-d)
+        return True
 
     def _reinfer_shapes(self) -> None:
         """Shapes ONNX inference left symbolic because they came from a shape subgraph (``Shape`` ->
