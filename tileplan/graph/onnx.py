@@ -37,8 +37,12 @@ What maps to what:
   ``"tanh"`` the tanh form).
 - ``Cast`` to FLOAT, FLOAT16 or FLOAT8E4M3FNUZ -> Cast (FP8 casts saturate to +-240;
   ``saturate=0`` makes out-of-range values NaN); ``CastLike(x, like)`` -> Cast to ``like``'s type.
-- Nodes whose inputs are all float constants are evaluated at import with the
-  ops' own ``reference()`` (``CastLike(Constant 0.5, x)``, ``Sqrt(Constant 2)``).
+- Nodes whose inputs are all constants are evaluated at import (tileplan plans static
+  shapes, so ``Shape`` of any tensor is a constant too): those tileplan lowers, of float
+  constants, with the ops' own ``reference()`` (``CastLike(Constant 0.5, x)``,
+  ``Sqrt(Constant 2)``); any other standard node with ``onnx.reference.ReferenceEvaluator``
+  (shape arithmetic: Mod, Equal, Where, integer Cast; a position table's bicubic ``Resize``);
+  folding and shape inference repeat until nothing more folds.
 - ``Identity`` and inference ``Dropout`` (ratio ignored; ``training_mode`` true or
   not a constant is refused, as is a read mask output) are dropped (readers read
   the input); one that copies a graph input, a constant or another output into a
@@ -418,12 +422,14 @@ class _Importer:
         self.nodes = out
 
     def _fold_constants(self) -> None:
-        """Nodes whose inputs are all constants become constants (the ops' own ``reference()``).
+        """Nodes whose inputs are all constants become constants: tileplan plans static shapes,
+        so a ``Shape`` of any tensor is a constant, and so is everything computed from constants.
 
-        The exporters' ``CastLike(Constant, x)`` and ``Sqrt(Constant 2)`` end here, so the
-        patterns see plain scalars. Shape arithmetic (``_SHAPE_FOLD``: Shape of a static tensor,
-        Size, Slice, Concat, ConstantOfShape, Gather and integer Neg/Add/Sub/Mul/Div of constants)
-        is evaluated with numpy: tileplan plans static shapes, so these are constants.
+        ``_SHAPE_FOLD`` rows first (the Shape / Size of a static tensor, Gather, Expand, Tile); then
+        a node tileplan lowers, of float constants, through its ops' own ``reference()`` in the
+        dtypes it stores (the exporters' ``CastLike(Constant, x)`` and ``Sqrt(Constant 2)``, so the
+        patterns see plain scalars); any other node by ONNX's reference evaluator
+        (``_evaluate``): integer shape arithmetic, Equal / Where, Mod, Pow, Resize, ...
         """
         kept = []
         readers: dict[str, list[_Node]] = {}
@@ -1114,15 +1120,6 @@ def _reduce(cls: type[Op], axes_input_since: int) -> Callable[[_Importer, _Node]
     return lower
 
 
-def _int_constants(imp: _Importer, n: _Node) -> list[np.ndarray] | None:
-    """The node's inputs when every one is an integer constant (shape arithmetic), else None."""
-    ins = [imp.constants.get(t) if t else None for t in n.inputs]
-    if any(v is None or not np.issubdtype(np.asarray(v).dtype, np.integer) for v in ins if v is not None) or \
-            any(t and t not in imp.constants for t in n.inputs):
-        return None
-    return ins
-
-
 def _fold_shape(imp: _Importer, n: _Node):
     dims = imp._dims(n.inputs[0])
     if not _all_static(dims or []) and not (dims == [] and n.inputs[0] in imp.constants):
@@ -1134,28 +1131,6 @@ def _fold_shape(imp: _Importer, n: _Node):
 def _fold_size(imp: _Importer, n: _Node):
     dims = imp._dims(n.inputs[0])
     return np.array(math.prod(dims), np.int64) if _all_static(dims or []) or n.inputs[0] in imp.constants else None
-
-
-def _fold_int(fn):
-    def fold(imp: _Importer, n: _Node):
-        ins = _int_constants(imp, n)
-        return None if ins is None else np.asarray(fn(n, *ins))
-    return fold
-
-
-def _slice(n: _Node, data, starts, ends, axes=None, steps=None):
-    axes = range(len(starts)) if axes is None else axes
-    steps = [1] * len(starts) if steps is None else steps
-    index = [slice(None)] * data.ndim
-    for a, b, e, st in zip(axes, starts, ends, steps):
-        index[int(a)] = slice(int(b), int(e), int(st))
-    return data[tuple(index)]
-
-
-def _constant_of_shape(n: _Node, shape):
-    value = n.attrs.get("value")
-    fill = _onnx().numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
-    return np.full([int(d) for d in shape], fill.ravel()[0], dtype=fill.dtype)
 
 
 def _fold_gather(imp: _Importer, n: _Node):
@@ -1254,35 +1229,15 @@ def _fold_repeat(how: str):
     return fold
 
 
-def _fold_constants_with(fn):
-    """A node of constants only (any dtype) evaluated with numpy: the exporters' ``Equal`` /
-    ``Where`` that compute an ``Expand``'s shape (``expand(B, -1, -1)``: -1 replaced by the input's
-    dimension)."""
-    def fold(imp: _Importer, n: _Node):
-        if not n.inputs or any(not t or t not in imp.constants for t in n.inputs):
-            return None
-        return np.asarray(fn(*(np.asarray(imp.constants[t]) for t in n.inputs)))
-    return fold
-
-
-# Shape arithmetic on integer constants, evaluated at import (tileplan plans static shapes); and
-# Expand / Tile of any constant, with the Equal / Where of constants that compute their shapes.
+# What needs more than a node's constant inputs: the static shape of any tensor (``Shape``,
+# ``Size``), and folds with tileplan's own checks (out-of-range indices, an FP8 scale carried
+# through a repeat). Every other node of constants is evaluated by ``_Importer._evaluate``.
 _SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
     "Shape": _fold_shape,
     "Size": _fold_size,
-    "Slice": _fold_int(_slice),
-    "Concat": _fold_int(lambda n, *xs: np.concatenate([np.atleast_1d(x) for x in xs], axis=n.attrs["axis"])),
-    "ConstantOfShape": _fold_int(_constant_of_shape),
     "Gather": _fold_gather,
     "Expand": _fold_repeat("expand"),
-    "Equal": _fold_constants_with(np.equal),
-    "Where": _fold_constants_with(np.where),
     "Tile": _fold_repeat("tile"),
-    "Neg": _fold_int(lambda n, a: -a),
-    "Add": _fold_int(lambda n, a, b: a + b),
-    "Sub": _fold_int(lambda n, a, b: a - b),
-    "Mul": _fold_int(lambda n, a, b: a * b),
-    "Div": _fold_int(lambda n, a, b: a // b),
 }
 
 
@@ -1321,9 +1276,9 @@ _LOWER: dict[str, _Row] = {
     "Transpose": _Row(_lower_transpose, fold=False),   # _fold_transposes folds constants, keeping names
     "Softmax": _Row(_lower_softmax),
     "Split": _Row(_lower_split),
-    "Concat": _Row(_lower_concat),     # (after _SHAPE_FOLD: a Concat of integer constants is shape arithmetic)
+    "Concat": _Row(_lower_concat),
     "Gather": _Row(_lower_gather, fold=False),   # (after _SHAPE_FOLD: a Gather of constants is folded there)
-    "Slice": _Row(_lower_slice),       # (after _SHAPE_FOLD: a Slice of integer constants is shape arithmetic)
+    "Slice": _Row(_lower_slice),
     "LayerNormalization": _Row(_lower_layernorm, fold=False),
     "ReduceSum": _Row(_reduce(ReduceSum, 13)),
     "ReduceMean": _Row(_reduce(ReduceMean, 18)),
