@@ -508,9 +508,12 @@ class _Importer:
                                                         if o.domain in ("", "ai.onnx")] or None)
         try:
             results = ReferenceEvaluator(model).run(None, {t: self.constants[t] for t in names})
-        except Exception as exc:        # the evaluator's own error, whatever its class
+        except Exception as exc:        # the evaluator's own error, whatever its class: its first line
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:300]
             raise n.err(f"its inputs are all constants, but evaluating it at import failed: "
-                        f"{type(exc).__name__}: {exc}") from None
+                        f"{type(exc).__name__}: {first}") from None
+        if any(_DTYPES.get(_np_elem_type(np.asarray(v))) is DType.FP8 for v in results):
+            return False                # an FP8 result carries a tileplan scale the evaluator knows nothing of
         for t, v in zip([t for t in n.outputs if t], results):
             self.constants[t] = np.array(v, order="C")       # (ascontiguousarray makes a 0-d array 1-d)
         return True
