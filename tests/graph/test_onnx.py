@@ -303,6 +303,26 @@ def test_shape_arithmetic_of_an_activation_folds_to_one_reshape():
     assert model.params == {}                            # no integer constant left behind
 
 
+def test_a_shape_made_static_by_folding_folds_in_turn():
+    """``Shape`` of a Reshape's output whose shape ONNX inference could not give (it came from a
+    shape subgraph): folded once that subgraph is, and inferred again (the multi-head attention
+    pooling head's export: the packed k|v reshaped by the shape of a projection)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "one"], ["d"], name="dim", axis=0),
+             helper.make_node("Mod", ["d", "five"], ["m"], name="mod"),
+             helper.make_node("Concat", ["minus_one", "m"], ["shape2"], name="cat", axis=0),
+             helper.make_node("Reshape", ["x", "shape2"], ["h"], name="reshape"),
+             helper.make_node("Shape", ["h"], ["s2"], name="shape_h"),
+             helper.make_node("Gather", ["s2", "one"], ["cols"], name="cols", axis=0),
+             helper.make_node("Concat", ["cols", "minus_one"], ["shape3"], name="cat2", axis=0),
+             helper.make_node("Reshape", ["h", "shape3"], ["y"], name="back")]
+    inits = {"one": np.array([1], np.int64), "five": np.array([5], np.int64), "minus_one": np.array([-1], np.int64)}
+    m = make_model(nodes, [("x", F32, [2, 12])], [("y", F32, ["rows", "cols"])], inits)
+    g = from_onnx(m)
+    assert kinds(g) == ["reshape", "reshape"]
+    assert g.tensors["h"].shape == (12, 2) and g.tensors["y"].shape == (2, 12)
+
+
 def resize_model(mode: str, table: np.ndarray, scales) -> onnx.ModelProto:
     """``y = x + Resize(table)``: a parameter resized at a fixed size (a position table
     interpolated to the image), with the attributes the TorchScript exporter writes for bicubic
