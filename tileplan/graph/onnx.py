@@ -349,10 +349,12 @@ class _Importer:
         self._drop_identities()
         # Folding makes shapes static (a Reshape by a folded shape), and a static shape makes the
         # Shape nodes that read it constants: fold and infer again until nothing more folds.
+        # (Shape inference runs once more only when a pass folded something.)
+        self._fold_constants()
         while True:
+            self._reinfer_shapes()
             count = len(self.nodes)
             self._fold_constants()
-            self._reinfer_shapes()
             if len(self.nodes) == count:
                 break
         self._fold_transposes()
