@@ -283,6 +283,100 @@ def test_gelu_subgraph_with_a_wrong_constant_is_not_fused_but_kept_as_its_pointw
     assert "gelu" not in kinds(g) and "erf" in kinds(g)
 
 
+# ---- values known at import: folded -----------------------------------------------
+
+def test_shape_arithmetic_of_an_activation_folds_to_one_reshape():
+    """``Shape`` of an activation is a constant (tileplan plans static shapes), and so is the
+    arithmetic after it: Gather, Mod, Concat; the Reshape's shape, symbolic to ONNX inference, is
+    inferred again once folded."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "one"], ["d"], name="dim", axis=0),
+             helper.make_node("Mod", ["d", "five"], ["m"], name="mod"),
+             helper.make_node("Concat", ["minus_one", "m"], ["shape2"], name="cat", axis=0),
+             helper.make_node("Reshape", ["x", "shape2"], ["y"], name="reshape")]
+    inits = {"one": np.array([1], np.int64), "five": np.array([5], np.int64), "minus_one": np.array([-1], np.int64)}
+    m = make_model(nodes, [("x", F32, [2, 12])], [("y", F32, ["rows", "cols"])], inits)
+    model = import_onnx(m)
+    g = model.graph
+    assert kinds(g) == ["reshape"]                       # 12 % 5 = 2: x as [12, 2]
+    assert g.op("reshape").shape == (12, 2) and g.tensors["y"].shape == (12, 2)
+    assert model.params == {}                            # no integer constant left behind
+
+
+def test_a_shape_made_static_by_folding_folds_in_turn():
+    """``Shape`` of a Reshape's output whose shape ONNX inference could not give (it came from a
+    shape subgraph): folded once that subgraph is, and inferred again (the multi-head attention
+    pooling head's export: the packed k|v reshaped by the shape of a projection)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "one"], ["d"], name="dim", axis=0),
+             helper.make_node("Mod", ["d", "five"], ["m"], name="mod"),
+             helper.make_node("Concat", ["minus_one", "m"], ["shape2"], name="cat", axis=0),
+             helper.make_node("Reshape", ["x", "shape2"], ["h"], name="reshape"),
+             helper.make_node("Shape", ["h"], ["s2"], name="shape_h"),
+             helper.make_node("Gather", ["s2", "one"], ["cols"], name="cols", axis=0),
+             helper.make_node("Concat", ["cols", "minus_one"], ["shape3"], name="cat2", axis=0),
+             helper.make_node("Reshape", ["h", "shape3"], ["y"], name="back")]
+    inits = {"one": np.array([1], np.int64), "five": np.array([5], np.int64), "minus_one": np.array([-1], np.int64)}
+    m = make_model(nodes, [("x", F32, [2, 12])], [("y", F32, ["rows", "cols"])], inits)
+    g = from_onnx(m)
+    assert kinds(g) == ["reshape", "reshape"]
+    assert g.tensors["h"].shape == (12, 2) and g.tensors["y"].shape == (2, 12)
+
+
+def resize_model(mode: str, table: np.ndarray, scales) -> onnx.ModelProto:
+    """``y = x + Resize(table)``: a parameter resized at a fixed size (a position table
+    interpolated to the image), with the attributes the TorchScript exporter writes for bicubic
+    and for nearest."""
+    out = [int(d * s) for d, s in zip(table.shape, scales)]
+    nodes = [helper.make_node("Resize", ["table", "", "scales"], ["resized"], name="resize", mode=mode,
+                              coordinate_transformation_mode="half_pixel" if mode == "cubic" else "asymmetric", cubic_coeff_a=-0.75,
+                              nearest_mode="floor"),
+             helper.make_node("Add", ["x", "resized"], ["y"], name="add")]
+    return make_model(nodes, [("x", F32, out)], [("y", F32, out)],
+                      {"table": table, "scales": np.array(scales, np.float32)})
+
+
+@pytest.mark.parametrize("mode", ["nearest", "cubic"])
+def test_resize_of_an_initializer_folds_into_a_parameter(mode):
+    table = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4) ** 1.5
+    m = resize_model(mode, table, [1.0, 1.0, 2.0, 2.0])
+    model = import_onnx(m)
+    g = model.graph
+    assert kinds(g) == ["add"]
+    (param,) = [t for t in g.inputs_of(g.op("add")) if t.role is Role.PARAMETER]
+    value = model.params[param.name]
+    assert value.shape == (1, 1, 8, 8) and value.dtype == np.float32
+    if mode == "nearest":                # asymmetric, floor: each value twice along both axes
+        np.testing.assert_array_equal(value, table.repeat(2, axis=2).repeat(2, axis=3))
+    else:                                # bicubic (a = -0.75): smooth, not a copy of the nearest rows
+        from onnx.reference import ReferenceEvaluator
+        x = np.zeros((1, 1, 8, 8), np.float32)
+        np.testing.assert_allclose(value, ReferenceEvaluator(m).run(None, {"x": x})[0], rtol=1e-6)
+        assert not np.allclose(value, table.repeat(2, axis=2).repeat(2, axis=3))
+
+
+def test_pow_of_constants_with_any_exponent_folds():
+    """``Pow(16, 0.5)`` cast to an integer (a grid side computed from a position table's length):
+    only Pow of an *activation* needs the exponent 2 or 3 tileplan plans as Muls."""
+    nodes = [const("n", 16.0), const("half", 0.5),
+             helper.make_node("Pow", ["n", "half"], ["side_f"], name="pow"),
+             helper.make_node("Cast", ["side_f"], ["side"], name="cast", to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["side", "zero"], ["side1"], name="unsq"),
+             helper.make_node("Concat", ["side1", "side1"], ["shape"], name="cat", axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")]
+    m = make_model(nodes, [("x", F32, [16])], [("y", F32, ["rows", "cols"])], {"zero": np.array([0], np.int64)})
+    g = from_onnx(m)
+    assert kinds(g) == ["reshape"] and g.tensors["y"].shape == (4, 4)
+
+
+def test_a_node_of_constants_the_evaluator_cannot_run_is_refused_naming_it():
+    m = resize_model("cubic", np.ones((1, 1, 4, 4), np.float32), [1.0, 1.0, 2.0, 2.0])
+    m.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array([2.0, 2.0], np.float32), "scales"))
+    with pytest.raises(TileplanError, match=r"node 'resize' \(Resize\): its inputs are all constants, but "
+                                            r"evaluating it at import failed: "):
+        from_onnx(m)
+
+
 # ---- errors ------------------------------------------------------------------------
 
 def test_every_unsupported_node_is_reported_in_one_error_with_counts_and_names():

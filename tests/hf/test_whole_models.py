@@ -3,8 +3,8 @@ compiled onto ipu21-64 and validated on the IPU model against torch's own output
 
 - ``SiglipVisionModel`` without its pooling head: the patch-embedding convolution, the position
   embedding looked up by the ``position_ids`` buffer, two encoder layers and the post-LayerNorm,
-  imported through torch.export and through ONNX export; and with its MAP head.
-- The class-token models, through torch.export, each to its ``pooler_output``: ``ViTModel`` (its
+  imported through torch.export and through ONNX export; and with its MAP head, through both.
+- The class-token models, through torch.export and ONNX export, each to its ``pooler_output``: ``ViTModel`` (its
   pooler: the CLS row, a Linear, tanh), ``CLIPVisionModel`` (pre-LayerNorm; position embedding by
   ``position_ids``; the CLS row post-LayerNormed), ``DeiTModel`` (class and distillation tokens;
   ViT's pooler), ``Dinov2Model`` (``interpolate_pos_encoding`` at the fixed size, layer scale;
@@ -137,11 +137,17 @@ def test_siglip_vision_model_through_torch_export_compiles_and_validates(batch, 
 
 
 @pytest.mark.slow
-def test_siglip_vision_model_through_onnx_export_compiles_and_validates(tmp_path):
-    module = siglip_vision("float32")
-    x = torch.randn(1, 3, 32, 32)
+@pytest.mark.parametrize("batch,head", matrix((1, False), (2, True), lean=((2, True),)))
+def test_siglip_vision_model_through_onnx_export_compiles_and_validates(batch, head, tmp_path):
+    """With the MAP head, the exporter writes ``nn.MultiheadAttention``'s packed k|v split with a
+    ``Shape`` of an activation and a ``Mod``: shape arithmetic, folded at import. The head case
+    runs by default (it holds the whole body; the body alone is imported by the test above)."""
+    module = siglip_vision("float32", head=head)
+    x = torch.randn(batch, 3, 32, 32)
     export_onnx(module, x, tmp_path / "siglip.onnx")
     model = import_onnx(tmp_path / "siglip.onnx")
+    (out,) = model.graph.by_role(Role.OUTPUT)
+    assert out.shape == ((batch, HIDDEN) if head else (batch, (32 // PATCH) ** 2, HIDDEN))
     compile_and_validate(model, module, x, tmp_path)
 
 
@@ -223,13 +229,17 @@ def test_class_token_model_compiles_and_validates(name, batch, dtype, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["vit", "clip", "deit"])
-def test_class_token_model_through_onnx_export_compiles_and_validates(name, tmp_path):
+@pytest.mark.parametrize("name,w", matrix(("vit", 32), ("clip", 32), ("deit", 32), ("dinov2", 48),
+                                          lean=(("vit", 32), ("clip", 32), ("deit", 32), ("dinov2", 48))))
+def test_class_token_model_through_onnx_export_compiles_and_validates(name, w, tmp_path):
     """Through the TorchScript ONNX exporter: the class token ``Expand``ed by a shape the exporter
     computes with Equal / Where of constants (folded at import), Concat, and the CLS row a
-    ``Gather`` by the constant index 0 (a Slice)."""
+    ``Gather`` by the constant index 0 (a Slice). DINOv2 always exports its
+    ``interpolate_pos_encoding``: the grid side a ``Pow(n, 0.5)`` cast to an integer and the
+    position table's bicubic ``Resize``, all of parameters and shapes, so computed at import; on
+    a 32 x 48 image the 4 x 4 table is really resized (to 4 x 6)."""
     module = class_token_model(name)
-    x = torch.randn(2, 3, 32, 32)
+    x = torch.randn(2, 3, 32, w)
     export_onnx(module, x, tmp_path / f"{name}.onnx")
     model = import_onnx(tmp_path / f"{name}.onnx")
     assert [op.kind for op in model.graph.ops].count("concat") == 1

@@ -37,8 +37,12 @@ What maps to what:
   ``"tanh"`` the tanh form).
 - ``Cast`` to FLOAT, FLOAT16 or FLOAT8E4M3FNUZ -> Cast (FP8 casts saturate to +-240;
   ``saturate=0`` makes out-of-range values NaN); ``CastLike(x, like)`` -> Cast to ``like``'s type.
-- Nodes whose inputs are all float constants are evaluated at import with the
-  ops' own ``reference()`` (``CastLike(Constant 0.5, x)``, ``Sqrt(Constant 2)``).
+- Nodes whose inputs are all constants are evaluated at import (tileplan plans static
+  shapes, so ``Shape`` of any tensor is a constant too): those tileplan lowers, of float
+  constants, with the ops' own ``reference()`` (``CastLike(Constant 0.5, x)``,
+  ``Sqrt(Constant 2)``); any other standard node with ``onnx.reference.ReferenceEvaluator``
+  (shape arithmetic: Mod, Equal, Where, integer Cast; a position table's bicubic ``Resize``);
+  folding and shape inference repeat until nothing more folds.
 - ``Identity`` and inference ``Dropout`` (ratio ignored; ``training_mode`` true or
   not a constant is refused, as is a read mask output) are dropped (readers read
   the input); one that copies a graph input, a constant or another output into a
@@ -343,8 +347,16 @@ class _Importer:
         self._unpack()
         self._rewrite()
         self._drop_identities()
+        # Folding makes shapes static (a Reshape by a folded shape), and a static shape makes the
+        # Shape nodes that read it constants: fold and infer again until nothing more folds.
+        # (Shape inference runs once more only when a pass folded something.)
         self._fold_constants()
-        self._reinfer_shapes()
+        while True:
+            self._reinfer_shapes()
+            count = len(self.nodes)
+            self._fold_constants()
+            if len(self.nodes) == count:
+                break
         self._fold_transposes()
         ops, declared = self._lower()
         rescaled: dict[str, int] = {}
@@ -412,12 +424,14 @@ class _Importer:
         self.nodes = out
 
     def _fold_constants(self) -> None:
-        """Nodes whose inputs are all constants become constants (the ops' own ``reference()``).
+        """Nodes whose inputs are all constants become constants: tileplan plans static shapes,
+        so a ``Shape`` of any tensor is a constant, and so is everything computed from constants.
 
-        The exporters' ``CastLike(Constant, x)`` and ``Sqrt(Constant 2)`` end here, so the
-        patterns see plain scalars. Shape arithmetic (``_SHAPE_FOLD``: Shape of a static tensor,
-        Size, Slice, Concat, ConstantOfShape, Gather and integer Neg/Add/Sub/Mul/Div of constants)
-        is evaluated with numpy: tileplan plans static shapes, so these are constants.
+        ``_SHAPE_FOLD`` rows first (the Shape / Size of a static tensor, Gather, Expand, Tile); then
+        a node tileplan lowers, of float constants, through its ops' own ``reference()`` in the
+        dtypes it stores (the exporters' ``CastLike(Constant, x)`` and ``Sqrt(Constant 2)``, so the
+        patterns see plain scalars); any other node by ONNX's reference evaluator
+        (``_evaluate``): integer shape arithmetic, Equal / Where, Mod, Pow, Resize, ...
         """
         kept = []
         readers: dict[str, list[_Node]] = {}
@@ -435,21 +449,76 @@ class _Importer:
                     continue
             row = _LOWER.get(n.op_type) if n.domain in ("", "ai.onnx") else None
             ins = [t for t in n.inputs if t]
-            if row is None or not row.fold or not ins or any(t not in self.constants for t in ins):
+            if not ins or any(t not in self.constants for t in ins):
                 kept.append(n)
                 continue
-            if any(self._tensor_dtype(t) is None for t in ins):
+            if row is not None and row.fold and all(self._tensor_dtype(t) is not None for t in ins):
+                try:
+                    self._fold_by_reference(n, row, ins)
+                    continue
+                except TileplanError:
+                    pass            # a node tileplan would not plan (Pow 0.5): the evaluator may fold it
+            if not self._evaluate(n, readers):
                 kept.append(n)
-                continue
-            env = {t: dequantise(self.constants[t], self._tensor_dtype(t), self._scale(t)) for t in ins}
-            dts = {t: self._tensor_dtype(t) for t in ins}
-            for op in row.lower(self, n):
-                info = self.types.get(op.output)
-                dt = (_DTYPES.get(info[0]) if info else None) or dts[op.inputs[0]]
-                stored = quantise(op.reference(*(env[i] for i in op.inputs)), dt, self._scale(op.output))
-                env[op.output], dts[op.output] = dequantise(stored, dt, self._scale(op.output)), dt
-                self.constants[op.output] = stored
         self.nodes = kept
+
+    def _fold_by_reference(self, n: _Node, row: "_Row", ins: list[str]) -> None:
+        """A node of float constants evaluated with the ops' own ``reference()``, through the
+        dtype each op stores (FP8 values quantised with their scales)."""
+        env = {t: dequantise(self.constants[t], self._tensor_dtype(t), self._scale(t)) for t in ins}
+        dts = {t: self._tensor_dtype(t) for t in ins}
+        done: dict[str, np.ndarray] = {}
+        for op in row.lower(self, n):
+            info = self.types.get(op.output)
+            dt = (_DTYPES.get(info[0]) if info else None) or dts[op.inputs[0]]
+            stored = quantise(op.reference(*(env[i] for i in op.inputs)), dt, self._scale(op.output))
+            env[op.output], dts[op.output] = dequantise(stored, dt, self._scale(op.output)), dt
+            done[op.output] = stored
+        self.constants.update(done)
+
+    def _evaluate(self, n: _Node, readers: dict) -> bool:
+        """Any other standard node whose inputs are all constants, evaluated at import by
+        ``onnx.reference.ReferenceEvaluator``: the shape arithmetic after a ``Shape`` (``Mod``,
+        ``Unsqueeze``, integer ``Cast``), and values computed from parameters at a fixed input size
+        (a position table's bicubic ``Resize``, ``Pow(16, 0.5)``). Returns whether it folded.
+
+        Design decision: one evaluator for every such node, with ONNX's own semantics for every
+        attribute, rather than numpy written per op; tileplan plans static shapes, so all of these
+        are constants of the model. Not evaluated: nodes of another domain or with subgraphs, FP8
+        operands (their scales are tileplan's, not ONNX's), and a Transpose read only as MatMul /
+        Gemm operands (``_fold_transposes`` folds it into their flags, keeping the parameter). A
+        node the evaluator cannot run is refused naming it and the evaluator's reason."""
+        onnx = _onnx()
+        if n.domain not in ("", "ai.onnx") or any(isinstance(v, onnx.GraphProto) or
+                                                  (isinstance(v, list) and v and isinstance(v[0], onnx.GraphProto))
+                                                  for v in n.attrs.values()):
+            return False
+        values = [self.constants[t] for t in n.inputs if t]
+        if any(_DTYPES.get(_np_elem_type(v)) is DType.FP8 or not _np_elem_type(v) for v in values):
+            return False
+        if n.op_type == "Transpose" and all(r.op_type in ("MatMul", "Gemm") for r in readers.get(n.outputs[0], [])):
+            return False
+        from onnx.reference import ReferenceEvaluator
+        helper = onnx.helper
+        names = list(dict.fromkeys(t for t in n.inputs if t))
+        graph = helper.make_graph(
+            [helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, **n.attrs)], "fold",
+            [helper.make_tensor_value_info(t, _np_elem_type(self.constants[t]), list(self.constants[t].shape))
+             for t in names],
+            [helper.make_tensor_value_info(t, 0, None) for t in n.outputs if t])
+        model = helper.make_model(graph, opset_imports=[o for o in self.model.opset_import
+                                                        if o.domain in ("", "ai.onnx")] or None)
+        try:
+            results = ReferenceEvaluator(model).run(None, {t: self.constants[t] for t in names})
+        except Exception as exc:        # the evaluator's own error, whatever its class: its first line
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:300]
+            raise n.err(f"its inputs are all constants, but evaluating it at import failed: "
+                        f"{type(exc).__name__}: {first}") from None
+        if any(_DTYPES.get(_np_elem_type(np.asarray(v))) is DType.FP8 for v in results):
+            return False                # an FP8 result carries a tileplan scale the evaluator knows nothing of
+        for t, v in zip([t for t in n.outputs if t], results):
+            self.constants[t] = np.array(v, order="C")       # (ascontiguousarray makes a 0-d array 1-d)
+        return True
 
     def _reinfer_shapes(self) -> None:
         """Shapes ONNX inference left symbolic because they came from a shape subgraph (``Shape`` ->
@@ -1056,15 +1125,6 @@ def _reduce(cls: type[Op], axes_input_since: int) -> Callable[[_Importer, _Node]
     return lower
 
 
-def _int_constants(imp: _Importer, n: _Node) -> list[np.ndarray] | None:
-    """The node's inputs when every one is an integer constant (shape arithmetic), else None."""
-    ins = [imp.constants.get(t) if t else None for t in n.inputs]
-    if any(v is None or not np.issubdtype(np.asarray(v).dtype, np.integer) for v in ins if v is not None) or \
-            any(t and t not in imp.constants for t in n.inputs):
-        return None
-    return ins
-
-
 def _fold_shape(imp: _Importer, n: _Node):
     dims = imp._dims(n.inputs[0])
     if not _all_static(dims or []) and not (dims == [] and n.inputs[0] in imp.constants):
@@ -1076,28 +1136,6 @@ def _fold_shape(imp: _Importer, n: _Node):
 def _fold_size(imp: _Importer, n: _Node):
     dims = imp._dims(n.inputs[0])
     return np.array(math.prod(dims), np.int64) if _all_static(dims or []) or n.inputs[0] in imp.constants else None
-
-
-def _fold_int(fn):
-    def fold(imp: _Importer, n: _Node):
-        ins = _int_constants(imp, n)
-        return None if ins is None else np.asarray(fn(n, *ins))
-    return fold
-
-
-def _slice(n: _Node, data, starts, ends, axes=None, steps=None):
-    axes = range(len(starts)) if axes is None else axes
-    steps = [1] * len(starts) if steps is None else steps
-    index = [slice(None)] * data.ndim
-    for a, b, e, st in zip(axes, starts, ends, steps):
-        index[int(a)] = slice(int(b), int(e), int(st))
-    return data[tuple(index)]
-
-
-def _constant_of_shape(n: _Node, shape):
-    value = n.attrs.get("value")
-    fill = _onnx().numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
-    return np.full([int(d) for d in shape], fill.ravel()[0], dtype=fill.dtype)
 
 
 def _fold_gather(imp: _Importer, n: _Node):
@@ -1196,35 +1234,15 @@ def _fold_repeat(how: str):
     return fold
 
 
-def _fold_constants_with(fn):
-    """A node of constants only (any dtype) evaluated with numpy: the exporters' ``Equal`` /
-    ``Where`` that compute an ``Expand``'s shape (``expand(B, -1, -1)``: -1 replaced by the input's
-    dimension)."""
-    def fold(imp: _Importer, n: _Node):
-        if not n.inputs or any(not t or t not in imp.constants for t in n.inputs):
-            return None
-        return np.asarray(fn(*(np.asarray(imp.constants[t]) for t in n.inputs)))
-    return fold
-
-
-# Shape arithmetic on integer constants, evaluated at import (tileplan plans static shapes); and
-# Expand / Tile of any constant, with the Equal / Where of constants that compute their shapes.
+# What needs more than a node's constant inputs: the static shape of any tensor (``Shape``,
+# ``Size``), and folds with tileplan's own checks (out-of-range indices, an FP8 scale carried
+# through a repeat). Every other node of constants is evaluated by ``_Importer._evaluate``.
 _SHAPE_FOLD: dict[str, Callable[[_Importer, _Node], np.ndarray | None]] = {
     "Shape": _fold_shape,
     "Size": _fold_size,
-    "Slice": _fold_int(_slice),
-    "Concat": _fold_int(lambda n, *xs: np.concatenate([np.atleast_1d(x) for x in xs], axis=n.attrs["axis"])),
-    "ConstantOfShape": _fold_int(_constant_of_shape),
     "Gather": _fold_gather,
     "Expand": _fold_repeat("expand"),
-    "Equal": _fold_constants_with(np.equal),
-    "Where": _fold_constants_with(np.where),
     "Tile": _fold_repeat("tile"),
-    "Neg": _fold_int(lambda n, a: -a),
-    "Add": _fold_int(lambda n, a, b: a + b),
-    "Sub": _fold_int(lambda n, a, b: a - b),
-    "Mul": _fold_int(lambda n, a, b: a * b),
-    "Div": _fold_int(lambda n, a, b: a // b),
 }
 
 
@@ -1263,9 +1281,9 @@ _LOWER: dict[str, _Row] = {
     "Transpose": _Row(_lower_transpose, fold=False),   # _fold_transposes folds constants, keeping names
     "Softmax": _Row(_lower_softmax),
     "Split": _Row(_lower_split),
-    "Concat": _Row(_lower_concat),     # (after _SHAPE_FOLD: a Concat of integer constants is shape arithmetic)
+    "Concat": _Row(_lower_concat),
     "Gather": _Row(_lower_gather, fold=False),   # (after _SHAPE_FOLD: a Gather of constants is folded there)
-    "Slice": _Row(_lower_slice),       # (after _SHAPE_FOLD: a Slice of integer constants is shape arithmetic)
+    "Slice": _Row(_lower_slice),
     "LayerNormalization": _Row(_lower_layernorm, fold=False),
     "ReduceSum": _Row(_reduce(ReduceSum, 13)),
     "ReduceMean": _Row(_reduce(ReduceMean, 18)),
