@@ -116,8 +116,8 @@ def test_validate_refuses_a_package_whose_manifest_is_damaged(capsys, package_co
 def test_a_compile_that_cannot_plan_leaves_nothing_at_the_output_path(capsys, tmp_path):
     tiny = tmp_path / "tiny.toml"
     tiny.write_text('inherits = "ipu21-64"\nname = "tiny"\n'
-                    "sram_bytes = 8192\nstandard_bytes = 4096\ninterleaved_bytes = 4096\nreserve_bytes = 2048\n")
-    out_dir = tmp_path / "out"
+                    "sram_bytes = 6144\nstandard_bytes = 3072\ninterleaved_bytes = 3072\nreserve_bytes = 2048\n")
+    out_dir = tmp_path / "out"          # (4,096 usable bytes: selection finds nothing that fits)
     out_dir.mkdir()
     code, _, err = run(capsys, "compile", str(SMOKE), "--target", str(tiny), "-o", str(out_dir / "pkg"), "-j", "1")
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1

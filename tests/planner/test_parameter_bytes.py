@@ -55,10 +55,13 @@ def test_parameters_over_the_sram_are_refused_before_planning_naming_the_ipus_an
 
 
 def test_more_ipus_than_any_preset_says_to_write_a_target_file():
-    # 3 layers: 100,663,296 bytes: 2.67 IPUs of 64 tiles, 3 needed; the largest such preset has 2.
-    with pytest.raises(TileplanError, match=r"at least 3 IPUs: no preset has that many: write a target file "
-                                            r"with ipus = 3"):
+    # 3 layers: 100,663,296 bytes: 2.67 IPUs of 64 tiles, 3 needed: the 4-IPU preset is the smallest
+    with pytest.raises(TileplanError, match=r"at least 3 IPUs: try --target ipu21-64x4$"):
         check_parameter_bytes(heavy(3), IPU64)
+    # 5 layers: 167,772,160 bytes: 4.44 IPUs, 5 needed; the largest such preset has 4.
+    with pytest.raises(TileplanError, match=r"at least 5 IPUs: no preset has that many: write a target file "
+                                            r"with ipus = 5"):
+        check_parameter_bytes(heavy(5), IPU64)
 
 
 def test_parameters_that_fit_pass_and_a_multi_ipu_target_counts_all_its_ipus():

@@ -31,7 +31,7 @@ name = "bc"
 target = "ipu21-64"
 [tensors]
 a = { shape = [4, 16, 32], dtype = "fp16", role = "input" }
-b = { shape = [4, 1, 32], dtype = "fp16", role = "input" }
+b = { shape = [1, 16, 1], dtype = "fp16", role = "input" }
 [[ops]]
 name = "add"
 op = "add"
@@ -52,7 +52,7 @@ def test_a_plan_that_does_not_fit_names_the_model_file(cli, tmp_path):
 def test_a_broadcast_the_planner_refuses_names_the_model_file(cli, tmp_path):
     path = tmp_path / "bc.toml"
     path.write_text(BROADCAST)
-    assert_refused(cli("plan", path, "-j", "1"), path, "broadcasting", "[4, 16, 32]", "[4, 1, 32]")
+    assert_refused(cli("plan", path, "-j", "1"), path, "broadcasting", "[4, 16, 32]", "[1, 16, 1]")
 
 
 def test_a_target_file_named_by_the_model_is_found_beside_it_from_any_folder(cli, tmp_path, monkeypatch):
