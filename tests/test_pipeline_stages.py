@@ -160,17 +160,24 @@ def test_a_small_tower_runs_as_pipeline_stages_of_whole_layers(tmp_path, shared_
     assert v.profile.cycles >= sum(s["cycles"] for s in st["stages"])
 
 
-@pytest.mark.slow
-def test_a_gemm_too_big_for_one_ipu_spreads_its_grid_over_two(tmp_path):
-    """[16, 1024] x [1024, 3072] FP16: 6.3 MB of weights against 4.7 MB usable on one 8-tile IPU.
-    No stage split fits; ``auto`` plans the GEMM over both IPUs' tiles, which validates."""
-    from tileplan.graph.loaders import load_model
+def _wide_gemm(tmp_path):
+    """[16, 1024] x [1024, 3072] FP16 (6.3 MB of weights) for two 8-tile IPUs (4.7 MB usable each):
+    the model file, beside its target file ``t.toml``."""
     (tmp_path / "t.toml").write_text('inherits = "ipu21-64x2"\nname = "two-small"\ntiles = 16\n')
     model = tmp_path / "g.toml"
     model.write_text('[model]\nname = "wide_gemm"\ntarget = "t.toml"\n[tensors]\n'
                      'a = { shape = [16, 1024], dtype = "fp16", role = "input" }\n'
                      'b = { shape = [1024, 3072], dtype = "fp16", role = "parameter" }\n'
                      '[[ops]]\nname = "gemm"\nop = "matmul"\ninputs = ["a", "b"]\noutput = "c"\n')
+    return model
+
+
+@pytest.mark.slow
+def test_a_gemm_too_big_for_one_ipu_spreads_its_grid_over_two(tmp_path):
+    """[16, 1024] x [1024, 3072] FP16: 6.3 MB of weights against 4.7 MB usable on one 8-tile IPU.
+    No stage split fits; ``auto`` plans the GEMM over both IPUs' tiles, which validates."""
+    from tileplan.graph.loaders import load_model
+    model = _wide_gemm(tmp_path)
     target = load_target(str(tmp_path / "t.toml"))
     p, v, report, plan = _compile(load_model(model), target, tmp_path / "pkg")
     assert report["estimate"]["cycles"] == v.profile.cycles
@@ -202,12 +209,7 @@ def test_the_command_line_refuses_an_unknown_ipus_form(cli, tmp_path):
 def test_stages_that_cannot_hold_a_model_are_refused_before_any_costing(cli, tmp_path):
     """The parameter bytes against each IPU's memory: one line naming the model and the op, at once."""
     import time
-    (tmp_path / "t.toml").write_text('inherits = "ipu21-64x2"\nname = "two-small"\ntiles = 16\n')
-    model = tmp_path / "g.toml"
-    model.write_text('[model]\nname = "wide_gemm"\ntarget = "t.toml"\n[tensors]\n'
-                     'a = { shape = [16, 1024], dtype = "fp16", role = "input" }\n'
-                     'b = { shape = [1024, 3072], dtype = "fp16", role = "parameter" }\n'
-                     '[[ops]]\nname = "gemm"\nop = "matmul"\ninputs = ["a", "b"]\noutput = "c"\n')
+    model = _wide_gemm(tmp_path)
     t0 = time.perf_counter()
     _refused(cli("compile", model, "--ipus", "stages", "-o", tmp_path / "pkg", "-j", "1"),
              "wide_gemm", "'gemm'", "6,291,456 bytes of parameters")

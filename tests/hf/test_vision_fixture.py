@@ -26,7 +26,7 @@ from tileplan.graph.core import MatMul, Role  # noqa: E402
 from tileplan.graph.loaders import load_model  # noqa: E402
 from tileplan.graph.torch import import_module  # noqa: E402
 from tileplan.planner.rewrite import canonical  # noqa: E402
-from torch_validate import compile_and_validate  # noqa: E402
+from torch_validate import Pooled, compile_and_validate  # noqa: E402
 
 # layers, width, heads, mlp, image (35: four patches of 8 and 3 pixels over), patch, batch
 SMALL = (2, 64, 4, 128, 35, 8, 1)
@@ -80,21 +80,12 @@ def test_the_small_vision_factory_compiles_and_validates(tmp_path):
     compile_and_validate(model, module, x, tmp_path)
 
 
-class Pooled(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values):
-        return self.model(pixel_values=pixel_values, interpolate_pos_encoding=True).pooler_output
-
-
 @pytest.mark.slow
 def test_a_vit_at_another_image_size_compiles_with_its_position_table_interpolated(tmp_path):
     cfg = transformers.ViTConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=2,
                                  image_size=32, patch_size=8, num_channels=3, attn_implementation="eager")
     torch.manual_seed(0)
-    module = Pooled(transformers.ViTModel(cfg, add_pooling_layer=True)).eval()
+    module = Pooled(transformers.ViTModel(cfg, add_pooling_layer=True), interpolate_pos_encoding=True).eval()
     x = torch.randn(1, 3, 48, 40)                                # 6 x 5 patches, the config's 4 x 4
     model = import_module(module, (x,))
     (cat,) = [op for op in model.graph.ops if op.kind == "concat"]

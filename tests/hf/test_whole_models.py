@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 from tileplan.graph.core import Role  # noqa: E402
 from tileplan.graph.onnx import import_onnx  # noqa: E402
 from tileplan.graph.torch import import_module  # noqa: E402
-from torch_validate import compile_and_validate  # noqa: E402
+from torch_validate import Pooled, compile_and_validate  # noqa: E402
 
 HIDDEN, LAYERS, PATCH = 64, 2, 8
 
@@ -152,17 +152,6 @@ def test_siglip_vision_model_through_onnx_export_compiles_and_validates(batch, h
 
 
 # ---- class-token models ----------------------------------------------------------------
-
-class Pooled(torch.nn.Module):
-    """``model(pixel_values).pooler_output``."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values):
-        return self.model(pixel_values=pixel_values).pooler_output
-
 
 # name -> (config class, model class, model kwargs, class tokens joined to the patches, Linears
 # past the encoder, LayerNorms besides the layers' two each)

@@ -31,3 +31,15 @@ def compile_and_validate(model, module, x, tmp_path, min_cosine: float | None = 
     if min_cosine is not None:
         assert v.outputs[out.name]["cosine"] > min_cosine
     return p, v
+
+
+class Pooled(torch.nn.Module):
+    """``model(pixel_values, **forward_kwargs).pooler_output``: a whole vision model's pooled row
+    as the one output (``forward_kwargs``: e.g. ``interpolate_pos_encoding=True``)."""
+
+    def __init__(self, model, **forward_kwargs):
+        super().__init__()
+        self.model, self.forward_kwargs = model, forward_kwargs
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values, **self.forward_kwargs).pooler_output
