@@ -370,6 +370,22 @@ def test_composed_blocks_keep_the_path_that_leaves_room_for_later_ops():
     assert solve_dp(blocked, paths=4).cycles == solve_dp(problem, paths=None).cycles == 100 * 12
 
 
+def test_every_repeated_block_is_composed_the_last_one_writing_the_graph_output_included(monkeypatch):
+    """The representative block is the last one some earlier block repeats: in a tower, the layer
+    that writes the graph's output. Its search must not retire that output (which would give
+    every block's paths retired bytes and send every block back to the op-by-op search)."""
+    import dataclasses
+    from tileplan.planner.select import _Search
+    problem = tower_like_problem()
+    blocked = dataclasses.replace(problem, blocks=[(i, i + 1) for i in range(len(problem.ops))])
+    composed = []
+    compose = _Search.compose
+    monkeypatch.setattr(_Search, "compose", lambda self, block, states: composed.append(
+        compose(self, block, states)) or composed[-1])
+    assert solve_dp(blocked, paths=4).cycles == 100 * 12
+    assert len(composed) == len(problem.ops) - 1 and all(c is not None for c in composed)
+
+
 def test_the_small_tower_s_selection_composes_its_middle_layers_and_is_no_slower_than_op_by_op(planned):
     """The 4-layer tower on 64 tiles: its selection problem carries the layers as blocks, the search
     composes the middle ones (the first reads the host input, the last writes the output), and

@@ -428,15 +428,16 @@ class _Search:
         start = _Path(0, 0, (), (zero, zero, zero), (0, 0, 0)) if self.holds else _Path(0, 0, ())
         return {(self.key_of(()), self.key_of(())): ((), (), [start])}
 
-    def moves(self, i: int, live: tuple, copies: tuple) -> list:
+    def moves(self, i: int, live: tuple, copies: tuple, retiring: bool = True) -> list:
         """From one state, per choice of op i that can run there: (index, choice, its cycles with its
         conversions', its memory at op i without held storage and retired outputs, the next state's
         live values, copies and key, and what it retires: (bytes per tile, their sum) or None).
 
         A graph output that no op reads after op i (``retire``) is retired: it and its converted
-        copies leave the next state and their bytes go to the path (``_Path.dead``)."""
+        copies leave the next state and their bytes go to the path (``_Path.dead``); ``retiring=False``
+        keeps them in the state (``block_paths``)."""
         problem, last, fixed, tile_bytes, convert = self.problem, self.last, self.fixed, self.tile_bytes, self.convert
-        retire = self.retire
+        retire = self.retire if retiring else None
         op = problem.ops[i]
         layout = dict(live)
         base = self.fixed_base[i].copy()
@@ -494,7 +495,7 @@ class _Search:
                           gone))
         return found
 
-    def step(self, i: int, states: dict, vec: bool, stairs: bool = False) -> dict:
+    def step(self, i: int, states: dict, vec: bool, stairs: bool = False, retiring: bool = True) -> dict:
         """Op i from every state: the next states' buckets (state key -> (live values, copies,
         ``_Bucket``)). ``vec``: the paths carry per-tile figures. ``stairs`` (with ``vec``): the buckets
         also keep the (held storage, cycles) staircase, each filled at once (``_settled``)."""
@@ -502,7 +503,7 @@ class _Search:
         nxt: dict[tuple, tuple] = {}          # state key -> (its live values, its copies, its _Bucket)
         offers: dict[tuple, tuple] = {}       # with ``stairs``: state key -> (live values, copies, offers)
         for live, copies, entries in states.values():
-            found = self.moves(i, live, copies)
+            found = self.moves(i, live, copies, retiring)
             if not vec:
                 steps = [(ci, cyc, int(mem.max()), mem, nl, nc, key, gone)
                          for ci, ch, cyc, mem, nl, nc, key, gone in found if int(mem.max()) <= cap and self.inter_ok(ch)]
@@ -711,14 +712,22 @@ class _Search:
 
     def block_paths(self, rep: tuple[int, int], live: tuple, copies: tuple) -> list:
         """The representative block's paths from one start state, from an empty path with per-tile
-        figures: per state at its end, (live values, copies, paths)."""
+        figures: per state at its end, (live values, copies, paths).
+
+        Design decision: no graph output is retired inside the representative. It is the last
+        block some earlier one repeats, so in a tower it is the last layer, whose result is the
+        graph's output; retiring it there would give every block's paths retired bytes and stop
+        every composition (the tower then searched op by op: about 4x the selection time and a
+        slightly slower plan). Kept live, the output's bytes count at every later op as the
+        retired bytes would (there are none later in the last block), and in the other blocks the
+        same value is read by the next layer, never retired."""
         key = (self.key_of(live), self.key_of(copies))
         got = self.block_memo.get(key)
         if got is None:
             zero = np.zeros(self.tiles, dtype=np.int64)
             states = {key: (live, copies, [_Path(0, 0, (), (zero, zero, zero), (0, 0, 0))])}
             for i in range(*rep):
-                nxt = self.step(i, states, True, stairs=self.holds)
+                nxt = self.step(i, states, True, stairs=self.holds, retiring=False)
                 states = {k: (lv, cp, b.paths) for k, (lv, cp, b) in nxt.items()}
                 if not states:
                     break
