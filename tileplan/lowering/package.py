@@ -229,7 +229,7 @@ def params_limit(graph) -> int:
     plus 1 MiB, so that a small stray or misshapen member is named by the per-array checks of
     ``_load_params`` rather than by the total."""
     from ..graph.core import Role
-    return sum(t.size * t.dtype.itemsize for t in graph.tensors.values() if t.role is Role.PARAMETER) + MiB
+    return sum(t.nbytes for t in graph.tensors.values() if t.role is Role.PARAMETER) + MiB
 
 
 def _object(doc, path: Path) -> dict:

@@ -70,7 +70,7 @@ class Split:
 
 
 def _param_bytes(graph: Graph, op) -> int:
-    return sum(graph.tensors[i].size * graph.tensors[i].dtype.itemsize for i in dict.fromkeys(op.inputs)
+    return sum(graph.tensors[i].nbytes for i in dict.fromkeys(op.inputs)
                if graph.tensors[i].role is Role.PARAMETER)
 
 
@@ -133,7 +133,7 @@ def split(graph: Graph, target, costs: list[int]) -> Split:
         names = {t for op in ops[c:] for t in op.inputs
                  if t in produced_at and produced_at[t] < c}
         pairs = np.zeros(target.ipus * target.ipus, dtype=np.int64)
-        pairs[1] = sum(graph.tensors[t].size * graph.tensors[t].dtype.itemsize for t in names)   # IPU 0 -> 1
+        pairs[1] = sum(graph.tensors[t].nbytes for t in names)   # IPU 0 -> 1
         return link_cycles(pairs, target) + phase_sync(bool(pairs[1]), pairs, target)
 
     points = [0, *cuts, n]
