@@ -54,3 +54,28 @@ def test_python_dash_m_tileplan_is_the_command_line():
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.startswith("Usage: tileplan compile [OPTIONS]") and "--output" in done.stdout
     assert max(map(len, done.stdout.splitlines())) <= 100      # plain text, at most 100 columns
+
+
+def test_version_alone_builds_no_command_tree_and_no_process_pool_module():
+    """``--version`` is answered before typer builds the commands, and ``main`` names ``BrokenProcessPool``
+    only once a pool's module is loaded: neither concurrent.futures' process module nor multiprocessing."""
+    for flag in ("--version", "-V"):
+        mods = modules_after("from tileplan.cli import main\n"
+                             f"try:\n    main([{flag!r}])\nexcept SystemExit as e:\n    assert not e.code, e.code")
+        assert not {"concurrent.futures.process", "multiprocessing"} & mods, flag
+
+
+def test_a_broken_process_pool_is_still_one_error_line(cli, monkeypatch):
+    """The lazy ``except`` clause still turns a killed worker into the one-line error (exit 2)."""
+    from concurrent.futures.process import BrokenProcessPool
+    from pathlib import Path
+
+    import tileplan.planner.plan as planner
+
+    def broken(*args, **kwargs):
+        raise BrokenProcessPool("a child process terminated abruptly")
+    monkeypatch.setattr(planner, "plan", broken)
+    smoke = Path(__file__).resolve().parents[1] / "fixtures" / "mlp_smoke_fp8.toml"
+    code, _, err = cli("plan", smoke, "-t", "ipu21-64", "--no-cache", "-q")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: a worker process ended abruptly")

@@ -873,6 +873,14 @@ class _finishing:
         return False
 
 
+def _broken_pool():
+    """``BrokenProcessPool`` when a process pool can have run (its module imported), else an empty
+    tuple (an ``except`` clause that matches nothing): importing ``concurrent.futures.process`` only
+    to name the class took a quarter of ``tileplan --version``'s CPU."""
+    mod = sys.modules.get("concurrent.futures.process")
+    return mod.BrokenProcessPool if mod is not None else ()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: the one error path. Anything the user caused (a ``TileplanError``; an OS error on
     a path they gave; input nested too deeply) becomes one ``error:`` line on stderr and exit 2;
@@ -880,7 +888,14 @@ def main(argv: list[str] | None = None) -> None:
     worker process: the pool re-raises a worker's ``MemoryError``), or a worker process killed
     outright, is one line naming the stage (``_at``), exit 2. Other exceptions are bugs in tileplan
     and keep their traceback."""
-    from concurrent.futures.process import BrokenProcessPool
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) == 1 and args[0] in ("--version", "-V"):
+        # Design decision: the version alone is answered before typer builds the command tree (every
+        # command's signature and type hints: most of ``tileplan --version``'s CPU); the output and
+        # exit status are the option's own (``_version``), ending in SystemExit(0) as typer's does.
+        from ._version import __version__
+        print(f"tileplan {__version__}")
+        raise SystemExit(0)
     progress.begin(in_process=argv is not None)
     with _signals_raise(), _finishing():
         try:
@@ -897,7 +912,7 @@ def main(argv: list[str] | None = None) -> None:
             message = _out_of_memory(exc)
             del exc                          # (its traceback holds the frames, and their arrays)
             _fail(message)
-        except BrokenProcessPool:
+        except _broken_pool():
             _fail(f"a worker process ended abruptly while {progress.activity()} (killed, perhaps by the system for lack "
                   "of memory); try fewer --jobs")
         except Interrupted as exc:
