@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tileplan.bench import FIGURES, PLANNED_TWICE, Benchmark, run_one, throughput
+from tileplan.bench import FIGURES, PLANNED_TWICE, Benchmark, pinned_rows, run_one, throughput
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,6 +31,7 @@ def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
                 "pipeline")                                                       # multi-IPU targets only
     unbatched = ("batch", "stage_cycles", "throughput")          # towers with a batch (and pipeline stages) only
     unbatched += ("plan_budget",)                # a plan the allocator fragmented, planned again within a budget
+    unbatched += ("pins", "pinned_own_cycles")   # pinned benchmarks only
     missing = [k for k in FIGURES if rec[k] is None and k != "stage_at_stop" and k not in uncached + unbatched]
     assert not missing, f"figures not measured: {missing}"
     assert rec["stages_done"] == ["plan", "quality", "compile", "validate", "report"]
@@ -159,3 +160,41 @@ def test_scale_projection_fills_each_ipu_with_whole_layers_and_replicates_the_pi
     small = scale_projection(layer_cycles=1_000, layer_param_bytes=ipu.tiles * 100, layer_peak_bytes=1_000,
                              boundary_bytes=1_000, layers=4, batch=1, ipu=ipu, link=link)
     assert small["stages"] == 1 and small["boundary_cycles"] == 0 and small["pods"][64]["pipelines"] == 64
+
+
+def test_a_pinned_benchmark_runs_its_grids_beside_the_planners_own_choice(tmp_path):
+    """A benchmark with a pins file plans, compiles and simulates the model with those grids; the
+    side-by-side rows set its simulated cycles beside the unpinned benchmark's."""
+    pins = tmp_path / "pins.toml"
+    pins.write_text('[pin]\nfc1 = "grid:4x16x1"\nfc2 = "grid:4x4x4"\n')
+    stages = ("plan", "compile", "validate")
+    own = run_one(Benchmark("mlp_fp16_small", "ipu21-64", True, (300, 300), quick_stages=stages,
+                            compact=PLANNED_TWICE), quick=True, jobs=1, budget=300)
+    pinned = run_one(Benchmark("small_pinned", "ipu21-64", True, (300, 300), quick_stages=stages,
+                               compact=PLANNED_TWICE, fixture="mlp_fp16_small", pins=str(pins)),
+                     quick=True, jobs=1, budget=300)
+    for rec in (own, pinned):
+        assert rec["status"] == "ok" and rec["stages_done"] == list(stages), rec["status"]
+        assert rec["simulated"]["cycles"] == rec["estimate"]["cycles"] and rec["outputs_passed"] is True
+    assert pinned["pins"] == ["fc1=grid:4x16x1", "fc2=grid:4x4x4"] and own["pins"] is None
+    # the planner's own choice differs, and its estimate is the unpinned benchmark's
+    assert pinned["pinned_own_cycles"] == own["estimate"]["cycles"] < pinned["estimate"]["cycles"]
+    rows = pinned_rows({"small_pinned": pinned, "mlp_fp16_small": own},
+                       (("small_pinned", "mlp_fp16_small", "a user"),), {"mlp_fp16_small": "mlp_fp16_small"})
+    a, b = pinned["simulated"]["cycles"], own["simulated"]["cycles"]
+    assert rows == [("mlp_fp16_small", "a user: fc1=grid:4x16x1, fc2=grid:4x4x4", f"{a:,}", f"{b:,}",
+                     f"{a / b:.2f}x")]
+
+
+def test_the_elk_pins_name_the_ops_of_the_benchmarked_model():
+    """The ELK side-by-side benchmark pins both GEMMs of its model, with the published grids."""
+    from tileplan.bench import BY_NAME, FIXTURES, SIDE_BY_SIDE
+    from tileplan.graph.loaders import load_model
+    from tileplan.graph.pins import read_pins_file
+    (pinned, own, _), = SIDE_BY_SIDE
+    b = BY_NAME[pinned]
+    assert b.model == BY_NAME[own].model and b.pins and not BY_NAME[own].pins
+    graph = load_model(FIXTURES / f"{b.model}.toml")
+    pins = {p.op: str(p) for p in read_pins_file(FIXTURES / b.pins)}
+    assert pins == {"up": "grid:46x8x4", "down": "grid:46x2x16"}
+    assert {op.name for op in graph.ops if op.kind == "matmul"} == set(pins)
