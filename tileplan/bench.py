@@ -1016,12 +1016,12 @@ def target_rows(doc: dict) -> list[tuple[str, str, str, str, str, str]]:
     return out
 
 
-def pinned_rows(results: dict, pairs=SIDE_BY_SIDE, models=None) -> list[tuple[str, str, str, str, str]]:
+def pinned_rows(results: dict, pairs=None) -> list[tuple[str, str, str, str, str]]:
     """Each pair of ``pairs`` (default ``SIDE_BY_SIDE``) that ran: (model, whose grids, their simulated cycles, tileplan's own
     choice's simulated cycles, pinned / own), the estimate's cycles (said so) where a package was
     not simulated. Both columns are tileplan's IPU model's figures."""
     out = []
-    for pinned, own, who in pairs:
+    for pinned, own, who in SIDE_BY_SIDE if pairs is None else pairs:
         a, b = results.get(pinned), results.get(own)
         if a is None and b is None:
             continue
@@ -1035,7 +1035,7 @@ def pinned_rows(results: dict, pairs=SIDE_BY_SIDE, models=None) -> list[tuple[st
             return got["cycles"], f"{got['cycles']:,}" + ("" if r.get("simulated") else " (estimate)")
         (ca, ta), (cb, tb) = cycles(a), cycles(b)
         grids = ", ".join((a or {}).get("pins") or []) or "—"
-        out.append(((models or {}).get(own) or BY_NAME[own].model, f"{who}: {grids}", ta, tb, f"{ca / cb:.2f}x" if ca and cb else "—"))
+        out.append((BY_NAME[own].model, f"{who}: {grids}", ta, tb, f"{ca / cb:.2f}x" if ca and cb else "—"))
     return out
 
 
@@ -1206,18 +1206,87 @@ def _json_default(o):
     raise TypeError(f"not JSON: {type(o).__name__}")
 
 
-def rich_tables(doc: dict):
+def rich_tables(doc: dict) -> list:
+    """The terminal's tables: one block per benchmark (its figures as rows: the planner's storage
+    and, beside it, compact weights), then the published grids beside tileplan's choice, then the
+    targets.
+
+    Design decision: BENCH.md keeps one column per benchmark (a Markdown page scrolls sideways),
+    but a terminal of 100 columns cannot hold 30-odd columns: rich shrank them until every number
+    was cut. A block of three columns (figure, planner's storage, compact weights) fits 100
+    columns: rich wraps a cell at spaces, never inside a word (a number is one word), and a
+    figure neither run measured is left out of its block (an unrun compact column, a skipped
+    benchmark: the block says only its status)."""
     from .report.terminal import PlainTable as Table      # fixture names as text, never markup
-    targets = Table(title="tileplan bench: targets (cycles are the IPU model's, not hardware's)")
-    for col in TARGET_COLUMNS:
-        targets.add_column(col, justify="right" if col == "tileplan" else "left")
+    from rich.text import Text
+
+    from .report.terminal import plain
+    title = f"tileplan bench{' --quick' if doc['mode'] == 'quick' else ''}"
+    out = []
+    results = doc["benchmarks"]
+    for name, rec in results.items():
+        compact = rec.get("compact")
+        cols = {"planner": rec, **({"compact": compact} if compact else {})}
+        block = Table(title=f"{title}: {name}", title_justify="left")
+        block.add_column("figure", style="bold", ratio=3)
+        block.add_column("planner's storage", ratio=2)
+        if compact:
+            block.add_column("compact weights", ratio=2)
+        for label, cells in figure_rows(cols):
+            if label != "status" and all(c in ("—", "none") for c in cells):
+                continue
+            block.add_row(label, *cells)
+        out.append(block)
+    pinned = pinned_rows(results)
+    if pinned:
+        t = Table(title=f"{title}: published grids beside tileplan's choice (both the IPU model's cycles)",
+                  title_justify="left")
+        for col in PINNED_COLUMNS:
+            t.add_column(col, justify="right" if "cycles" in col or "/" in col else "left")
+        for r in pinned:
+            t.add_row(*r)
+        out.append(t)
+    targets = Table(title="tileplan bench: targets (cycles are the IPU model's, not hardware's)", title_justify="left")
+    for col in TARGET_COLUMNS[:-1]:                  # (the reference goes under its target: six columns
+        targets.add_column(col, justify="right" if col == "tileplan" else "left")     # of text do not fit 100)
     for r in target_rows(doc):
-        targets.add_row(*(c.replace("**", "") for c in r))
-    figures = Table(title=f"tileplan bench{' --quick' if doc['mode'] == 'quick' else ''}: figures per benchmark")
-    figures.add_column("figure", style="bold")
-    columns = side_by_side(doc["benchmarks"])
-    for name in columns:
-        figures.add_column(name, justify="right")
-    for label, cells in figure_rows(columns):
-        figures.add_row(label, *cells)
-    return figures, targets
+        cells = [c.replace("**", "") for c in r]
+        first = plain(cells[0]) if cells[-1] == "—" else \
+            Text.assemble(plain(cells[0]), "\n", plain(f"reference: {cells[-1]}"))
+        targets.add_row(first, *cells[1:-1])
+    out.append(targets)
+    return [_whole_words(t) for t in out]
+
+
+class _WholeWords:
+    """A table rendered with every column at least as wide as its longest word and the rest of the
+    width shared by how much each column's text wants beyond that; a cell then wraps at spaces
+    only, so no number is cut.
+
+    Design decision: rich's own shrinking narrows the widest column to the next one's width,
+    below its longest word, and its cell is then cut with an ellipsis (a 100-column terminal
+    showed "15,987,659-17,…" in the targets); the widths are worked out here instead, at the
+    width the console renders at."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __rich_console__(self, console, options):
+        t = self.table
+        pad = 2                                      # (a cell's padding: one a side)
+        lines = [[ln for c in [col.header, *col._cells] for ln in str(c).split("\n")] for col in t.columns]
+        low = [max((len(w) for ln in col for w in ln.split()), default=1) for col in lines]
+        high = [max(max((len(ln) for ln in col), default=1), lo) for col, lo in zip(lines, low)]
+        room = options.max_width - (len(t.columns) + 1) - pad * len(t.columns)
+        widths = list(low)
+        spare, want = room - sum(low), [hi - lo for lo, hi in zip(low, high)]
+        if spare > 0 and sum(want):
+            for k, w in enumerate(want):
+                widths[k] += min(w, spare * w // sum(want))
+        for col, w in zip(t.columns, widths):
+            col.width = w
+        yield t
+
+
+def _whole_words(table):
+    return _WholeWords(table)
