@@ -938,7 +938,7 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
     return [
         row("target machine", lambda r: f"{r['target']} ({r['tiles']:,} tiles)" if r["tiles"] else r["target"]),
         row("status", _status),
-        row("pinned grids (the planner's own choice: its estimate)", lambda r: ", ".join(r["pins"])
+        row("pinned grids (and the planner's own choice's estimate)", lambda r: ", ".join(r["pins"])
             + (f" (own choice: {r['pinned_own_cycles']:,} cycles)" if r.get("pinned_own_cycles") else "")
             if r.get("pins") else "—"),
         row("stages run", lambda r: " / ".join(r["stages_done"]) or "none"),
@@ -1017,9 +1017,9 @@ def target_rows(doc: dict) -> list[tuple[str, str, str, str, str, str]]:
 
 
 def pinned_rows(results: dict, pairs=None) -> list[tuple[str, str, str, str, str]]:
-    """Each pair of ``pairs`` (default ``SIDE_BY_SIDE``) that ran: (model, whose grids, their simulated cycles, tileplan's own
-    choice's simulated cycles, pinned / own), the estimate's cycles (said so) where a package was
-    not simulated. Both columns are tileplan's IPU model's figures."""
+    """Each pair of ``pairs`` (default ``SIDE_BY_SIDE``) that ran: (model, whose grids, their
+    simulated cycles, tileplan's own choice's simulated cycles, pinned / own), the estimate's cycles
+    (said so) where a package was not simulated. Both columns are tileplan's IPU model's figures."""
     out = []
     for pinned, own, who in SIDE_BY_SIDE if pairs is None else pairs:
         a, b = results.get(pinned), results.get(own)
