@@ -90,7 +90,8 @@ def test_the_plain_value_conversions_give_what_typers_give():
 
     from tileplan import cli
     group = typer.main.get_command(cli.app)
-    samples = ["x", "fixtures/a.toml", "1", "8", "0", "-1", "1.5", " 2", "", "١", ["a", "b"], ["1"], []]
+    samples = ["x", "fixtures/a.toml", "1", "8", "0", "-1", "1.5", " 2", "", "١", "-", "a\nb", "x\udcffy",
+               ["a", "b"], ["1"], []]
     converted = left = 0
     for name, command in group.commands.items():
         commands = getattr(command, "commands", None) or {name: command}
@@ -100,7 +101,7 @@ def test_the_plain_value_conversions_give_what_typers_give():
                 desc = getattr(p, "type_descriptor", None)
                 if desc is None or getattr(p, "is_flag", False):
                     continue
-                for value in samples:
+                for value in samples + ["a\x00b"]:       # (a NUL: typer refuses it in a path)
                     got = cli._PlainValue.plain(value, desc)
                     if got is None:
                         left += 1

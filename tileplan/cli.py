@@ -94,7 +94,7 @@ class _PlainValue(_FlagValue):
             return None
         if ann is str:
             return value
-        if ann is Path and all(getattr(info, k, d) == d for k, d in _PATH_CHECKS.items()):
+        if ann is Path and "\x00" not in value and all(getattr(info, k, d) == d for k, d in _PATH_CHECKS.items()):
             return Path(value)
         if ann is int and value.isascii() and value.isdigit():
             n = int(value)
