@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tileplan.bench import FIGURES, PLANNED_TWICE, Benchmark, run_one, throughput
+import pytest
+
+from tileplan.bench import FIGURES, PLANNED_TWICE, Benchmark, pinned_rows, run_one, throughput
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -17,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
     out = tmp_path / "artifacts"
     proc = subprocess.run([sys.executable, "-m", "tileplan.cli", "bench", "--only", "mlp_smoke_fp8", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "100"})
     assert proc.returncode == 0, proc.stderr
     text = (out / "bench.json").read_text()
     doc = json.loads(text)
@@ -31,6 +34,7 @@ def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
                 "pipeline")                                                       # multi-IPU targets only
     unbatched = ("batch", "stage_cycles", "throughput")          # towers with a batch (and pipeline stages) only
     unbatched += ("plan_budget",)                # a plan the allocator fragmented, planned again within a budget
+    unbatched += ("pins", "pinned_own_cycles")   # pinned benchmarks only
     missing = [k for k in FIGURES if rec[k] is None and k != "stage_at_stop" and k not in uncached + unbatched]
     assert not missing, f"figures not measured: {missing}"
     assert rec["stages_done"] == ["plan", "quality", "compile", "validate", "report"]
@@ -86,6 +90,10 @@ def test_bench_of_the_smoke_mlp_writes_every_figure_and_the_table(tmp_path):
         assert label in md, label
     assert "not measured on hardware" in md and "63.5 s" in md and "614,700" in md
     assert "mlp_smoke_fp8" in proc.stdout and "wrote" in proc.stdout
+    # the terminal's tables at 100 columns: nothing wider, nothing cut, the figures whole
+    lines = proc.stdout.splitlines()
+    assert max(map(len, lines)) <= 100 and "…" not in proc.stdout
+    assert f"{sim['cycles']:,}" in proc.stdout and f"{rec['roofline_cycles']:,.0f}" in proc.stdout
 
 
 def test_a_benchmark_out_of_time_is_recorded_as_a_timeout():
@@ -159,3 +167,74 @@ def test_scale_projection_fills_each_ipu_with_whole_layers_and_replicates_the_pi
     small = scale_projection(layer_cycles=1_000, layer_param_bytes=ipu.tiles * 100, layer_peak_bytes=1_000,
                              boundary_bytes=1_000, layers=4, batch=1, ipu=ipu, link=link)
     assert small["stages"] == 1 and small["boundary_cycles"] == 0 and small["pods"][64]["pipelines"] == 64
+
+
+STAGES = ("plan", "compile", "validate")
+
+
+@pytest.fixture(scope="module")
+def pinned_pair(tmp_path_factory):
+    """mlp_fp16_small as the planner plans it and with two grids pinned (a pins file), each planned,
+    compiled and simulated: (the planner's record, the pinned one)."""
+    pins = tmp_path_factory.mktemp("pins") / "pins.toml"
+    pins.write_text('[pin]\nfc1 = "grid:4x16x1"\nfc2 = "grid:4x4x4"\n')
+    own = run_one(Benchmark("mlp_fp16_small", "ipu21-64", True, (300, 300), quick_stages=STAGES,
+                            compact=PLANNED_TWICE), quick=True, jobs=1, budget=300)
+    pinned = run_one(Benchmark("small_pinned", "ipu21-64", True, (300, 300), quick_stages=STAGES,
+                               compact=PLANNED_TWICE, fixture="mlp_fp16_small", pins=str(pins)),
+                     quick=True, jobs=1, budget=300)
+    return own, pinned
+
+
+def test_a_pinned_benchmark_runs_its_grids_beside_the_planners_own_choice(pinned_pair):
+    """A benchmark with a pins file plans, compiles and simulates the model with those grids; the
+    side-by-side rows set its simulated cycles beside the unpinned benchmark's."""
+    own, pinned = pinned_pair
+    for rec in (own, pinned):
+        assert rec["status"] == "ok" and rec["stages_done"] == list(STAGES), rec["status"]
+        assert rec["simulated"]["cycles"] == rec["estimate"]["cycles"] and rec["outputs_passed"] is True
+    assert pinned["pins"] == ["fc1=grid:4x16x1", "fc2=grid:4x4x4"] and own["pins"] is None
+    # the planner's own choice differs, and its estimate is the unpinned benchmark's
+    assert pinned["pinned_own_cycles"] == own["estimate"]["cycles"] < pinned["estimate"]["cycles"]
+    rows = pinned_rows({"small_pinned": pinned, "mlp_fp16_small": own},
+                       (("small_pinned", "mlp_fp16_small", "a user"),))
+    a, b = pinned["simulated"]["cycles"], own["simulated"]["cycles"]
+    assert rows == [("mlp_fp16_small", "a user: fc1=grid:4x16x1, fc2=grid:4x4x4", f"{a:,}", f"{b:,}",
+                     f"{a / b:.2f}x")]
+
+
+def test_the_terminal_tables_fit_100_columns_and_cut_no_figure(pinned_pair, monkeypatch):
+    """One block per benchmark, the pinned pair and the targets, at 100 columns: no line wider, no
+    cell cut (an ellipsis), every figure whole; a figure neither column measured is left out."""
+    import tileplan.bench as bench
+    from rich.console import Console
+    own, pinned = pinned_pair
+    monkeypatch.setattr(bench, "SIDE_BY_SIDE", (("small_pinned", "mlp_fp16_small", "a user"),))
+    results = {"mlp_fp16_small": own, "small_pinned": pinned}
+    doc = {"mode": "quick", "benchmarks": results, "targets": bench.target_figures(results)}
+    console = Console(width=100, record=True, file=open(os.devnull, "w"))
+    for table in bench.rich_tables(doc):
+        console.print(table)
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 100 and "…" not in text
+    for rec in (own, pinned):
+        for figure in (rec["simulated"]["cycles"], rec["estimate"]["compute"], rec["memory_peak_bytes"],
+                       rec["compact"]["estimate"]["cycles"]):
+            assert f"{figure:,}" in text, figure
+    assert "fc1=grid:4x16x1," in text and f"{pinned['simulated']['cycles'] / own['simulated']['cycles']:.2f}x" in text
+    assert text.count("tileplan bench --quick: ") == 3     # two blocks and the pinned pair
+    assert "throughput" not in text                         # no batch: neither column has the figure
+
+
+def test_the_elk_pins_name_the_ops_of_the_benchmarked_model():
+    """The ELK side-by-side benchmark pins both GEMMs of its model, with the published grids."""
+    from tileplan.bench import BY_NAME, FIXTURES, SIDE_BY_SIDE
+    from tileplan.graph.loaders import load_model
+    from tileplan.graph.pins import read_pins_file
+    (pinned, own, _), = SIDE_BY_SIDE
+    b = BY_NAME[pinned]
+    assert b.model == BY_NAME[own].model and b.pins and not BY_NAME[own].pins
+    graph = load_model(FIXTURES / f"{b.model}.toml")
+    pins = {p.op: str(p) for p in read_pins_file(FIXTURES / b.pins)}
+    assert pins == {"up": "grid:46x8x4", "down": "grid:46x2x16"}
+    assert {op.name for op in graph.ops if op.kind == "matmul"} == set(pins)

@@ -88,10 +88,18 @@ class Benchmark:
     ipus: str = "auto"            # a multi-IPU target's form (``planner.stages``: auto, stages or spread)
     batch: int = 0                # images per run of a vision tower (``throughput``); 0: not reported
     trace: bool = False           # its validate stage writes the run's Chrome trace beside bench.json
+    fixture: str = ""             # the model file (fixtures/<fixture>.toml) when not the benchmark's name
+    pins: str = ""                # a pins file under fixtures/ (``--pins``): every plan of the benchmark is pinned
+    quality: bool = True          # False: no quality stage (a pinned plan's search gap says nothing)
+
+    @property
+    def model(self) -> str:
+        return self.fixture or self.name
 
     @property
     def stages(self) -> tuple[str, ...]:
-        return ("plan", "quality", "compile", "validate") + (("report",) if self.reported else ())
+        return ("plan",) + (("quality",) if self.quality else ()) + ("compile", "validate") \
+            + (("report",) if self.reported else ())
 
     def compact_stages(self, quick: bool) -> tuple[str, ...]:
         """The compact-weights run's stages: its plan, and compile / validate where the planner's run has them."""
@@ -143,7 +151,17 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, batch=2),
     Benchmark("siglip_tower_fp8_b4", "ipu21", False, (0, 7200), quick_stages=("plan", "compile", "validate"),
               in_quick=False, cached=True, reported=False, compact=PLANNED_TWICE, batch=4),
+    # ELK side by side: the SigLIP So400m/14 MLP in FP16 (batch 1, no biases) as tileplan plans it,
+    # and with ELK's published grids pinned (fixtures/pins/); both compiled and run on the IPU model.
+    Benchmark("siglip_mlp_fp16_nobias_b1", "ipu21", False, (0, 3600), quick_stages=("plan", "compile", "validate"),
+              in_quick=False, reported=False, compact=PLANNED_TWICE, quality=False),
+    Benchmark("siglip_mlp_fp16_nobias_b1_elk", "ipu21", False, (0, 3600), quick_stages=("plan", "compile", "validate"),
+              in_quick=False, reported=False, compact=PLANNED_TWICE, quality=False,
+              fixture="siglip_mlp_fp16_nobias_b1", pins="pins/elk_siglip_mlp_fp16_b1.toml"),
 )
+# Pairs of benchmarks set side by side in the tables (``pinned_rows``): (a pinned benchmark, the same
+# model as the planner chooses, who chose the pinned grids).
+SIDE_BY_SIDE = (("siglip_mlp_fp16_nobias_b1_elk", "siglip_mlp_fp16_nobias_b1", "ELK (research planner; published grids)"),)
 BY_NAME = {b.name: b for b in BENCHMARKS}
 
 # Every figure of a benchmark record (None when not measured).
@@ -163,7 +181,7 @@ FIGURES = (
     "plan_seconds_cold", "plan_seconds_warm", "plan_cache_entries", "package_bytes",
     "report_seconds", "report_html_bytes", "report_load_seconds", "report_load_note", "pipeline",
     "batch", "clock_hz", "stage_cycles", "throughput", "plan_budget",
-    "trace_file", "trace_bytes",
+    "trace_file", "trace_bytes", "pins", "pinned_own_cycles",
 )
 
 # The reference figures the benchmark targets are set beside (docs/benchmarks.md): the Rust planner's
@@ -371,8 +389,13 @@ def _stages(bench: dict, work_dir: str, send) -> None:
     from .planner.planjson import prearranged
     from .target import load_target
 
-    path = FIXTURES / f"{bench['name']}.toml"
+    path = FIXTURES / f"{bench['model']}.toml"
     graph = load_model(path)
+    pins = []
+    if bench.get("pins"):
+        from .graph.pins import read_pins_file
+        pins = read_pins_file(FIXTURES / bench["pins"])
+        send("figures", {"pins": [f"{p.op}={p}" for p in pins]})
     target = load_target(bench["target"])
     check_against_target(graph, target)
     jobs = bench["jobs"]
@@ -391,9 +414,9 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
     def replan(weights):            # (the allocator fragmented a plan: plan it again within a budget)
         return lambda budget: plan(graph, target, jobs=jobs, cache=cache, weights=weights, ipus=bench["ipus"],
-                                   budget=budget)
+                                   budget=budget, pins=pins)
     for i in range(bench["repeats"]):
-        p = plan(graph, target, jobs=jobs, cache=cache, weights="planner", ipus=bench["ipus"])
+        p = plan(graph, target, jobs=jobs, cache=cache, weights="planner", ipus=bench["ipus"], pins=pins)
         times.append(p.plan_seconds)
         if cache is not None:
             send("figures", {"plan_seconds_cold": times[0], "plan_cache_entries": cache.info()["entries"],
@@ -402,7 +425,8 @@ def _stages(bench: dict, work_dir: str, send) -> None:
             own, child = _rss()
             send("figures", {
                 "baseline_rss_bytes": base, "planner_rss_self_bytes": own, "planner_rss_children_max_bytes": child,
-                "planner_peak_rss_bytes": own + child, "plan_seconds_first": times[0], **_plan_figures(p)})
+                "planner_peak_rss_bytes": own + child, "plan_seconds_first": times[0], **_plan_figures(p),
+                **({"pinned_own_cycles": p.pinned["own_cycles"]} if p.pinned else {})})
         send("figures", {"plan_seconds_all": list(times), "plan_seconds": statistics.median(times)})
         if i == 0 and "compile" in stages:
             # Lowered and packaged at once, in the fresh process that planned it, as one `tileplan
@@ -416,7 +440,7 @@ def _stages(bench: dict, work_dir: str, send) -> None:
 
     # The same graph with every weight in its compact resident storage, beside the planner's own choice.
     send("stage", "compact plan")
-    compact = plan(graph, target, jobs=jobs, cache=cache, weights="compact", ipus=bench["ipus"])
+    compact = plan(graph, target, jobs=jobs, cache=cache, weights="compact", ipus=bench["ipus"], pins=pins)
     send("compact", {"plan_seconds_all": [compact.plan_seconds], "plan_seconds": compact.plan_seconds,
                      "plan_seconds_first": compact.plan_seconds, **_plan_figures(compact), **_floor_figures(compact)})
     send("figures", {"storage_in_grid": sorted(r["tensor"] for r in prearranged(p))})   # (the two plans may
@@ -557,7 +581,7 @@ def run_one(b: Benchmark, *, quick: bool, jobs: int, budget: float, trace_dir: P
     ctx = multiprocessing.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     work_dir = tempfile.mkdtemp(prefix=f"tileplan-bench-{b.name}-")
-    spec = {"name": b.name, "target": b.target, "small": b.small, "jobs": jobs,
+    spec = {"name": b.name, "model": b.model, "pins": b.pins, "target": b.target, "small": b.small, "jobs": jobs,
             "repeats": b.repeats(quick), "stages": rec["stages"], "cached": b.cached, "ipus": b.ipus,
             "compact_stages": rec["compact"]["stages"],
             "trace": (str(Path(trace_dir).resolve() / f"{b.name}.trace.json.gz")
@@ -914,6 +938,9 @@ def figure_rows(results: dict) -> list[tuple[str, list[str]]]:
     return [
         row("target machine", lambda r: f"{r['target']} ({r['tiles']:,} tiles)" if r["tiles"] else r["target"]),
         row("status", _status),
+        row("pinned grids (and the planner's own choice's estimate)", lambda r: ", ".join(r["pins"])
+            + (f" (own choice: {r['pinned_own_cycles']:,} cycles)" if r.get("pinned_own_cycles") else "")
+            if r.get("pins") else "—"),
         row("stages run", lambda r: " / ".join(r["stages_done"]) or "none"),
         row("plan time (median of repeats)",
             lambda r: f"{_fmt_seconds(r['plan_seconds'])} (x{len(r['plan_seconds_all'])})" if r["plan_seconds_all"]
@@ -987,6 +1014,32 @@ def target_rows(doc: dict) -> list[tuple[str, str, str, str, str, str]]:
         out.append((f"{t['target']} (≤ {limit})", _fmt(t["figure"], t["unit"]), compact, met, floor,
                     t["reference"] or "—"))
     return out
+
+
+def pinned_rows(results: dict, pairs=None) -> list[tuple[str, str, str, str, str]]:
+    """Each pair of ``pairs`` (default ``SIDE_BY_SIDE``) that ran: (model, whose grids, their
+    simulated cycles, tileplan's own choice's simulated cycles, pinned / own), the estimate's cycles
+    (said so) where a package was not simulated. Both columns are tileplan's IPU model's figures."""
+    out = []
+    for pinned, own, who in SIDE_BY_SIDE if pairs is None else pairs:
+        a, b = results.get(pinned), results.get(own)
+        if a is None and b is None:
+            continue
+
+        def cycles(r):
+            if r is None:
+                return None, "not run"
+            got = r.get("simulated") or r.get("estimate")
+            if not got:
+                return None, _status(r)
+            return got["cycles"], f"{got['cycles']:,}" + ("" if r.get("simulated") else " (estimate)")
+        (ca, ta), (cb, tb) = cycles(a), cycles(b)
+        grids = ", ".join((a or {}).get("pins") or []) or "—"
+        out.append((BY_NAME[own].model, f"{who}: {grids}", ta, tb, f"{ca / cb:.2f}x" if ca and cb else "—"))
+    return out
+
+
+PINNED_COLUMNS = ("model", "pinned grids", "pinned: cycles", "tileplan's choice: cycles", "pinned / tileplan")
 
 
 def side_by_side(results: dict) -> dict:
@@ -1087,6 +1140,14 @@ def markdown(doc: dict) -> str:
         "ipu-stack's README uses for its C600 peak figure; see the target file): modelled, not timed.",
         "",
     ]
+    pinned = pinned_rows(results)
+    if pinned:
+        lines += ["## Published grids beside tileplan's choice", "",
+                  "The same model planned with another planner's published grids pinned (`--pins`: the grids "
+                  "only; tile order, reduction, partials and storage are tileplan's) and as tileplan plans it, "
+                  "both compiled and run on tileplan's IPU model: **both cycle figures are the IPU model's**, "
+                  "neither was measured on hardware.", "",
+                  _md_table(list(PINNED_COLUMNS), [list(r) for r in pinned]), ""]
     lines += calibration_lines(doc)
     problems = [(n, r) for n, r in results.items() if r["status"] != "ok"]
     if problems:
@@ -1145,18 +1206,87 @@ def _json_default(o):
     raise TypeError(f"not JSON: {type(o).__name__}")
 
 
-def rich_tables(doc: dict):
+def rich_tables(doc: dict) -> list:
+    """The terminal's tables: one block per benchmark (its figures as rows: the planner's storage
+    and, beside it, compact weights), then the published grids beside tileplan's choice, then the
+    targets.
+
+    Design decision: BENCH.md keeps one column per benchmark (a Markdown page scrolls sideways),
+    but a terminal of 100 columns cannot hold 30-odd columns: rich shrank them until every number
+    was cut. A block of three columns (figure, planner's storage, compact weights) fits 100
+    columns: rich wraps a cell at spaces, never inside a word (a number is one word), and a
+    figure neither run measured is left out of its block (an unrun compact column, a skipped
+    benchmark: the block says only its status)."""
     from .report.terminal import PlainTable as Table      # fixture names as text, never markup
-    targets = Table(title="tileplan bench: targets (cycles are the IPU model's, not hardware's)")
-    for col in TARGET_COLUMNS:
-        targets.add_column(col, justify="right" if col == "tileplan" else "left")
+    from rich.text import Text
+
+    from .report.terminal import plain
+    title = f"tileplan bench{' --quick' if doc['mode'] == 'quick' else ''}"
+    out = []
+    results = doc["benchmarks"]
+    for name, rec in results.items():
+        compact = rec.get("compact")
+        cols = {"planner": rec, **({"compact": compact} if compact else {})}
+        block = Table(title=f"{title}: {name}", title_justify="left")
+        block.add_column("figure", style="bold", ratio=3)
+        block.add_column("planner's storage", ratio=2)
+        if compact:
+            block.add_column("compact weights", ratio=2)
+        for label, cells in figure_rows(cols):
+            if label != "status" and all(c in ("—", "none") for c in cells):
+                continue
+            block.add_row(label, *cells)
+        out.append(block)
+    pinned = pinned_rows(results)
+    if pinned:
+        t = Table(title=f"{title}: published grids beside tileplan's choice (both the IPU model's cycles)",
+                  title_justify="left")
+        for col in PINNED_COLUMNS:
+            t.add_column(col, justify="right" if "cycles" in col or "/" in col else "left")
+        for r in pinned:
+            t.add_row(*r)
+        out.append(t)
+    targets = Table(title="tileplan bench: targets (cycles are the IPU model's, not hardware's)", title_justify="left")
+    for col in TARGET_COLUMNS[:-1]:                  # (the reference goes under its target: six columns
+        targets.add_column(col, justify="right" if col == "tileplan" else "left")     # of text do not fit 100)
     for r in target_rows(doc):
-        targets.add_row(*(c.replace("**", "") for c in r))
-    figures = Table(title=f"tileplan bench{' --quick' if doc['mode'] == 'quick' else ''}: figures per benchmark")
-    figures.add_column("figure", style="bold")
-    columns = side_by_side(doc["benchmarks"])
-    for name in columns:
-        figures.add_column(name, justify="right")
-    for label, cells in figure_rows(columns):
-        figures.add_row(label, *cells)
-    return figures, targets
+        cells = [c.replace("**", "") for c in r]
+        first = plain(cells[0]) if cells[-1] == "—" else \
+            Text.assemble(plain(cells[0]), "\n", plain(f"reference: {cells[-1]}"))
+        targets.add_row(first, *cells[1:-1])
+    out.append(targets)
+    return [_whole_words(t) for t in out]
+
+
+class _WholeWords:
+    """A table rendered with every column at least as wide as its longest word and the rest of the
+    width shared by how much each column's text wants beyond that; a cell then wraps at spaces
+    only, so no number is cut.
+
+    Design decision: rich's own shrinking narrows the widest column to the next one's width,
+    below its longest word, and its cell is then cut with an ellipsis (a 100-column terminal
+    showed "15,987,659-17,…" in the targets); the widths are worked out here instead, at the
+    width the console renders at."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __rich_console__(self, console, options):
+        t = self.table
+        pad = 2                                      # (a cell's padding: one a side)
+        lines = [[ln for c in [col.header, *col._cells] for ln in str(c).split("\n")] for col in t.columns]
+        low = [max((len(w) for ln in col for w in ln.split()), default=1) for col in lines]
+        high = [max(max((len(ln) for ln in col), default=1), lo) for col, lo in zip(lines, low)]
+        room = options.max_width - (len(t.columns) + 1) - pad * len(t.columns)
+        widths = list(low)
+        spare, want = room - sum(low), [hi - lo for lo, hi in zip(low, high)]
+        if spare > 0 and sum(want):
+            for k, w in enumerate(want):
+                widths[k] += min(w, spare * w // sum(want))
+        for col, w in zip(t.columns, widths):
+            col.width = w
+        yield t
+
+
+def _whole_words(table):
+    return _WholeWords(table)

@@ -62,15 +62,61 @@ class _FlagValue:
         return build_runtime_param(self.param.type_descriptor).coerce(value, param=param, ctx=ctx)
 
 
+_PATH_CHECKS = {"exists": False, "file_okay": True, "dir_okay": True, "writable": False, "readable": True,
+                "resolve_path": False, "allow_dash": False, "path_type": None}
+
+
+class _PlainValue(_FlagValue):
+    """How a str, Path or int option's value becomes the command's argument, for the values whose
+    conversion is plain: None (an unset option: ``()`` for a repeatable one, as typer gives), a str
+    for a str, a str (or a list of them) for a Path without path checks, digits within the
+    option's ``min``/``max`` for an int. Design decision: typer converts every value through a
+    pydantic TypeAdapter, and importing pydantic took about 0.16 s of CPU, more than the rest of
+    ``tileplan plan``'s start-up; these conversions give what typer's give
+    (tests/test_cli_startup.py compares them), and anything else (a float, a value out of range,
+    a path with checks) still goes to typer's own, with its error messages."""
+
+    def coerce(self, value, param, ctx):
+        if value is None:
+            return () if param.multiple or param.nargs == -1 else None
+        got = self.plain(value, self.param.type_descriptor)
+        return got if got is not None else super().coerce(value, param, ctx)
+
+    @staticmethod
+    def plain(value, descriptor):
+        import typing
+        ann, info = descriptor.annotation, descriptor.parameter_info
+        if typing.get_origin(ann) is list and isinstance(value, (list, tuple)):
+            (item,) = typing.get_args(ann)
+            got = [_PlainValue.plain(v, type(descriptor)(item, info, None)) for v in value]
+            return None if any(g is None for g in got) else got
+        if not isinstance(value, str) or not value:
+            return None
+        if ann is str:
+            return value
+        if ann is Path and "\x00" not in value and all(getattr(info, k, d) == d for k, d in _PATH_CHECKS.items()):
+            return Path(value)
+        if ann is int and value.isascii() and value.isdigit():
+            n = int(value)
+            lo, hi = getattr(info, "min", None), getattr(info, "max", None)
+            ok = (lo is None or n >= lo) and (hi is None or n <= hi) and not getattr(info, "clamp", False)
+            return n if ok else None
+        return None
+
+
 def _flags_untyped(params: list) -> list:
     """A flag (``--quiet``, ``--help``) takes no value: its help row shows no type (typer would print
-    ``<bool>``), and its value needs no converter (``_FlagValue``)."""
+    ``<bool>``), and its value needs no converter (``_FlagValue``); other values convert plainly
+    where they can (``_PlainValue``)."""
     for p in params:
         if getattr(p, "is_flag", False):
             if p.metavar is None:
                 p.metavar = ""
             if getattr(p, "_runtime_param", False) is None:
                 p._runtime_param = _FlagValue(p)
+        elif getattr(p, "_runtime_param", False) is None and getattr(p, "type_descriptor", None) is not None \
+                and p.type_descriptor.file_annotation is None:
+            p._runtime_param = _PlainValue(p)
     return params
 
 
@@ -873,6 +919,14 @@ class _finishing:
         return False
 
 
+def _broken_pool():
+    """``BrokenProcessPool`` when a process pool can have run (its module imported), else an empty
+    tuple (an ``except`` clause that matches nothing): importing ``concurrent.futures.process`` only
+    to name the class took a quarter of ``tileplan --version``'s CPU."""
+    mod = sys.modules.get("concurrent.futures.process")
+    return mod.BrokenProcessPool if mod is not None else ()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: the one error path. Anything the user caused (a ``TileplanError``; an OS error on
     a path they gave; input nested too deeply) becomes one ``error:`` line on stderr and exit 2;
@@ -880,7 +934,14 @@ def main(argv: list[str] | None = None) -> None:
     worker process: the pool re-raises a worker's ``MemoryError``), or a worker process killed
     outright, is one line naming the stage (``_at``), exit 2. Other exceptions are bugs in tileplan
     and keep their traceback."""
-    from concurrent.futures.process import BrokenProcessPool
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) == 1 and args[0] in ("--version", "-V"):
+        # Design decision: the version alone is answered before typer builds the command tree (every
+        # command's signature and type hints: most of ``tileplan --version``'s CPU); the output and
+        # exit status are the option's own (``_version``), ending in SystemExit(0) as typer's does.
+        from ._version import __version__
+        print(f"tileplan {__version__}")
+        raise SystemExit(0)
     progress.begin(in_process=argv is not None)
     with _signals_raise(), _finishing():
         try:
@@ -897,7 +958,7 @@ def main(argv: list[str] | None = None) -> None:
             message = _out_of_memory(exc)
             del exc                          # (its traceback holds the frames, and their arrays)
             _fail(message)
-        except BrokenProcessPool:
+        except _broken_pool():
             _fail(f"a worker process ended abruptly while {progress.activity()} (killed, perhaps by the system for lack "
                   "of memory); try fewer --jobs")
         except Interrupted as exc:

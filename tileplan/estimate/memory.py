@@ -116,28 +116,25 @@ def program_memory(program: Program, target) -> Memory:
     sizes = {n: buffer_tile_bytes(program.buffers[n], tiles, target.alignment) for n in names}
     unused: set = set()
     roots, rsize, spans = alias_roots(names, buffer_lifetimes(program, unused), sizes, program.aliases, unused)
-    # Difference arrays over steps: [steps + 1, tiles] per class.
-    il = np.zeros((nsteps + 1, tiles), dtype=np.int64)
-    st = np.zeros((nsteps + 1, tiles), dtype=np.int64)
-    kinds: dict[str, np.ndarray] = {}
+    # Difference arrays over steps, [steps + 1, tiles] per class, stacked: the interleaved region,
+    # the standard one, then each kind (one array and one cumulative sum for all: a GEMM catalogue
+    # costs every detailed candidate's program here, and their arrays are small, so the number of
+    # numpy calls is the cost).
+    kinds = {k: 2 + i for i, k in enumerate(sorted({program.buffers[n].kind for n in roots}))}
+    diff = np.zeros((2 + len(kinds), nsteps + 1, tiles), dtype=np.int64)
     for name in roots:
         buf = program.buffers[name]
         a, b = spans[name]
         tb = rsize[name]
-        arr = il if buf.region == "interleaved" else st
-        arr[a] += tb
-        arr[b + 1] -= tb
-        kd = kinds.get(buf.kind)
-        if kd is None:      # (not ``setdefault``: that would allocate a [steps, tiles] array per buffer)
-            kd = kinds[buf.kind] = np.zeros((nsteps + 1, tiles), dtype=np.int64)
-        kd[a] += tb
-        kd[b + 1] -= tb
-    il = np.cumsum(il, axis=0)[:-1]
-    st = np.cumsum(st, axis=0)[:-1]
+        for row in (0 if buf.region == "interleaved" else 1, kinds[buf.kind]):
+            diff[row, a] += tb
+            diff[row, b + 1] -= tb
+    live = np.cumsum(diff, axis=1, out=diff)[:, :-1]    # (in place: a tower's program has thousands of steps)
+    il, st = live[0], live[1]
     cap = target.usable_standard_bytes
     spill = np.maximum(st - cap, 0)
     std = st - spill
     inter = il + spill
     total = std + inter
-    by_kind = {k: np.cumsum(v, axis=0)[:-1].max(axis=0) for k, v in sorted(kinds.items())}
+    by_kind = dict(zip(kinds, live[2:].max(axis=1)))
     return Memory(std.max(axis=0), inter.max(axis=0), total.max(axis=0), by_kind)
