@@ -219,7 +219,7 @@ def program_limit(target: Target, index: dict) -> int:
 
     Design decision: a program's vertex and transfer tables address bytes of tile memory, and its
     pooled tables (one per distinct table) stay well under the machine's memory: the 27-layer SigLIP
-    tower's whole package is 8 MB on 1,472 tiles x 624 KiB (940 MB). So the tables are bounded by
+    tower's whole package is 8.6 MB on 1,472 tiles x 624 KiB (940 MB). So the tables are bounded by
     ``PROGRAM_FACTOR`` x tiles x SRAM, plus what the index declares: the address and size tables
     (int64 [buffers, tiles] each) and the host maps (at most one interval of four int64 per element
     of each host buffer)."""

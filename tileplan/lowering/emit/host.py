@@ -1,7 +1,7 @@
 """``host.cpp`` and ``host/tables.bin``: the tile program rebuilt with the Poplar host API.
 
 For users who have the Poplar SDK: from the package folder, ``g++ -std=c++17
-host.cpp -lpoplar -o host && ./host DATA_DIR`` builds the same graph (every
+host.cpp -lpoplar -lz -o host && ./host DATA_DIR`` builds the same graph (every
 vertex on the same tile with the same shapes, every value on the same tiles,
 every exchange moving the same elements between the same tiles, in the same
 step order), runs it on an IPUModel (or, with ``-DTILEPLAN_HARDWARE``, on an
@@ -79,7 +79,7 @@ then the second's). A name is a byte offset into ``strings`` (NUL-terminated nam
 Design decision: the int32 sections are deflated, column-major. Repeated scopes are already
 stored once (below), so what remains is one layer's rows for each distinct layer, and their
 columns are runs of near-equal numbers (tiles in order, begins a stride apart): the 27-layer
-SigLIP tower's 8.2 MB of int32 rows deflate to 1.2 MB column by column (1.6 MB row by row).
+SigLIP tower's 8.2 MB of int32 rows deflate to 1.16 MB column by column (1.51 MB row by row).
 host.cpp links zlib (``-lz``), which every Linux with the Poplar SDK has. The names stay plain
 bytes, so a reader can still find a name in the file.
 
