@@ -83,27 +83,28 @@ def package_files(plan, state, target, params: dict | None, plan_json: dict, rep
     process meanwhile)."""
     from .emit.codelets import emit_codelets
     tp = state.tile_program
-    # Deflating program.npz releases the GIL: it runs on a second thread while the host program is
-    # emitted (both only read the tile program).
+    # Deflating program.npz releases the GIL: it runs on a second thread while the other files are
+    # made, and the host program is asked for last: a large plan's is emitted in a forked process
+    # meanwhile (``lowering.compile.beside``), the longest of these, so the documents, codelets and
+    # parameters are made while it runs rather than after it (all only read the tile program).
     with ThreadPoolExecutor(max_workers=1) as pool:
         program = pool.submit(tp.to_files)
-        host = host()
+        files: dict[str, bytes] = {
+            "plan.json": dumps(plan_json).encode(),
+            "model.json": dumps(graph_to_dict(plan.graph)).encode(),
+            "target.json": dumps(target.document()).encode(),
+            "report.json": dumps(report).encode(),
+        }
+        for name, src in emit_codelets(tp, target).items():
+            files[name] = src.encode()
+        if params:
+            check_params(params, plan.graph, "the model's parameter values")
+            stored = {k: _stored_bytes(v) for k, v in params.items()}
+            files["params.npz"] = npz_bytes(stored)
+        files.update(host())        # (a small plan's is emitted here, still beside the deflating)
         npz, index = program.result()
-    files: dict[str, bytes] = {
-        "plan.json": dumps(plan_json).encode(),
-        "model.json": dumps(graph_to_dict(plan.graph)).encode(),
-        "target.json": dumps(target.document()).encode(),
-        "program.json": compact_dumps(index).encode(),
-        "program.npz": npz,
-        "report.json": dumps(report).encode(),
-    }
-    files.update(host)
-    for name, src in emit_codelets(tp, target).items():
-        files[name] = src.encode()
-    if params:
-        check_params(params, plan.graph, "the model's parameter values")
-        stored = {k: _stored_bytes(v) for k, v in params.items()}
-        files["params.npz"] = npz_bytes(stored)
+    files["program.json"] = compact_dumps(index).encode()
+    files["program.npz"] = npz
     manifest = {"format": FORMAT, "model": plan.graph.name, "target": target.name,
                 "files": {n: hashlib.sha256(b).hexdigest() for n, b in sorted(files.items())}}
     files["manifest.json"] = dumps(manifest).encode()
