@@ -142,7 +142,7 @@ def test_the_host_program_of_a_folded_package_compiles_and_writes_the_folded_out
     assert cli("compile", model, "--target", "ipu21-64", "-o", tmp_path / "pkg", "-j", "1")[0] == 0
     pkg = tmp_path / "pkg"
     syntax_check(pkg / "host.cpp")                      # against the stand-in Poplar headers
-    build = subprocess.run([GXX, "-std=c++17", "-O1", "-Wall", "-DTILEPLAN_DUMP_TABLES", "host.cpp", "-o",
+    build = subprocess.run([GXX, "-std=c++17", "-O1", "-Wall", "-DTILEPLAN_DUMP_TABLES", "host.cpp", "-lz", "-o",
                             str(tmp_path / "dump")], cwd=pkg, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     (tmp_path / "data").mkdir()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -134,7 +135,7 @@ def test_host_cpp_reads_the_tables_emission_wrote(smoke, tmp_path):
     (tmp_path / "host").mkdir()
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
-    build = subprocess.run([GXX, "-std=c++17", "-O1", "-Wall", "-DTILEPLAN_DUMP_TABLES", "host.cpp", "-o", "dump"],
+    build = subprocess.run([GXX, "-std=c++17", "-O1", "-Wall", "-DTILEPLAN_DUMP_TABLES", "host.cpp", "-lz", "-o", "dump"],
                            cwd=tmp_path, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-4000:]
     run = subprocess.run(["./dump"], cwd=tmp_path, capture_output=True, text=True)
@@ -176,19 +177,25 @@ class HostTables(dict):
 
 
 def read_tables(data: bytes) -> HostTables:
-    """Little-endian: magic "TPHOST2\\0", u32 sections; per section char name[16], u32 element bytes,
-    u32 columns, u64 rows, then the rows (int32, or bytes for ``strings``)."""
-    assert data[:8] == b"TPHOST2\0"
+    """Little-endian: magic "TPHOST3\\0", u32 sections; per section char name[16], u32 element bytes,
+    u32 columns, u64 rows, u64 stored bytes, then the stored bytes (``strings`` as they are, the others
+    one zlib stream of int32 values column by column)."""
+    assert data[:8] == b"TPHOST3\0"
     (count,) = struct.unpack_from("<I", data, 8)
     at, out = 12, HostTables()
     for _ in range(count):
-        name, esize, columns, rows = struct.unpack_from("<16sIIQ", data, at)
-        at += 32
+        name, esize, columns, rows, stored = struct.unpack_from("<16sIIQQ", data, at)
+        at += 40
         name = name.rstrip(b"\0").decode()
-        nbytes = esize * columns * rows
-        chunk = data[at:at + nbytes]
-        at += nbytes
-        out[name] = chunk if name == "strings" else np.frombuffer(chunk, "<i4").reshape(rows, columns).astype(np.int64)
+        chunk = data[at:at + stored]
+        at += stored
+        if name == "strings":
+            assert esize == 1 and columns == 1 and stored == rows
+            out[name] = chunk
+        else:
+            raw = zlib.decompress(chunk)
+            assert esize == 4 and len(raw) == 4 * rows * columns
+            out[name] = np.frombuffer(raw, "<i4").reshape(columns, rows).T.astype(np.int64)
     assert at == len(data) and set(out) == {"strings", *TABLE_NAMES}
     return out
 

@@ -115,7 +115,7 @@ def dump(package, tmp_path_factory):
     _, pkg = package
     exe = tmp_path_factory.mktemp("dump") / "dump"
     build = subprocess.run([GXX, "-std=c++17", "-O0", "-Wall", "-Werror=bidi-chars", "-DTILEPLAN_DUMP_TABLES",
-                            "host.cpp", "-o", str(exe)], cwd=pkg, capture_output=True, text=True)
+                            "host.cpp", "-lz", "-o", str(exe)], cwd=pkg, capture_output=True, text=True)
     assert build.returncode == 0 and not build.stderr, build.stderr[-4000:]
     return exe
 
@@ -197,7 +197,7 @@ def test_folded_outputs_with_hostile_names_are_written_inside_the_data_folder(pa
     for name, data in files.items():
         (build_dir / name).write_bytes(data)
     build = subprocess.run([GXX, "-std=c++17", "-O0", "-Wall", "-Werror=bidi-chars", "-DTILEPLAN_DUMP_TABLES",
-                            "host.cpp", "-o", "dump"], cwd=build_dir, capture_output=True, text=True)
+                            "host.cpp", "-lz", "-o", "dump"], cwd=build_dir, capture_output=True, text=True)
     assert build.returncode == 0 and not build.stderr, build.stderr[-4000:]
     (build_dir / "data").mkdir()
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))

@@ -43,12 +43,21 @@ from ..graph.serialize import graph_from_dict, graph_to_dict
 from ..target import Target
 from .tile_program import TileProgram
 
-FORMAT = "tileplan-package/3"   # 2: host/tables.bin stores repeated steps once (TPHOST2); 3: program.npz
-                                # stores exchange sources relative to their buffers, groups as differences
+FORMAT = "tileplan-package/4"   # 2: host/tables.bin stores repeated steps once (TPHOST2); 3: program.npz
+                                # stores exchange sources relative to their buffers, groups as differences;
+                                # 4: host/tables.bin deflated (TPHOST3), program.json compact
 
 
 def dumps(obj) -> str:
     return json.dumps(obj, indent=1, sort_keys=True, default=_json_default) + "\n"
+
+
+def compact_dumps(obj) -> str:
+    """``dumps`` without the indentation: for ``program.json``, the tile program's index, which
+    tools read and people seldom do. Design decision: its thousands of steps and buffers were a
+    third whitespace (the 27-layer tower's 3.0 MB index is 2.1 MB compact); the documents people
+    read (plan.json, report.json, model.json) keep their indentation."""
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True, default=_json_default) + "\n"
 
 
 def _json_default(o):
@@ -74,27 +83,28 @@ def package_files(plan, state, target, params: dict | None, plan_json: dict, rep
     process meanwhile)."""
     from .emit.codelets import emit_codelets
     tp = state.tile_program
-    # Deflating program.npz releases the GIL: it runs on a second thread while the host program is
-    # emitted (both only read the tile program).
+    # Deflating program.npz releases the GIL: it runs on a second thread while the other files are
+    # made, and the host program is asked for last: a large plan's is emitted in a forked process
+    # meanwhile (``lowering.compile.beside``), the longest of these, so the documents, codelets and
+    # parameters are made while it runs rather than after it (all only read the tile program).
     with ThreadPoolExecutor(max_workers=1) as pool:
         program = pool.submit(tp.to_files)
-        host = host()
+        files: dict[str, bytes] = {
+            "plan.json": dumps(plan_json).encode(),
+            "model.json": dumps(graph_to_dict(plan.graph)).encode(),
+            "target.json": dumps(target.document()).encode(),
+            "report.json": dumps(report).encode(),
+        }
+        for name, src in emit_codelets(tp, target).items():
+            files[name] = src.encode()
+        if params:
+            check_params(params, plan.graph, "the model's parameter values")
+            stored = {k: _stored_bytes(v) for k, v in params.items()}
+            files["params.npz"] = npz_bytes(stored)
+        files.update(host())        # (a small plan's is emitted here, still beside the deflating)
         npz, index = program.result()
-    files: dict[str, bytes] = {
-        "plan.json": dumps(plan_json).encode(),
-        "model.json": dumps(graph_to_dict(plan.graph)).encode(),
-        "target.json": dumps(target.document()).encode(),
-        "program.json": dumps(index).encode(),
-        "program.npz": npz,
-        "report.json": dumps(report).encode(),
-    }
-    files.update(host)
-    for name, src in emit_codelets(tp, target).items():
-        files[name] = src.encode()
-    if params:
-        check_params(params, plan.graph, "the model's parameter values")
-        stored = {k: _stored_bytes(v) for k, v in params.items()}
-        files["params.npz"] = npz_bytes(stored)
+    files["program.json"] = compact_dumps(index).encode()
+    files["program.npz"] = npz
     manifest = {"format": FORMAT, "model": plan.graph.name, "target": target.name,
                 "files": {n: hashlib.sha256(b).hexdigest() for n, b in sorted(files.items())}}
     files["manifest.json"] = dumps(manifest).encode()
@@ -148,7 +158,8 @@ def load_package(path: str | Path) -> Package:
         raise TileplanError(f"{root}: no manifest.json; not a tileplan package")
     manifest = load_json_object(mpath, LIMITS["json"], "manifest")
     if manifest.get("format") != FORMAT:
-        raise TileplanError(f"{mpath}: package format {str(manifest.get('format'))[:80]!r}, this tileplan reads {FORMAT!r}")
+        raise TileplanError(f"{mpath}: package format {str(manifest.get('format'))[:80]!r}, this tileplan reads "
+                            f"{FORMAT!r}: compile the model again (tileplan compile) to read it")
     listed = manifest.get("files")
     if not isinstance(listed, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in listed.items()):
         raise TileplanError(f"{mpath}: damaged manifest (files must map names to SHA-256 digests)")
@@ -209,7 +220,7 @@ def program_limit(target: Target, index: dict) -> int:
 
     Design decision: a program's vertex and transfer tables address bytes of tile memory, and its
     pooled tables (one per distinct table) stay well under the machine's memory: the 27-layer SigLIP
-    tower's whole package is 28 MB on 1,472 tiles x 624 KiB (940 MB). So the tables are bounded by
+    tower's whole package is 8.6 MB on 1,472 tiles x 624 KiB (940 MB). So the tables are bounded by
     ``PROGRAM_FACTOR`` x tiles x SRAM, plus what the index declares: the address and size tables
     (int64 [buffers, tiles] each) and the host maps (at most one interval of four int64 per element
     of each host buffer)."""
