@@ -59,8 +59,8 @@ def test_a_vision_model_s_repeated_blocks_are_its_whole_layers_as_the_tower_s_ar
     assert [crossing[index[f"l{i}.res2"]] for i in range(LAYERS - 1)] == [2] * (LAYERS - 1)
 
 
-def test_blocks_that_tie_on_coverage_keep_the_earliest_start_when_their_boundaries_are_alike(tmp_path):
-    """The tower from embeddings: its blocks start at its first op, as before."""
+def test_a_tower_from_embeddings_keeps_its_blocks_from_its_first_op_to_its_last(tmp_path):
+    """No prologue: the blocks start at the first op and end at the last, as before the rule."""
     g, blocks = blocks_of(small(tmp_path, False))
     assert blocks[0][0] is g.ops[0] and blocks[-1][-1] is g.ops[-1]
     assert sum(len(b) for b in blocks) == len(g.ops)
