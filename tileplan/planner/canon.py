@@ -155,20 +155,34 @@ def target_key(target) -> str:
 def repeated_blocks(graph: Graph, storage: dict) -> list[list[Op]]:
     """The repeated layers of a graph: the longest run of consecutive blocks of ops (in execution
     order) with one ``subgraph_key``, each block at least two ops; [] when nothing repeats. Block
-    lengths tried are those at which the sequence of op kinds repeats."""
+    lengths tried are those at which the sequence of op kinds repeats.
+
+    Design decision (where a block starts): runs that cover as many ops may differ in where their
+    blocks start. A prologue that ends with an op of the kind that also ends a layer (a vision
+    model's position-embedding Add before layers that end with a residual Add) lets a run start one
+    op early, its blocks then cut each layer before its last op, where the residual stream and the
+    last sum's other operand are both live. The run kept is the one whose block starts carry the
+    fewest live values (``_crossing``: values produced before an op and read at or after it), then
+    the earliest (after the most ops covered, then the shortest blocks, as before): the boundary a whole layer has. What crosses a block start is the state the
+    selection composes every block from (``select._Search``; each start state is one search of the
+    representative block, and two live values with their copies multiply them), and what a pipeline
+    stage boundary sends to the next IPU (``planner.stages``)."""
     ops = graph.ops
     kinds = [type(o).__name__ + repr(_attrs(o)) for o in ops]
+    crossing = _crossing(graph)
     best: list[list[Op]] = []
+    best_rank: tuple = ()
     n = len(ops)
     for size in range(2, n // 2 + 1):
         for start in range(0, size):
             count = (n - start) // size
-            if count < 2 or count * size <= sum(len(b) for b in best):
+            covered = sum(len(b) for b in best)
+            if count < 2 or count * size < covered or (count * size == covered and size > len(best[0])):
                 continue
             same = 1              # blocks whose op kinds repeat the first's (cheap: checked first)
             while same < count and kinds[start + same * size:start + (same + 1) * size] == kinds[start:start + size]:
                 same += 1
-            if same < 2 or same * size <= sum(len(b) for b in best):
+            if same < 2 or same * size < covered:
                 continue
             run: list[list[Op]] = []
             key = None
@@ -184,11 +198,34 @@ def repeated_blocks(graph: Graph, storage: dict) -> list[list[Op]]:
                 elif bkey != key:
                     break
                 run.append(block)
-            if len(run) >= 2 and len(run) * size > sum(len(b) for b in best):
-                best = run
+            if len(run) < 2:
+                continue
+            rank = (-len(run) * size, size, sum(crossing[start + k * size] for k in range(len(run))))
+            if not best or rank < best_rank:          # (ties keep the earlier start: found first)
+                best, best_rank = run, rank
         if best and len(best) * len(best[0]) == n:
             break
     return best
+
+
+def _crossing(graph: Graph) -> list[int]:
+    """Per op index i, how many values an op before i writes and an op at i or later reads: what is
+    live when op i starts (graph inputs and parameters aside: their layouts are fixed)."""
+    index = {op.name: i for i, op in enumerate(graph.ops)}
+    delta = [0] * (len(graph.ops) + 1)
+    for name, users in graph.consumers.items():
+        p = graph.producers.get(name)
+        if p is None or p.name not in index or not users:
+            continue
+        first, last = index[p.name] + 1, max(index[u.name] for u in users)
+        if first <= last:
+            delta[first] += 1
+            delta[last + 1] -= 1
+    out, live = [], 0
+    for d in delta[:-1]:
+        live += d
+        out.append(live)
+    return out
 
 
 def renaming(old: list[str], graph: Graph, op: Op) -> "Renaming":
