@@ -52,6 +52,18 @@ def program_cycles(tp, target) -> list[dict]:
     return out
 
 
+def compiled_pipeline(plan, tp, target, prog_steps=None) -> dict | None:
+    """A plan with micro-batches (``planner.pipeline``): the schedule's figures from the lowered
+    program's static per-step cycles (``program_cycles``: what the IPU model counts); else None."""
+    if not getattr(plan, "pipeline", None):
+        return None
+    from ..planner.pipeline import pipeline_stages, tile_program_pipeline
+    steps = program_cycles(tp, target) if prog_steps is None else prog_steps
+    fig = plan.pipeline
+    return tile_program_pipeline(tp, target, pipeline_stages(plan.stages), fig["micro_batch"], fig["micro_batches"],
+                                 [s["cycles"] + s["sync"] for s in steps])
+
+
 def build_report(plan, state, target, est=None) -> dict:
     """report.json's document. ``est``: the plan program's detailed cost (``cost_program``), when the
     caller has it."""
@@ -63,7 +75,9 @@ def build_report(plan, state, target, est=None) -> dict:
     planned = plan.detailed if getattr(plan.detailed, "memory", None) is not None else est
     used = tp.addr >= 0
     top = np.where(used, tp.addr + tp.size, 0).max(axis=0) if used.any() else np.zeros(tp.tiles, np.int64)
+    pipeline = compiled_pipeline(plan, tp, target, prog_steps)
     return {
+        **({"pipeline": pipeline} if pipeline else {}),
         "model": plan.graph.name,
         "target": target.name,
         "roofline_cycles": plan.roofline,
