@@ -609,6 +609,11 @@ def validate_command(
               f"sync {_n(prof.sync)}), {roofline_ratio_text(prof.cycles, roof)}")
     if est:
         out.print(f"planner estimate: {_n(est)} cycles; estimate / simulated = {est / max(prof.cycles, 1):.3f}")
+    if v.pipeline:                           # micro-batches: every one run through the pipelined schedule
+        from .planner.pipeline import summary
+        planned = (pkg.plan.get("pipeline") or {}).get("cycles")
+        out.print(plain(summary(v.pipeline, "simulated") + (f"; planner estimate {_n(planned)} cycles"
+                                                             if planned is not None else "")))
     out.print(f"memory peak (IPU model's simulated peak): {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "
               f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g}"
               f"{' x max(1, max |want|)' if atol is None else ''}"

@@ -225,6 +225,11 @@ _MAX_DIMS = 16                   # dimensions of a tensor or buffer
 _MAX_DIM = 1 << 40               # one dimension
 
 
+# The most micro-batches a package may run (plan.json's ``pipeline``): validation runs the program
+# that many times, so a damaged count must not make it run for days.
+MAX_MICRO_BATCHES = 1 << 12
+
+
 def _document_specs(target_fields: dict, steps: int):
     """The schema (``tileplan.schema``) of each JSON document a package holds, as loading and
     validation read them; ``steps``: the tile program's step count, bounding buffer spans."""
@@ -254,7 +259,9 @@ def _document_specs(target_fields: dict, steps: int):
                  {"alias_of": Opt(Str()), "span": span, "space": Str()}, closed=True)
     program = Obj({"tiles": Int(1, 1 << 24), "buffers": List(buffer), "steps": List(step), "io": names},
                   {"passes": names, "io_arrays": Map(Map(Str()))})
-    plan = Obj(optional={"weights": Opt(Str()), "prearranged": List(Obj({"tensor": Str()}))})
+    plan = Obj(optional={"weights": Opt(Str()), "prearranged": List(Obj({"tensor": Str()})),
+                         "pipeline": Obj({"micro_batch": Int(1, _MAX_DIM), "micro_batches": Int(1, MAX_MICRO_BATCHES),
+                                          "batch": Int(1, _MAX_DIM), "stages": Int(1, 1 << 16)})})
     report = Obj(optional={"roofline_cycles": Opt(Num()), "estimate": Obj(optional={"cycles": Opt(Num())})})
     return {"target.json": target, "model.json": model, "program.json": program, "plan.json": plan,
             "report.json": report}
