@@ -99,12 +99,13 @@ def build_report(plan, state, target, est=None) -> dict:
 
 
 def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver: str = "dp", progress=None,
-                  registry=None, pins=(), cache=None, weights=None, qkv: str = "auto", ipus: str = "auto"):
+                  registry=None, pins=(), cache=None, weights=None, qkv: str = "auto", ipus: str = "auto",
+                  micro_batch: int | None = None):
     from ..planner.plan import plan as make_plan
 
     def planned(budget=None):
         return make_plan(graph, target, jobs=jobs, solver=solver, progress=progress, pins=pins, cache=cache,
-                         weights=weights, qkv=qkv, ipus=ipus, budget=budget)
+                         weights=weights, qkv=qkv, ipus=ipus, budget=budget, micro_batch=micro_batch)
     return compile_fitting(planned(), planned, target, out_dir, params=params, registry=registry)
 
 

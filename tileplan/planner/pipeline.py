@@ -43,6 +43,7 @@ import dataclasses
 
 from ..errors import TileplanError
 from ..graph.core import Graph, Role
+from ..lowering.check import MAX_MICRO_BATCHES
 
 
 def check_micro_batch(value) -> int | None:
@@ -74,6 +75,9 @@ def micro_graph(graph: Graph, m: int) -> Graph:
     if m > b or b % m:
         raise TileplanError(f"--micro-batch {m} does not divide model {graph.name!r}'s batch of {b} images "
                             f"(the leading axis of its inputs)")
+    if b // m > MAX_MICRO_BATCHES:
+        raise TileplanError(f"--micro-batch {m} makes {b // m:,} micro-batches of model {graph.name!r}'s batch of "
+                            f"{b}; at most {MAX_MICRO_BATCHES:,} run in one package")
     for t in graph.tensors.values():
         if t.role is not Role.PARAMETER and (not t.shape or t.shape[0] != b):
             raise TileplanError(f"model {graph.name!r}: tensor {t.name!r} {list(t.shape)} does not have the batch "
@@ -95,10 +99,7 @@ def micro_graph(graph: Graph, m: int) -> Graph:
     ops = []
     for op in graph.ops:
         shape = getattr(op, "shape", None)
-        if isinstance(shape, tuple) and shape:
-            if shape[0] != b:
-                raise TileplanError(f"op {op.name!r} ({op.kind}) reshapes to {list(shape)}, which does not keep "
-                                    f"the batch ({b}) leading; --micro-batch needs it to")
+        if isinstance(shape, tuple) and shape:        # (its output, an activation, has the batch leading)
             op = dataclasses.replace(op, shape=cut(shape))
         ops.append(op)
     outputs = [n for n, t in graph.tensors.items() if t.role is Role.OUTPUT]
