@@ -200,13 +200,16 @@ def _plan_documents(p, target):
 
 
 def _host_args(p, state, target) -> tuple:
+    from ..planner.pipeline import pipeline_stages
     folded = [(n, p.graph.folded_value(n)) for n in sorted(p.graph.folded)]   # the host writes these
-    return state.tile_program, target, p.graph.name, folded
+    pipe = getattr(p, "pipeline", None)       # micro-batches: the host runs the pipelined slots
+    schedule = (pipeline_stages(p.stages), pipe["micro_batches"]) if pipe else (1, 1)
+    return state.tile_program, target, p.graph.name, folded, schedule
 
 
-def _emit_host(tp, target, name, folded):
+def _emit_host(tp, target, name, folded, schedule=(1, 1)):
     from .emit.host import emit_host
-    return emit_host(tp, target, name, folded=folded)
+    return emit_host(tp, target, name, folded=folded, schedule=schedule)
 
 
 class _Deferred:
