@@ -164,3 +164,23 @@ def test_small_tower_four_stages():
     own = [s["cycles"] for s in p.stages["stages"]]
     assert p.pipeline["stage_cycles"] == own
     assert p.pipeline["cycles"] == slots_by_hand(own, p.pipeline["link_cycles"], 2, tgt.sync_cycles_multi)
+
+
+def test_bench_table_row_from_one_plan(mlp):
+    """The bench's throughput table: one plan per row gives every batch (the schedule of its stage
+    cycles, as a plan of that batch would give), and a row that cannot be planned says why."""
+    from tileplan import bench
+    g, tgt = mlp["graph"], mlp["target"]
+    cache = MemoryCache()
+    row = bench.pipeline_entry(micro_graph(g, 24), tgt, micro_batch=24, batches=(24, 48, 96), cache=cache)
+    assert row["stage_cycles"] == mlp["plan"].pipeline["stage_cycles"]
+    assert row["batches"]["96"]["cycles"] == mlp["plan"].pipeline["cycles"]       # the batch-96 plan's own figure
+    rates = [row["batches"][b]["images_per_second"] for b in ("24", "48", "96")]
+    assert rates == sorted(rates) and len(set(rates)) == 3
+    bad = bench.pipeline_entry(g, tgt, micro_batch=5, batches=(96,), cache=cache)
+    assert "--micro-batch 5" in bad["error"]
+    table = {"batches": [24, 48, 96], "micro_batch": 24, "anchor": {"images_per_second": 163.8, "batch": 48,
+                                                                    "ipus": 1, "source": "hardware"},
+             "rows": [{"model": g.name, "precision": "fp8", **row}, {"model": g.name, "precision": "fp8", **bad}]}
+    text = "\n".join(bench.pipeline_lines(table))
+    assert f"{rates[2]:.1f}" in text and "not planned: --micro-batch 5" in text and "163.8" in text

@@ -292,7 +292,7 @@ def pipeline_lines(table: dict | None) -> list[str]:
     rows = []
     for r in table["rows"]:
         if "error" in r:
-            cells = [f"does not fit: {r['error'][:300]}"] + [""] * (len(bs) - 1)
+            cells = [f"not planned: {r['error'][:300]}"] + [""] * (len(bs) - 1)
         else:
             cells = [f"{r['batches'][str(b)]['images_per_second']:.1f}; {r['batches'][str(b)]['latency_ms']:.2f} ms"
                      if str(b) in r["batches"] else "-" for b in bs]
