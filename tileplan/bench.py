@@ -292,7 +292,8 @@ def pipeline_lines(table: dict | None) -> list[str]:
     rows = []
     for r in table["rows"]:
         if "error" in r:
-            cells = [f"not planned: {r['error'][:300]}"] + [""] * (len(bs) - 1)
+            why = r["error"] if len(r["error"]) <= 240 else r["error"][:240].rsplit(" ", 1)[0] + " ..."
+            cells = [f"not planned: {why}"] + [""] * (len(bs) - 1)
         else:
             cells = [f"{r['batches'][str(b)]['images_per_second']:.1f}; {r['batches'][str(b)]['latency_ms']:.2f} ms"
                      if str(b) in r["batches"] else "-" for b in bs]
