@@ -225,11 +225,6 @@ _MAX_DIMS = 16                   # dimensions of a tensor or buffer
 _MAX_DIM = 1 << 40               # one dimension
 
 
-# The most micro-batches a package may run (plan.json's ``pipeline``): validation runs the program
-# that many times, so a damaged count must not make it run for days.
-MAX_MICRO_BATCHES = 1 << 12
-
-
 def _document_specs(target_fields: dict, steps: int):
     """The schema (``tileplan.schema``) of each JSON document a package holds, as loading and
     validation read them; ``steps``: the tile program's step count, bounding buffer spans."""
@@ -238,6 +233,7 @@ def _document_specs(target_fields: dict, steps: int):
     scale = Int(-1000, 1000)
     names = List(Str())
     kinds = {"str": Str(), "float": Num(), "int": Int()}
+    from ..planner.pipeline import MAX_MICRO_BATCHES
     from ..target import OPTIONAL_FIELDS           # the multi-IPU figures: absent from one-IPU packages
     target = Obj({k: kinds.get(str(t), Int()) for k, t in target_fields.items() if k not in OPTIONAL_FIELDS},
                  {k: kinds.get(str(t), Int()) for k, t in target_fields.items() if k in OPTIONAL_FIELDS}, closed=True)

@@ -43,7 +43,10 @@ import dataclasses
 
 from ..errors import TileplanError
 from ..graph.core import Graph, Role
-from ..lowering.check import MAX_MICRO_BATCHES
+
+# The most micro-batches one package runs (plan.json's ``pipeline``, checked on loading): validation
+# runs the program that many times, so a damaged count must not make it run for days.
+MAX_MICRO_BATCHES = 1 << 12
 
 
 def check_micro_batch(value) -> int | None:
@@ -202,15 +205,13 @@ def program_places(tp, target, stages: int) -> list[tuple[str, int]]:
     """The place of each step of a lowered tile program (``lowering.tile_program``), from its vertex
     groups' tiles or its transfers' tiles."""
     import numpy as np
-
-    from ..lowering.tile_program import ComputeSet
     tpi = target.tiles_per_ipu
     out, prev = [], 0
     for st in tp.steps:
         if stages == 1:
             out.append(("own", 0))
             continue
-        if isinstance(st, ComputeSet):
+        if hasattr(st, "groups"):            # a compute set (``lowering.tile_program``); else an exchange
             tiles = [np.asarray(g.tile) for g in st.groups]
         else:
             tiles = [np.asarray(st.transfers.src_tile), np.asarray(st.transfers.dst_tile)]
