@@ -229,6 +229,104 @@ def throughput(batch: int, clock_hz: float, cycles: int, stage_cycles: list[int]
             "images_per_second": batch * clock_hz / interval, "pipelined": bool(stage_cycles)}
 
 
+# ---- the pipelined throughput table ----------------------------------------------------------------
+
+# Rows: (precision, IPU counts); columns: batches. Each row's fixture is the tower at batch 1, planned
+# once per IPU count for one micro-batch of one image (``planner.pipeline``).
+PIPELINE_ROWS = (("fp8", (1, 2, 4)), ("fp16", (2, 4)))
+PIPELINE_BATCHES = (1, 2, 4, 8)
+PIPELINE_MICRO_BATCH = 1
+PIPELINE_TARGETS = {1: "ipu21", 2: "ipu21x2", 4: "ipu21x4"}
+
+
+def pipeline_entry(graph, target, *, micro_batch: int, batches, jobs: int = 1, cache=None) -> dict:
+    """One row of the throughput table: ``graph`` (a model of ``micro_batch`` images) planned once on
+    ``target`` (pipeline stages on several IPUs) and its pipelined figures for every batch of
+    ``batches`` (``planner.pipeline.schedule`` from the one plan's per-stage cycles: the plan does
+    not depend on the batch, only the number of micro-batches does). A plan that does not fit is
+    the row's ``error``, with the planner's reason."""
+    from .errors import TileplanError
+    from .planner.pipeline import schedule
+    from .planner.plan import plan
+    t0 = time.perf_counter()
+    row = {"target": target.name, "ipus": target.ipus, "micro_batch": micro_batch}
+    try:
+        p = plan(graph, target, jobs=jobs, cache=cache, ipus="stages" if target.ipus > 1 else "auto",
+                 micro_batch=micro_batch)
+    except TileplanError as exc:
+        return {**row, "error": str(exc), "plan_seconds": time.perf_counter() - t0}
+    fig = p.pipeline
+    row.update(plan_seconds=time.perf_counter() - t0, stage_cycles=fig["stage_cycles"], link_cycles=fig["link_cycles"],
+               batches={})
+    for b in batches:
+        if b % micro_batch:
+            continue
+        got = schedule(fig["stage_cycles"], fig["link_cycles"], b // micro_batch, micro_batch, target)
+        row["batches"][str(b)] = {k: got[k] for k in ("cycles", "images_per_second", "latency_cycles", "latency_ms",
+                                                      "steady_images_per_second")}
+    return row
+
+
+def pipeline_table(*, jobs: int = 1, cache=None, rows=PIPELINE_ROWS, batches=PIPELINE_BATCHES,
+                   micro_batch: int = PIPELINE_MICRO_BATCH, on_row=None) -> dict:
+    """The full bench's throughput table: the SigLIP tower (``fixtures/siglip_tower_<precision>_b1``)
+    on 1, 2 and 4 IPUs, images/s and latency per image at every batch of ``batches``, beside the
+    anchor's batch-2 figure on one C600.
+
+    Design decision, the micro-batch size: one image. The stage programs are planned once for it, so
+    one plan per (precision, IPU count) gives every batch, and the most micro-batches are in flight
+    (the shortest fill and drain per image). A larger micro-batch (a batch-2 program runs the tower's
+    GEMMs with twice the rows, which this cycle model costs a little under twice the cycles) would
+    need a plan per size; the table does not search it."""
+    from .graph.loaders import load_model
+    from .target import load_target
+    out = {"micro_batch": micro_batch, "batches": list(batches), "rows": [],
+           "anchor": {"images_per_second": REFERENCE["ipu_stack_siglip_tower_b2_images_per_second"], "batch": 2,
+                      "ipus": 1, "source": "ipu-stack on one C600: hardware, host-timed"}}
+    for precision, counts in rows:
+        path = FIXTURES / f"siglip_tower_{precision}_b{micro_batch}.toml"
+        graph = load_model(path)
+        for n in counts:
+            row = {"model": graph.name, "precision": precision,
+                   **pipeline_entry(graph, load_target(PIPELINE_TARGETS[n]), micro_batch=micro_batch,
+                                    batches=batches, jobs=jobs, cache=cache)}
+            out["rows"].append(row)
+            if on_row is not None:
+                on_row(row)
+    return out
+
+
+def _plan_cache():
+    from .planner.cache import PlanCache
+    return PlanCache()          # the user's plan cache: the tower's catalogues, costed once
+
+
+def pipeline_lines(table: dict | None) -> list[str]:
+    """BENCH.md's throughput table (modelled figures) from ``pipeline_table``'s document."""
+    if not table:
+        return []
+    bs = table["batches"]
+    head = ["tower", "IPUs", "micro-batch", *[f"batch {b}: images/s; latency per image" for b in bs]]
+    rows = []
+    for r in table["rows"]:
+        if "error" in r:
+            why = r["error"] if len(r["error"]) <= 240 else r["error"][:240].rsplit(" ", 1)[0] + " ..."
+            cells = [f"not planned: {why}"] + [""] * (len(bs) - 1)
+        else:
+            cells = [f"{r['batches'][str(b)]['images_per_second']:.1f}; {r['batches'][str(b)]['latency_ms']:.2f} ms"
+                     if str(b) in r["batches"] else "-" for b in bs]
+        rows.append([f"{r['precision'].upper()} ({r['model']})", str(r["ipus"]), str(r["micro_batch"]), *cells])
+    a = table["anchor"]
+    rows.append([f"anchor ({a['source']})", str(a["ipus"]), "-",
+                 *[f"{a['images_per_second']:.1f}; -" if b == a["batch"] else "" for b in bs]])
+    return ["## Pipelined throughput (modelled)", "",
+            "Images/s = batch x clock / the whole run's cycles (fill, steady state and drain), latency per "
+            "image = the cycles from a micro-batch's entry into stage 0 to its exit from the last stage, "
+            "at the target's clock; every micro-batch is one image, each row one plan "
+            "(`planner.pipeline`). Modelled by tileplan's cycle model, not measured; the anchor row is "
+            "hardware, timed by its host.", "", _md_table(head, rows), ""]
+
+
 def record_throughput(rec: dict) -> dict | None:
     """``throughput`` of a benchmark record with a batch: from its simulated cycles, else its
     estimate (``source`` says which), with its per-stage cycles when it has them (``stage_cycles``);
@@ -709,6 +807,8 @@ def run_bench(*, quick: bool, jobs: int, only: list[str] | None = None, on_resul
         "targets": target_figures(results),
         "reference": REFERENCE,
         "calibration": calibration_report(),
+        # the pipelined throughput table: full-size plans, the full bench only (not with --only)
+        **({"pipeline_table": pipeline_table(jobs=jobs, cache=_plan_cache())} if not quick and not only else {}),
     }
 
 
@@ -1149,6 +1249,7 @@ def markdown(doc: dict) -> str:
                   "neither was measured on hardware.", "",
                   _md_table(list(PINNED_COLUMNS), [list(r) for r in pinned]), ""]
     lines += calibration_lines(doc)
+    lines += pipeline_lines(doc.get("pipeline_table"))
     problems = [(n, r) for n, r in results.items() if r["status"] != "ok"]
     if problems:
         lines += ["## Timeouts, failures and skips", ""]

@@ -430,6 +430,23 @@ IpusOption = Annotated[str, typer.Option(
          "tile, or auto (plan both, keep the cheaper).")]
 
 
+MicroBatchOption = Annotated[Optional[str], typer.Option(
+    "--micro-batch", metavar="N",
+    help="Cut the batch into micro-batches of N images: planned once for N, pipelined through the stages of a "
+         "multi-IPU plan (fill, steady state, drain).")]
+
+
+def _micro_batch(value: str | None) -> int | None:
+    from .planner.pipeline import check_micro_batch
+    if value is None:
+        return None
+    try:
+        n = int(value, 10)
+    except ValueError:
+        raise TileplanError(f"--micro-batch must be a positive whole number of images, got {value!r}") from None
+    return check_micro_batch(n)
+
+
 def _ipus(mode: str) -> str:
     from .planner.stages import MODES
     return _one_of(mode, "--ipus", MODES)
@@ -483,6 +500,7 @@ def plan_command(
     weights: WeightsOption = None,
     qkv: QkvOption = "auto",
     ipus: IpusOption = "auto",
+    micro_batch: MicroBatchOption = None,
 ) -> None:
     """Plan a model: choose every op's implementation and print the cost report.
     With --json (or -o -) the plan, as plan.json holds it, goes to stdout."""
@@ -497,14 +515,14 @@ def plan_command(
         as_json, output = True, None
     out = Output(as_json, quiet, verbose)
     progress.show(quiet)
-    weights, qkv = _weights(weights), _qkv(qkv)
+    weights, qkv, micro = _weights(weights), _qkv(qkv), _micro_batch(micro_batch)
     graph, tgt, _ = _model_and_target(model, target, solver, cast_bf16)
     if output is not None:
         check_file(output)                   # before planning, not after
     with _naming(model):
         result = plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=_catalogue_ticks(graph),
                       pins=_pins(pin, pins_file), cache=_plan_cache(cache, no_cache), weights=weights, qkv=qkv,
-                      ipus=_ipus(ipus))
+                      ipus=_ipus(ipus), micro_batch=micro)
     _at("report")
     out.settle()
     doc = plan_to_json(result)           # once: the report, plan.json and --json print the same document
@@ -537,6 +555,7 @@ def compile_command(
     weights: WeightsOption = None,
     qkv: QkvOption = "auto",
     ipus: IpusOption = "auto",
+    micro_batch: MicroBatchOption = None,
 ) -> None:
     """Plan and compile a model into a package: plan, tile program, codelets, host program, report data."""
     from .report.terminal import plain, roofline_ratio_text
@@ -545,14 +564,14 @@ def compile_command(
     from .planner.plan import plan
 
     progress.show(quiet)
-    weights, qkv = _weights(weights), _qkv(qkv)
+    weights, qkv, micro = _weights(weights), _qkv(qkv), _micro_batch(micro_batch)
     graph, tgt, params = _model_and_target(model, target, solver, cast_bf16)   # one import: a factory runs once
     check_folder(output)                     # before planning, not after
     with _naming(model):                     # (compile_model's steps, each with its stage)
         def planned(budget=None):            # (again within a budget when the allocator fragments)
             return plan(graph, tgt, jobs=jobs or os.cpu_count() or 1, solver=solver, progress=_catalogue_ticks(graph),
                         pins=_pins(pin, pins_file), cache=plan_cache, weights=weights, qkv=qkv, ipus=_ipus(ipus),
-                        budget=budget)
+                        budget=budget, micro_batch=micro)
         plan_cache = _plan_cache(cache, no_cache)
         p = planned()
         _at("lowering")
@@ -572,6 +591,10 @@ def compile_command(
         from .report.terminal import stage_lines
         for line in stage_lines(p.stages):
             out.print(plain(line))
+    if p.pipeline:                           # micro-batches (planner.pipeline): the compiled program's figures
+        from .lowering.compile import compiled_pipeline
+        from .planner.pipeline import summary
+        out.print(plain(summary(compiled_pipeline(p, state.tile_program, tgt), "compiled program")))
     if p.budget is not None:                 # lowering.compile.compile_fitting re-planned it
         out.print(f"planned within {_n(p.budget)} B per tile: the allocator could not place the plan within "
                   f"{_n(tgt.usable_bytes)}")
@@ -632,6 +655,11 @@ def validate_command(
               f"sync {_n(prof.sync)}), {roofline_ratio_text(prof.cycles, roof)}")
     if est:
         out.print(f"planner estimate: {_n(est)} cycles; estimate / simulated = {est / max(prof.cycles, 1):.3f}")
+    if v.pipeline:                           # micro-batches: every one run through the pipelined schedule
+        from .planner.pipeline import summary
+        planned = (pkg.plan.get("pipeline") or {}).get("cycles")
+        out.print(plain(summary(v.pipeline, "simulated") + (f"; planner estimate {_n(planned)} cycles"
+                                                             if planned is not None else "")))
     out.print(f"memory peak (IPU model's simulated peak): {_n(int(prof.memory_peak.max()))} B on tile {int(prof.memory_peak.argmax())} "
               f"(of {_n(pkg.target.sram_bytes)}); tolerance atol {v.atol:g}"
               f"{' x max(1, max |want|)' if atol is None else ''}"

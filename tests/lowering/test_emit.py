@@ -152,7 +152,7 @@ def test_host_cpp_reads_the_tables_emission_wrote(smoke, tmp_path):
     assert run.stdout.splitlines() == want
     (tmp_path / "host/tables.bin").write_bytes(files["host/tables.bin"][:-3])
     run = subprocess.run(["./dump"], cwd=tmp_path, capture_output=True, text=True)
-    assert run.returncode == 1 and "host: host/tables.bin: truncated in copies" in run.stderr
+    assert run.returncode == 1 and "host: host/tables.bin: truncated in host_places" in run.stderr
 
 
 def test_emission_is_deterministic(smoke):
@@ -166,7 +166,7 @@ def test_emission_is_deterministic(smoke):
 # ---- host/tables.bin, read here by its documented layout --------------------------------------
 
 TABLE_NAMES = ("variables", "pieces", "runs", "operands", "bindings", "host_tensors", "host_copies", "steps", "groups",
-               "fields", "params", "vertices", "copies")
+               "fields", "params", "vertices", "copies", "step_places", "host_places")
 CTYPE_OF_CODE = ("unsigned char", "half", "float")
 
 

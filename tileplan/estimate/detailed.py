@@ -35,6 +35,7 @@ class StepCost:
     cycles: int               # slowest tile (exchange: without the sync)
     sync: int                 # sync cycles charged to this step
     bytes: int                # bytes moved (exchange) or copied (local)
+    step: int = -1            # the index of the program step it costs (an exchange may give two)
 
 
 @dataclass
@@ -321,11 +322,11 @@ def cost_program(program: Program, target) -> Detailed:
     tiles = target.tiles
     compute = exchange = sync = moved = 0
     steps: list[StepCost] = []
-    for step in program.steps:
+    for index, step in enumerate(program.steps):
         if isinstance(step, ComputeStep):
             c = step.cycles
             compute += c
-            steps.append(StepCost(step.name, "compute", c, 0, 0))
+            steps.append(StepCost(step.name, "compute", c, 0, 0, index))
         elif isinstance(step, ExchangeStep):
             costs = [copy_cost(program.buffers[cp.src], program.buffers[cp.dst], target,
                                into_view=cp.dst in program.aliases
@@ -342,11 +343,12 @@ def cost_program(program: Program, target) -> Detailed:
                 exchange += c
                 sync += s
                 moved += b
-                steps.append(StepCost(step.name, "exchange", c, s, b))
+                steps.append(StepCost(step.name, "exchange", c, s, b, index))
             if any(c.local_runs for c in costs):
                 lc = int(sum(c.local_cycles for c in costs).max())
                 compute += lc
-                steps.append(StepCost(step.name + ".local", "local_copy", lc, 0, sum(c.local_bytes for c in costs)))
+                steps.append(StepCost(step.name + ".local", "local_copy", lc, 0, sum(c.local_bytes for c in costs),
+                                      index))
         else:
             raise TypeError(f"unknown step {step!r}")
     mem = program_memory(program, target)

@@ -233,6 +233,7 @@ def _document_specs(target_fields: dict, steps: int):
     scale = Int(-1000, 1000)
     names = List(Str())
     kinds = {"str": Str(), "float": Num(), "int": Int()}
+    from ..planner.pipeline import MAX_MICRO_BATCHES
     from ..target import OPTIONAL_FIELDS           # the multi-IPU figures: absent from one-IPU packages
     target = Obj({k: kinds.get(str(t), Int()) for k, t in target_fields.items() if k not in OPTIONAL_FIELDS},
                  {k: kinds.get(str(t), Int()) for k, t in target_fields.items() if k in OPTIONAL_FIELDS}, closed=True)
@@ -254,7 +255,9 @@ def _document_specs(target_fields: dict, steps: int):
                  {"alias_of": Opt(Str()), "span": span, "space": Str()}, closed=True)
     program = Obj({"tiles": Int(1, 1 << 24), "buffers": List(buffer), "steps": List(step), "io": names},
                   {"passes": names, "io_arrays": Map(Map(Str()))})
-    plan = Obj(optional={"weights": Opt(Str()), "prearranged": List(Obj({"tensor": Str()}))})
+    plan = Obj(optional={"weights": Opt(Str()), "prearranged": List(Obj({"tensor": Str()})),
+                         "pipeline": Obj({"micro_batch": Int(1, _MAX_DIM), "micro_batches": Int(1, MAX_MICRO_BATCHES),
+                                          "batch": Int(1, _MAX_DIM), "stages": Int(1, 1 << 16)})})
     report = Obj(optional={"roofline_cycles": Opt(Num()), "estimate": Obj(optional={"cycles": Opt(Num())})})
     return {"target.json": target, "model.json": model, "program.json": program, "plan.json": plan,
             "report.json": report}

@@ -52,6 +52,18 @@ def program_cycles(tp, target) -> list[dict]:
     return out
 
 
+def compiled_pipeline(plan, tp, target, prog_steps=None) -> dict | None:
+    """A plan with micro-batches (``planner.pipeline``): the schedule's figures from the lowered
+    program's static per-step cycles (``program_cycles``: what the IPU model counts); else None."""
+    if not getattr(plan, "pipeline", None):
+        return None
+    from ..planner.pipeline import pipeline_stages, tile_program_pipeline
+    steps = program_cycles(tp, target) if prog_steps is None else prog_steps
+    fig = plan.pipeline
+    return tile_program_pipeline(tp, target, pipeline_stages(plan.stages), fig["micro_batch"], fig["micro_batches"],
+                                 [s["cycles"] + s["sync"] for s in steps])
+
+
 def build_report(plan, state, target, est=None) -> dict:
     """report.json's document. ``est``: the plan program's detailed cost (``cost_program``), when the
     caller has it."""
@@ -63,7 +75,9 @@ def build_report(plan, state, target, est=None) -> dict:
     planned = plan.detailed if getattr(plan.detailed, "memory", None) is not None else est
     used = tp.addr >= 0
     top = np.where(used, tp.addr + tp.size, 0).max(axis=0) if used.any() else np.zeros(tp.tiles, np.int64)
+    pipeline = compiled_pipeline(plan, tp, target, prog_steps)
     return {
+        **({"pipeline": pipeline} if pipeline else {}),
         "model": plan.graph.name,
         "target": target.name,
         "roofline_cycles": plan.roofline,
@@ -85,12 +99,13 @@ def build_report(plan, state, target, est=None) -> dict:
 
 
 def compile_model(graph, target, out_dir, *, params=None, jobs: int = 1, solver: str = "dp", progress=None,
-                  registry=None, pins=(), cache=None, weights=None, qkv: str = "auto", ipus: str = "auto"):
+                  registry=None, pins=(), cache=None, weights=None, qkv: str = "auto", ipus: str = "auto",
+                  micro_batch: int | None = None):
     from ..planner.plan import plan as make_plan
 
     def planned(budget=None):
         return make_plan(graph, target, jobs=jobs, solver=solver, progress=progress, pins=pins, cache=cache,
-                         weights=weights, qkv=qkv, ipus=ipus, budget=budget)
+                         weights=weights, qkv=qkv, ipus=ipus, budget=budget, micro_batch=micro_batch)
     return compile_fitting(planned(), planned, target, out_dir, params=params, registry=registry)
 
 
@@ -185,13 +200,16 @@ def _plan_documents(p, target):
 
 
 def _host_args(p, state, target) -> tuple:
+    from ..planner.pipeline import pipeline_stages
     folded = [(n, p.graph.folded_value(n)) for n in sorted(p.graph.folded)]   # the host writes these
-    return state.tile_program, target, p.graph.name, folded
+    pipe = getattr(p, "pipeline", None)       # micro-batches: the host runs the pipelined slots
+    schedule = (pipeline_stages(p.stages), pipe["micro_batches"]) if pipe else (1, 1)
+    return state.tile_program, target, p.graph.name, folded, schedule
 
 
-def _emit_host(tp, target, name, folded):
+def _emit_host(tp, target, name, folded, schedule=(1, 1)):
     from .emit.host import emit_host
-    return emit_host(tp, target, name, folded=folded)
+    return emit_host(tp, target, name, folded=folded, schedule=schedule)
 
 
 class _Deferred:

@@ -182,6 +182,8 @@ class Plan:
                                   # stage cycles and link bytes, or "spread"; None on one IPU
     budget: int | None = None     # bytes per tile selection was held to, when below the target's usable
                                   # bytes (``lowering.compile.compile_fitting``'s re-plan); None: all of them
+    pipeline: dict | None = None  # micro-batches (``planner.pipeline``): the schedule's figures from the
+                                  # estimate; None without ``micro_batch``
 
     @property
     def ratio(self) -> float:
@@ -204,17 +206,29 @@ def _pinned_layouts(graph: Graph) -> Graph:
 def plan(graph: Graph, target, *, jobs: int = 1, solver: str = "dp", frontier_bound: int = 32,
          dp_paths: int | None = 16, progress=None, weights: str | None = None, pins=(), share: bool = True,
          cache=None, caches: Caches | None = None, qkv: str = "auto", ipus: str = "auto",
-         budget: int | None = None) -> Plan:
+         budget: int | None = None, micro_batch: int | None = None) -> Plan:
     """Plan ``graph`` on ``target`` (``plan_graph`` says how; ``budget``: the bytes per tile selection
     may use, below the target's usable bytes; None: all of them). ``qkv``: GEMMs reading one
     activation with alike weights (an encoder layer's Q, K and V projections) are planned as
     they are and fused into one GEMM plus Slices (``planner.qkv``), and the plan with fewer
     modelled cycles is kept (``"auto"``); ``"fused"`` or ``"separate"`` plans only that form.
     ``Plan.qkv`` records which, with both estimates. ``ipus``: how a multi-IPU target is used
-    (``planner.stages``: ``"stages"``, ``"spread"`` or ``"auto"``, the cheaper); one IPU ignores it."""
+    (``planner.stages``: ``"stages"``, ``"spread"`` or ``"auto"``, the cheaper); one IPU ignores it.
+    ``micro_batch``: the batch cut into micro-batches of that many images, planned once for one
+    micro-batch and pipelined through the stages (``planner.pipeline``; ``Plan.pipeline`` holds the
+    schedule's figures); the plan's graph is then the micro-batch's."""
     from . import qkv as fuse
     from .stages import check_mode
     check_mode(ipus)
+    if micro_batch is not None:
+        from .pipeline import batch_of, check_micro_batch, micro_graph, plan_pipeline
+        m = check_micro_batch(micro_batch)
+        micro = micro_graph(graph, m)
+        p = plan(micro, target, jobs=jobs, solver=solver, frontier_bound=frontier_bound, dp_paths=dp_paths,
+                 progress=progress, weights=weights, pins=pins, share=share, cache=cache, caches=caches, qkv=qkv,
+                 ipus=ipus, budget=budget)
+        p.pipeline = plan_pipeline(p, m, batch_of(graph) // m)
+        return p
     if target.ipus > 1 and ipus != "spread":
         return plan_over_ipus(graph, target, mode=ipus, jobs=jobs, solver=solver, frontier_bound=frontier_bound,
                               dp_paths=dp_paths, progress=progress, weights=weights, pins=pins, share=share,

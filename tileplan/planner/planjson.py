@@ -37,6 +37,10 @@ Contents:
   (the whole program's estimate of each form; null where it was not planned), ``groups`` (the
   GEMMs of each group) and ``fused`` (when chosen: each fused GEMM, its weight and the weights
   concatenated into it, which the package's params.npz holds);
+- ``pipeline`` (only with ``--micro-batch``, ``planner.pipeline``): the micro-batch size and count,
+  the batch, the stages' own and link cycles, each slot's cycles, the sync between slots, the whole
+  run's cycles, a micro-batch's latency (cycles and ms), images/s with fill and drain and steady;
+  from the estimate (modelled figures). The graph of the plan is one micro-batch's;
 - ``runner_ups`` per GEMM: the candidates that lost, best first, with coarse and
   (when they reached it) detailed cycles and memory, and why they lost: kept
   candidates the whole-graph selection did not pick, then the catalogue's
@@ -245,6 +249,8 @@ def plan_to_json(plan) -> dict:
         for entry in ops:
             if entry["name"] in ipu_of:
                 entry["ipu"] = ipu_of[entry["name"]]
+    if getattr(plan, "pipeline", None):       # micro-batches: the schedule's figures (planner.pipeline)
+        doc["pipeline"] = plan.pipeline
     return doc
 
 

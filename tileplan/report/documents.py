@@ -67,6 +67,12 @@ def plan_spec(tiles: int, ops: int, runner_ups: int) -> Obj:
     stages = Obj({"mode": Enum("stages", "spread")},
                  {"interval_cycles": COUNT, "stages": List(stage, max_len=tiles), "chosen_by": NAME,
                   "stages_cycles": Opt(COUNT), "spread_cycles": Opt(COUNT), "not_fitting": Map(TEXT, max_len=2)})
+    counts = List(COUNT, max_len=tiles)
+    pipeline = Obj({"micro_batch": Int(1, EXACT), "micro_batches": Int(1, EXACT), "batch": Int(1, EXACT),
+                    "stages": Int(1, tiles), "stage_cycles": counts, "link_cycles": counts,
+                    "slot_cycles": List(COUNT, max_len=1 << 20), "sync_cycles": COUNT, "cycles": COUNT,
+                    "run_ms": Num(0, EXACT), "latency_cycles": COUNT, "latency_ms": Num(0, EXACT), "images_per_second": Num(0, EXACT),
+                    "steady_cycles": COUNT, "steady_images_per_second": Num(0, EXACT)})
     return Obj({"model": NAME, "target": NAME, "solver": NAME, "tiles": Int(tiles, tiles),
                 "ops": List(op, max_len=ops), "conversions": List(conversion, max_len=16 * ops + 16),
                 "totals": totals, "roofline_cycles": Num(0, EXACT), "ratio": Opt(RATIO),
@@ -75,7 +81,7 @@ def plan_spec(tiles: int, ops: int, runner_ups: int) -> Obj:
                                                                                  "plan_ratio": Opt(RATIO)})),
                 "prearranged": List(prearranged, max_len=16 * ops + 16),
                 "folded": List(folded, max_len=16 * ops + 16), "pinned": Opt(pinned), "qkv": Opt(qkv),
-                "stages": Opt(stages)})
+                "stages": Opt(stages), "pipeline": Opt(pipeline)})
 
 
 def report_spec(tiles: int, steps: int) -> Obj:

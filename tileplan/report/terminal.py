@@ -294,6 +294,9 @@ def totals_text(data: dict, plan_seconds: float | None) -> Text:
     if qkv:
         lines.append(qkv_line(qkv))
     lines.extend(stage_lines(data.get("stages")))
+    if data.get("pipeline"):                # micro-batches (planner.pipeline): the schedule's figures
+        from ..planner.pipeline import summary
+        lines.append(summary(data["pipeline"]))
     if plan_seconds is not None:
         lines.append(f"plan time: {plan_seconds:.2f} s")
     return Text("\n").join(plain(line) for line in lines)

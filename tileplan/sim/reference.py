@@ -26,8 +26,10 @@ from ..graph.core import Add, Graph, MatMul, Role
 from ..graph.dtypes import dequantise, quantise
 
 
-def seeded_values(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Stored values (in each tensor's dtype) for every input and parameter."""
+def seeded_values(graph: Graph, seed: int = 0, batch: int | None = None) -> dict[str, np.ndarray]:
+    """Stored values (in each tensor's dtype) for every input and parameter. ``batch``: the inputs'
+    leading axis that long instead (a package of micro-batches: the whole batch's inputs, which it
+    runs a micro-batch at a time; ``planner.pipeline``)."""
     k_of, k_of_result = {}, {}
     for op in graph.ops:
         if isinstance(op, MatMul):
@@ -49,7 +51,8 @@ def seeded_values(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
             continue
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
         std = 1.0 / math.sqrt(k_of[name]) if name in k_of else 0.5
-        out[name] = quantise(rng.normal(0.0, std, t.shape), t.dtype, t.scale)
+        shape = (batch, *t.shape[1:]) if batch is not None and t.role is Role.INPUT else t.shape
+        out[name] = quantise(rng.normal(0.0, std, shape), t.dtype, t.scale)
     return out
 
 

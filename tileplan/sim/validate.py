@@ -60,6 +60,7 @@ class Validation:
     atol: float
     rtol: float
     values: dict[str, np.ndarray] = field(default_factory=dict)   # what the package computed (float64)
+    pipeline: dict | None = None             # micro-batches: the run's schedule figures (planner.pipeline)
 
     @property
     def passed(self) -> bool:
@@ -128,7 +129,9 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
     Errors name the file and the array."""
     atol, rtol = check_tolerance(atol, "--atol"), check_tolerance(rtol, "--rtol")
     graph = pkg.graph
-    stored = seeded_values(graph, seed)
+    pipe = package_pipeline(pkg)
+    full = (lambda name: (pipe["batch"], *graph.boundary_shape(name)[1:])) if pipe else graph.boundary_shape
+    stored = seeded_values(graph, seed, batch=pipe["batch"] if pipe else None)
     stored.update(pkg.params)
     given: set[str] = set(pkg.params)
     if inputs_path is not None:
@@ -137,10 +140,11 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
             t = graph.tensors.get(name)
             if t is None or t.role not in (Role.INPUT, Role.PARAMETER):
                 raise TileplanError(f"{inputs_path}: {name!r} is not an input or parameter of model {graph.name!r}")
-            if tuple(arr.shape) != graph.boundary_shape(name):
+            if tuple(arr.shape) != full(name):
                 raise TileplanError(f"{inputs_path}: {name!r} has shape {list(arr.shape)}, the model's is "
-                                    f"{list(graph.boundary_shape(name))}")
-            stored[name] = quantise(np.asarray(arr, dtype=np.float64).reshape(t.shape), t.dtype, t.scale)
+                                    f"{list(full(name))}")
+            shape = (pipe["batch"], *t.shape[1:]) if pipe and t.role is Role.INPUT else t.shape
+            stored[name] = quantise(np.asarray(arr, dtype=np.float64).reshape(shape), t.dtype, t.scale)
             given.add(name)
         missing = [t.name for t in graph.tensors.values() if t.role is Role.INPUT and t.name not in given]
         if missing:
@@ -153,25 +157,39 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
             t = graph.tensors.get(name)
             if t is None or t.role is not Role.OUTPUT:
                 raise TileplanError(f"{expected_path}: {name!r} is not an output of model {graph.name!r}")
-            if tuple(arr.shape) != graph.boundary_shape(name):
+            if tuple(arr.shape) != full(name):
                 raise TileplanError(f"{expected_path}: {name!r} has shape {list(arr.shape)}, the model's is "
-                                    f"{list(graph.boundary_shape(name))}")
-            expected[name] = arr.reshape(t.shape)        # (a declared 0-d output is [1] inside)
+                                    f"{list(full(name))}")
+            expected[name] = arr.reshape((pipe["batch"], *t.shape[1:]) if pipe else t.shape)   # (0-d: [1] inside)
         missing = [t.name for t in outs if t.name not in expected]
         if missing:       # an output left out would pass without a comparison
             what = "holds no arrays; expected values of the outputs" if not expected else \
                 f"holds no expected values of the output{'s' if len(missing) > 1 else ''}"
             raise TileplanError(f"{expected_path}: {what} {', '.join(repr(m) for m in missing)}")
+    read: dict[str, np.ndarray] = {}
+    pipeline = None
     try:                                     # the IPU model's errors name the package
         model = IPUModel(pkg.program, pkg.target, registry=registry)
         for b in pkg.program.buffers:
-            if b.kind in ("input", "parameter"):
+            if b.kind == "parameter" or (b.kind == "input" and not pipe):
                 v = stored[b.tensor]
                 model.write(b.name, np.swapaxes(v, -1, -2) if b.transpose else v)
-        profile = model.run()
+        if pipe:
+            profile, read, pipeline = _run_pipelined(pkg, model, stored, pipe)
+        else:
+            profile = model.run()
     except TileplanError as exc:
         raise TileplanError(f"{pkg.path}: {exc}") from None
-    ref = reference(graph, stored, keep=[t.name for t in outs]) if expected is None else None
+    if expected is not None:
+        ref = None
+    elif pipe:                               # float64, one micro-batch at a time, joined
+        m = pipe["micro_batch"]
+        parts = [reference(graph, {k: (v[j * m:(j + 1) * m] if graph.tensors[k].role is Role.INPUT else v)
+                                   for k, v in stored.items()}, keep=[t.name for t in outs])
+                 for j in range(pipe["micro_batches"])]
+        ref = {t.name: np.concatenate([p[t.name] for p in parts]) for t in outs}
+    else:
+        ref = reference(graph, stored, keep=[t.name for t in outs])
     d_atol, d_rtol = default_tolerance(graph)
     scaled_atol = atol is None                      # the default scales with each output's magnitude
     fp8_depth = fp8_gemm_depth(graph) if scaled_atol and (d_atol, d_rtol) == TOLERANCES[DType.FP8] else None
@@ -181,8 +199,12 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
     poisoned = nonfinite_sources(graph, stored)
     for t in outs:
         bufs = [b for b in pkg.program.buffers if b.tensor == t.name and b.kind == "output"]
+        shape = (pipe["batch"], *t.shape[1:]) if pipe else t.shape
         if t.name in graph.folded:              # folded at plan time: the host writes it, no tile holds it
             raw = graph.folded_value(t.name)
+            raw = np.concatenate([raw] * pipe["micro_batches"]) if pipe else raw
+        elif pipe and bufs:
+            raw = read[bufs[0].name]
         elif not bufs:
             raise TileplanError(f"{pkg.path}: output {t.name!r} has no output buffer in the tile program")
         else:
@@ -190,10 +212,10 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
                 raw = model.read(bufs[0].name)
             except TileplanError as exc:
                 raise TileplanError(f"{pkg.path}: {exc}") from None
-        got = dequantise(raw, t.dtype, t.scale).reshape(t.shape)
+        got = dequantise(raw, t.dtype, t.scale).reshape(shape)
         want = expected[t.name] if expected is not None and t.name in expected else \
             (ref[t.name] if ref is not None else None)
-        values[t.name] = got.reshape(graph.boundary_shape(t.name))
+        values[t.name] = got.reshape(full(t.name))
         if want is None:
             continue
         fig = compare(got, want)
@@ -218,7 +240,56 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
             fig["why"] = why
             fig["passed"] = fig["passed"] and (user_expected or not poisoned.get(t.name))
         results[t.name] = fig
-    return Validation(results, profile, atol, rtol, values)
+    return Validation(results, profile, atol, rtol, values, pipeline)
+
+
+def package_pipeline(pkg) -> dict | None:
+    """plan.json's ``pipeline`` (``planner.pipeline``: a package of micro-batches), checked against
+    the package's graph and target; None for a package without micro-batches."""
+    pipe = (pkg.plan or {}).get("pipeline")
+    if not pipe:
+        return None
+    where = f"{pkg.path / 'plan.json'}: damaged pipeline record"
+    m, n, b, stages = (pipe[k] for k in ("micro_batch", "micro_batches", "batch", "stages"))
+    if m * n != b:
+        raise TileplanError(f"{where}: {n} micro-batches of {m} images are not the batch of {b}")
+    if stages > pkg.target.ipus:
+        raise TileplanError(f"{where}: {stages} stages on a target of {pkg.target.ipus} IPU(s)")
+    for t in pkg.graph.tensors.values():
+        if t.role is Role.INPUT and (not t.shape or t.shape[0] != m):
+            raise TileplanError(f"{where}: input {t.name!r} {list(t.shape)} is not a micro-batch of {m}")
+    return pipe
+
+
+def _run_pipelined(pkg, model, stored: dict, pipe: dict):
+    """The IPU model's pipelined run of every micro-batch (``IPUModel.run_pipelined``): its profile, each
+    output buffer's values over the whole batch, and the schedule's figures from the run's cycles."""
+    from ..planner.pipeline import program_places, tile_program_pipeline
+    tp, target = pkg.program, pkg.target
+    m, n, stages = pipe["micro_batch"], pipe["micro_batches"], pipe["stages"]
+    places = program_places(tp, target, stages)
+    tpi = target.tiles_per_ipu
+
+    def ipu(b):
+        tiles = np.asarray(tp.io_maps[b.name][0])
+        return int(tiles.min()) // tpi if stages > 1 and tiles.size else 0
+    ins = [(b, ipu(b)) for b in tp.buffers if b.kind == "input"]
+    outs = [(b, ipu(b)) for b in tp.buffers if b.kind == "output"]
+    got: dict[str, list] = {b.name: [None] * n for b, _ in outs}
+
+    def feed(j, s):
+        for b, k in ins:
+            if k == s:
+                v = stored[b.tensor][j * m:(j + 1) * m]
+                model.write(b.name, np.swapaxes(v, -1, -2) if b.transpose else v)
+
+    def collect(j, s):
+        for b, k in outs:
+            if k == s:
+                got[b.name][j] = model.read(b.name)
+    profile = model.run_pipelined(places, stages, n, feed, collect)
+    figures = tile_program_pipeline(tp, target, stages, m, n, [st.cycles + st.sync for st in profile.steps])
+    return profile, {k: np.concatenate(v) for k, v in got.items()}, figures
 
 
 def nonfinite_sources(graph, stored: dict[str, np.ndarray]) -> dict[str, tuple[str, ...]]:
@@ -284,7 +355,7 @@ def validation_record(v: Validation) -> dict:
                       for s in prof.steps],
             "memory_peak": [int(x) for x in prof.memory_peak],
             "step_tile_cycles_max": [int(s.tile_cycles.max(initial=0)) for s in prof.steps],
-            "trace": TRACE_FILE}
+            "trace": TRACE_FILE, **({"pipeline": v.pipeline} if v.pipeline else {})}
 
 
 def tile_cycles(v: Validation) -> np.ndarray:

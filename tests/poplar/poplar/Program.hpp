@@ -11,6 +11,10 @@
 #include <poplar/Tensor.hpp>
 
 namespace poplar {
+
+// <poplar/SyncType.hpp>: which tiles a Sync waits for (GLOBAL: every tile of every IPU, and the host).
+enum class SyncType { INTERNAL, EXTERNAL, GLOBAL };
+
 namespace program {
 
 class Program {
@@ -41,6 +45,12 @@ public:
        const DebugContext &debugContext = {});
   Copy(const Tensor &src, const DataStream &stream, bool optimiseMemory = false,
        const DebugContext &debugContext = {});
+};
+
+// Wait until every tile (of the kind the SyncType says) reaches this point.
+class Sync : public Program {
+public:
+  explicit Sync(SyncType type, const DebugContext &debugContext = {});
 };
 
 }  // namespace program

@@ -114,6 +114,10 @@ fields          name (vector fields: the inputs, then the outputs)
 params          name, unsigned (1), int (0) or float (2: the value is the float32's bits), value
 vertices        tile
 copies          source operand, destination operand (one ``Copy`` each)
+step_places     per step: its place in the micro-batch schedule (0: its stage's own step, 1: the
+                link phase into the stage), the stage (``planner.pipeline``)
+host_places     per host tensor: the stage whose IPU holds it (an input is streamed in, an output
+                out, in the slot its micro-batch is on that stage)
 ==============  =================================================================
 
 Host I/O: ``DATA_DIR/<file>`` holds each input and parameter as raw
@@ -165,7 +169,7 @@ TABLES_LEVEL = 6             # zlib level of the int32 sections (6: zlib's defau
 ROLE = {"parameter": 0, "input": 1, "output": 2}
 SECTIONS = (("strings", 1), ("variables", 4), ("pieces", 2), ("runs", 5), ("operands", 2), ("bindings", 1),
             ("host_tensors", 10), ("host_copies", 2), ("steps", 8), ("groups", 8), ("fields", 1), ("params", 3),
-            ("vertices", 1), ("copies", 2))
+            ("vertices", 1), ("copies", 2), ("step_places", 2), ("host_places", 1))
 
 
 def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -1234,13 +1238,14 @@ def _template() -> jinja2.Template:
 
 
 def render(replay: Replay, tp: TileProgram, target, model_name: str, codelet_files: list[str],
-           sections: dict[str, np.ndarray], folded=()) -> str:
+           sections: dict[str, np.ndarray], folded=(), schedule: tuple[int, int] = (1, 1)) -> str:
     rows = {name: (len(a) if name == "strings" else int(np.asarray(a).shape[0])) for name, a in sections.items()}
     return _template().render(
         model_name=model_name, target_name=target.name, ipu_version=target.family, tiles=tp.tiles, ipus=target.ipus,
         steps=len(tp.steps), vertices=replay.summary["vertices"], transfers=replay.summary["transfers"],
         variables=rows["variables"], table_rows=", ".join(f"{n} {rows[n]}" for n, _ in SECTIONS),
-        tables_file=TABLES_FILE, codelet_files=codelet_files, folded=_folded_rows(folded, rows["host_tensors"]))
+        tables_file=TABLES_FILE, codelet_files=codelet_files, folded=_folded_rows(folded, rows["host_tensors"]),
+        stages=int(schedule[0]), micro_batches=int(schedule[1]))
 
 
 def _folded_rows(folded, first_row: int) -> list[dict]:
@@ -1256,12 +1261,39 @@ def _folded_rows(folded, first_row: int) -> list[dict]:
     return rows
 
 
-def emit_host(tile_program: TileProgram, target, model_name: str, registry=None, folded=()) -> dict[str, bytes]:
+def schedule_sections(tp: TileProgram, target, stages: int) -> dict[str, np.ndarray]:
+    """``step_places`` and ``host_places``: each step's place in the micro-batch schedule and each host
+    tensor's stage, in the order of the ``steps`` and ``host_tensors`` rows (``Replay.run``: the
+    inputs and parameters by first buffer, then the outputs). One stage: every step stage 0's own."""
+    from ...planner.pipeline import program_places
+    places = program_places(tp, target, stages)
+    steps = np.array([[0 if kind == "own" else 1, s] for kind, s in places], np.int64).reshape(-1, 2)
+    by_tensor: dict[tuple[bool, str], list[int]] = defaultdict(list)
+    for i, b in enumerate(tp.buffers):
+        if b.name in tp.io_maps and b.kind in ("input", "parameter", "output"):
+            by_tensor[(b.kind == "output", b.tensor or b.name)].append(i)
+    host = sorted(by_tensor.items(), key=lambda kv: (kv[0][0], kv[1][0]))
+    tpi = target.tiles_per_ipu
+
+    def stage_of(i):
+        tiles = np.asarray(tp.io_maps[tp.buffers[i].name][0])
+        return int(tiles.min()) // tpi if stages > 1 and tiles.size else 0
+    return {"step_places": steps, "host_places": np.array([[stage_of(ids[0])] for _, ids in host],
+                                                          np.int64).reshape(-1, 1)}
+
+
+def emit_host(tile_program: TileProgram, target, model_name: str, registry=None, folded=(),
+              schedule: tuple[int, int] = (1, 1)) -> dict[str, bytes]:
     """The host program's package files: ``{"host.cpp": text, "host/tables.bin": tables}`` (deterministic:
     the same program gives the same bytes; host.cpp's size does not grow with the program). ``folded``:
-    (name, stored values) of each output folded at plan time, which the host writes itself."""
+    (name, stored values) of each output folded at plan time, which the host writes itself.
+    ``schedule``: (stages, micro-batches) of a package of micro-batches (``planner.pipeline``): the
+    host runs the slots of the pipelined schedule; (1, 1) runs the program once."""
     replay = Replay(tile_program, target, registry).run()
     sections = replay.tables.sections()
+    sections.update(schedule_sections(tile_program, target, schedule[0]))
+    if len(sections["host_places"]) != len(sections["host_tensors"]):
+        raise AssertionError("host_places: not one row per host tensor")
     files = list(emit_codelets(tile_program, target, registry))
-    text = render(replay, tile_program, target, model_name, files, sections, folded)
+    text = render(replay, tile_program, target, model_name, files, sections, folded, schedule)
     return {HOST_CPP: text.encode(), TABLES_FILE: pack_tables(sections)}
