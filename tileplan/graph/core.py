@@ -173,8 +173,10 @@ class MatMul(Op):
         return shape, self.allowed_output_dtypes(ins)[0]
 
     def allowed_output_dtypes(self, ins):
-        return {DType.FP32: (DType.FP32,), DType.FP16: (DType.FP16, DType.FP32),
-                DType.FP8: (DType.FP16,)}[ins[0].dtype]
+        allowed = {DType.FP32: (DType.FP32,), DType.FP16: (DType.FP16, DType.FP32), DType.FP8: (DType.FP16,)}
+        if ins[0].dtype not in allowed:
+            raise self.err(f"MatMul takes fp32, fp16 or fp8 operands, {ins[0].name!r} is {ins[0].dtype} (cast first)")
+        return allowed[ins[0].dtype]
 
     def flops(self, ins, out):
         batch, m, n, k = self.mnk(ins)
@@ -194,8 +196,8 @@ class Pointwise(Op):
 
     def _float_operands(self, ins: list[Tensor]) -> None:
         for t in ins:
-            if t.dtype is DType.FP8:
-                raise self.err(f"{self.kind} takes fp16 or fp32 operands, {t.name!r} is fp8 (cast first)")
+            if t.dtype in (DType.FP8, DType.INT32):
+                raise self.err(f"{self.kind} takes fp16 or fp32 operands, {t.name!r} is {t.dtype} (cast first)")
         if len({t.dtype for t in ins}) > 1:
             raise self.err(f"operand dtypes differ: " + ", ".join(f"{t.name!r} is {t.dtype}" for t in ins))
 
@@ -348,7 +350,8 @@ class Cast(Op):
         return ins[0].shape, ins[0].dtype
 
     def allowed_output_dtypes(self, ins):
-        return tuple(DType) if self.saturate else (DType.FP8,)      # saturate=false: FP8 only
+        # Into a float type only (an INT32 tensor is an input the host gives); saturate=false: FP8 only.
+        return tuple(d for d in DType if d.is_float) if self.saturate else (DType.FP8,)
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float64)      # the rounding is the output tensor's type
@@ -359,8 +362,8 @@ class Rowwise(Op):
     a row), with FP32 statistics, the result in the input's type (FP16 or FP32)."""
 
     def _float_input(self, x: Tensor) -> None:
-        if x.dtype is DType.FP8:
-            raise self.err(f"{self.kind} takes fp16 or fp32, {x.name!r} is fp8 (cast first)")
+        if x.dtype in (DType.FP8, DType.INT32):
+            raise self.err(f"{self.kind} takes fp16 or fp32, {x.name!r} is {x.dtype} (cast first)")
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,10 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
             if tuple(arr.shape) != graph.boundary_shape(name):
                 raise TileplanError(f"{inputs_path}: {name!r} has shape {list(arr.shape)}, the model's is "
                                     f"{list(graph.boundary_shape(name))}")
-            stored[name] = quantise(np.asarray(arr, dtype=np.float64).reshape(t.shape), t.dtype, t.scale)
+            try:
+                stored[name] = quantise(np.asarray(arr, dtype=np.float64).reshape(t.shape), t.dtype, t.scale)
+            except ValueError as e:             # an integer input given a fraction or out of range
+                raise TileplanError(f"{inputs_path}: {name!r}: {e}") from None
             given.add(name)
         missing = [t.name for t in graph.tensors.values() if t.role is Role.INPUT and t.name not in given]
         if missing:
