@@ -535,6 +535,44 @@ class Reshape(Op):
 
 
 @dataclass(frozen=True)
+class Gather(Op):
+    """Rows of a table by integer indices: ``table[indices]`` (``torch.nn.Embedding``, ONNX
+    ``Gather`` on axis 0): inputs ``(table [V, D], indices [...])``, output ``[..., D]``. The
+    indices are an INT32 tensor the host gives (token ids); an index outside ``[0, V)`` is refused
+    by the reference (naming the op), as the IPU model refuses it: the codelet writes zeros there.
+
+    Design decision: only a parameter table is planned (an embedding); indices known at import are
+    folded by the importers into a parameter slice, so this op exists for activation indices."""
+
+    kind: ClassVar[str] = "gather"
+    arity: ClassVar[int] = 2
+
+    def infer(self, ins):
+        table, idx = ins
+        if len(table.shape) != 2:
+            raise self.err(f"the table {table.name!r} {list(table.shape)} must be 2-D [rows, width]")
+        if idx.dtype is not DType.INT32:
+            raise self.err(f"the indices {idx.name!r} must be int32, got {idx.dtype}")
+        if table.dtype not in (DType.FP16, DType.FP32):
+            raise self.err(f"the table {table.name!r} must be fp16 or fp32, got {table.dtype}")
+        return tuple(idx.shape) + (table.shape[1],), table.dtype
+
+    def allowed_output_dtypes(self, ins):
+        return (ins[0].dtype,)
+
+    def flops(self, ins, out):
+        return 0
+
+    def reference(self, table, indices):
+        idx = np.asarray(indices)
+        rows = np.asarray(table).shape[0]
+        bad = (idx < 0) | (idx >= rows) | (idx != np.round(idx))
+        if bad.any():
+            raise self.err(f"index {idx[bad].flat[0]:g} is outside the table's {rows} rows")
+        return np.asarray(table)[idx.astype(np.int64)]
+
+
+@dataclass(frozen=True)
 class Transpose(Op):
     """Axis permutation (numpy ``transpose(perm)``): a real rearrangement of the elements."""
 
@@ -699,7 +737,7 @@ class Concat(Op):
 OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Max, Neg, Sqrt, Reciprocal, Exp,
                                                            Tanh, Erf, Sigmoid, Relu, GeLU, Cast, Reshape, Transpose, Slice,
                                                            Concat, LayerNorm, Softmax, ReduceSum, ReduceMean,
-                                                           ReduceMax)}
+                                                           ReduceMax, Gather)}
 
 
 def _broadcast(*shapes):
