@@ -106,7 +106,7 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError
-from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
+from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, Gather, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
                    ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh,
                    Tensor)
 from .importing import (BF16_HELP, check_cast_bf16, live_ops, patch_conv_ops, patch_conv_refusal, reduce_ops,
@@ -270,6 +270,9 @@ class _Importer:
     const_names: dict[str, str] = field(default_factory=dict)  # fx node -> tensor name, if it becomes one
     folded: set[str] = field(default_factory=set)    # fx nodes computed at import (not parameters as such)
     consumed: set[str] = field(default_factory=set)  # fx nodes another node's handler has imported
+    # fx node -> (INT32 tensor, torch shape): a bool value that is an integer input read as a 0/1
+    # mask, through identity indexing, ``&`` with all-true constants and ``expand`` (``_mask``)
+    masks: dict[str, tuple[str, tuple]] = field(default_factory=dict)
 
     def run(self) -> TorchModel:
         sig = self.program.graph_signature
@@ -436,7 +439,8 @@ class _Importer:
             if not shape:
                 raise TileplanError(f"input {tname!r} is a 0-d tensor; tileplan tensors have at least one "
                                     "dimension")
-            dt = self.dtype(val.dtype, tname)
+            text = str(val.dtype).removeprefix("torch.")
+            dt = DType.INT32 if text in _INT_INPUTS else self.dtype(val.dtype, tname)
         else:
             tname, role = spec.target, Role.PARAMETER
             self.consts[node.name] = self._parameter_value(tname, kind)
@@ -814,11 +818,19 @@ def _pow(imp: _Importer, node) -> None:
 
 def _cast(imp: _Importer, node) -> None:
     src = node.args[0]
+    if _mask_of(imp, src) is not None and str(node.meta["val"].dtype) == "torch.bool":
+        imp.masks[node.name] = imp.masks[src.name]      # a mask cast to bool again
+        return
     dtype = node.kwargs.get("dtype")
     if dtype is None and _target_name(node.target) == "aten.to.dtype":
         dtype = node.args[1]
+    if dtype is None and _target_name(node.target) == "aten.to.device" and len(node.args) > 2:
+        dtype = node.args[2]
     x = imp.read(src, _describe(node))
     out_val = node.meta.get("val")
+    if str(out_val.dtype) == "torch.bool" and imp.known[x].dtype is DType.INT32:
+        imp.masks[node.name] = (x, _static_shape(out_val, node.name))     # read as 0/1 where it is used
+        return
     if dtype is None or imp.dtype(out_val.dtype, node.name) is imp.known[x].dtype:
         imp.alias(node, src)          # no change of tileplan dtype (bf16 -> fp16 under cast_bf16 too)
         return
@@ -954,6 +966,108 @@ def _identity(imp: _Importer, node) -> None:
     imp.alias(node, node.args[0])
 
 
+def _embedding(imp: _Importer, node) -> None:
+    """``embedding(weight, indices)`` by an integer input: a Gather of the parameter's rows (by
+    indices known at import it was folded). ``padding_idx`` only affects training."""
+    w = imp.read(node.args[0], _describe(node))
+    idx = imp.read(node.args[1], _describe(node))
+    if imp.known[w].role is not Role.PARAMETER:
+        raise _node_err(node, f"the table {w!r} is computed; tileplan gathers rows of a parameter table")
+    if imp.known[idx].dtype is not DType.INT32:
+        raise _node_err(node, f"the indices {idx!r} are {imp.known[idx].dtype}; tileplan gathers by an integer input")
+    imp.emit(node, Gather(node.name, (w, idx), node.name))
+
+
+def _mask_of(imp: _Importer, arg) -> tuple[str, tuple] | None:
+    return imp.masks.get(getattr(arg, "name", None))
+
+
+def _all_true(imp: _Importer, arg) -> bool:
+    val = imp.consts.get(getattr(arg, "name", None)) if getattr(arg, "name", None) in imp.folded else None
+    return val is not None and _is_tensor(val) and bool(val.bool().all())
+
+
+def _mask_index(imp: _Importer, node) -> None:
+    """``mask[arange, arange]`` (HF's padding mask read at ``[batch, key]``): indices known at import
+    that pick every element once, in order, are a reshape of the mask; anything else is refused."""
+    torch = _torch()
+    src, indices = node.args[0], node.args[1]
+    m = _mask_of(imp, src)
+    if m is None or not all(getattr(i, "name", None) in imp.folded for i in indices):
+        raise _node_err(node, "tileplan imports indexing of an attention mask by constant indices only")
+    numel = int(np.prod(m[1]))
+    probe = torch.arange(numel).reshape(m[1])[tuple(imp.consts[i.name] for i in indices)]
+    if probe.numel() != numel or not bool((probe.reshape(-1) == torch.arange(numel)).all()):
+        raise _node_err(node, "the constant indices do not read each mask element once in order (only that "
+                              "indexing of a mask is imported)")
+    imp.masks[node.name] = (m[0], tuple(int(d) for d in probe.shape))
+
+
+def _mask_and(imp: _Importer, node) -> None:
+    """``mask & c`` with ``c`` all true known at import: the mask (its broadcast left to the reader)."""
+    a, b = node.args[0], node.args[1]
+    for m, c in ((a, b), (b, a)):
+        if _mask_of(imp, m) is not None and _all_true(imp, c):
+            imp.masks[node.name] = imp.masks[m.name]
+            return
+    raise _node_err(node, "tileplan imports '&' of an attention mask with an all-true constant only")
+
+
+def _expand(imp: _Importer, node) -> None:
+    """``expand`` of a mask: the mask, its broadcast left to the op that reads it (checked there);
+    expand of any other activation is refused."""
+    m = _mask_of(imp, node.args[0])
+    if m is None:
+        raise _node_err(node, "expand of an activation; tileplan imports expand of constants (computed at "
+                              "import) and of an attention mask only")
+    imp.masks[node.name] = m
+
+
+def _scalar_value(imp: _Importer, arg, node) -> float:
+    if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+        return float(arg)
+    val = imp.consts.get(getattr(arg, "name", None))
+    if _is_tensor(val) and val.numel() == 1:
+        return float(val.reshape(-1)[0])
+    raise _node_err(node, "where's values must be numbers or one-element constants")
+
+
+def _where(imp: _Importer, node) -> None:
+    """``where(mask, x, y)`` of an integer attention mask and two numbers (HF's additive mask: 0
+    where attended, the dtype's min elsewhere): ``y + mask * (x - y)``, the mask Cast from the input
+    to the result's type (0/1 values, HF's contract). The mask keeps its own shape ``[B, 1, 1, T]``:
+    the Add into the scores broadcasts it over heads and query rows (checked against torch's shapes
+    of every reader, so a broadcast left out is never wrong)."""
+    m = _mask_of(imp, node.args[0])
+    if m is None:
+        raise _node_err(node, "tileplan imports where() over an attention mask computed from an integer input")
+    x, y = _scalar_value(imp, node.args[1], node), _scalar_value(imp, node.args[2], node)
+    out_val = node.meta["val"]
+    dt = imp.dtype(out_val.dtype, node.name)
+    src, shape = m
+    for user in node.users:
+        others = [a for a in user.args if hasattr(a, "meta") and a is not node]
+        want = tuple(user.meta["val"].shape) if _is_tensor(user.meta.get("val")) else None
+        got = tuple(np.broadcast_shapes(shape, *[tuple(o.meta["val"].shape) for o in others])) if want else None
+        if _target_name(user.target) not in _MASK_READERS or want != got:
+            raise _node_err(node, f"its mask is read by {_describe(user)}; tileplan imports an attention mask "
+                                  "added to (or multiplied with) a tensor of the broadcast shape")
+    if not np.isfinite(x - y):
+        raise _node_err(node, f"where's values {x!r} and {y!r} are too far apart to write as y + mask * (x - y)")
+    cast = imp.declared.setdefault(f"{node.name}.mask", Tensor(f"{node.name}.mask", imp.known[src].shape, dt))
+    imp.emit(node, Cast(cast.name, (src,), cast.name), cast)
+    val = cast.name
+    if imp.known[val].shape != shape:
+        imp.emit(node, Reshape(f"{node.name}.shape", (val,), f"{node.name}.shape", shape=shape))
+        val = f"{node.name}.shape"
+    scale = imp.constant(f"{node.name}.scale", x - y, val)
+    imp.emit(node, Mul(f"{node.name}.scaled", (val, scale), f"{node.name}.scaled"))
+    imp.emit(node, Add(node.name, (f"{node.name}.scaled", imp.constant(f"{node.name}.base", y, val)), node.name))
+
+
+_MASK_READERS = {"aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor"}
+
+
 _MATMULS = {"aten.linear.default", "aten.addmm.default", "aten.mm.default", "aten.bmm.default",
             "aten.matmul.default"}
 _HANDLERS = {
@@ -1021,6 +1135,15 @@ _HANDLERS = {
     "aten.slice.Tensor": _slice,
     "aten.select.int": _select,
     "aten.cat.default": _cat,
+    "aten.embedding.default": _embedding,
+    "aten.to.device": _cast,
+    "aten.index.Tensor": _mask_index,
+    "aten.__and__.Tensor": _mask_and,
+    "aten.expand.default": _expand,
+    "aten.where.ScalarOther": _where,
+    "aten.where.ScalarSelf": _where,
+    "aten.where.Scalar": _where,
+    "aten.where.self": _where,
 }
 def supported() -> str:
     names = sorted(t.removeprefix("aten.") for t in _HANDLERS)
@@ -1047,6 +1170,10 @@ def _node_err(node, message: str) -> TileplanError:
 
 
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fnuz")
+# Integer and bool user inputs (token ids, attention masks) are INT32 graph inputs: the host gives
+# them; a Gather reads them as indices, a Cast as a 0/1 mask (``_mask``). Values past int32 are refused
+# by ``validate`` naming the input.
+_INT_INPUTS = ("int64", "int32", "int16", "int8", "uint8", "bool")
 
 
 def _tensor_operands(node) -> list[str]:
