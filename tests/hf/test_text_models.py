@@ -1,7 +1,7 @@
-"""Whole Hugging Face text encoders (random init, a small config, eager attention, no download),
+"""Whole Hugging Face text encoders (random init, a small config, no download),
 with an attention mask, compiled onto ipu21-64 and validated on the IPU model against torch:
 
-- ``BertModel`` through torch.export: ``input_ids`` and ``attention_mask`` are INT32 graph inputs;
+- ``BertModel`` (eager attention and SDPA) through torch.export: ``input_ids`` and ``attention_mask`` are INT32 graph inputs;
   the word embedding a Gather by ``input_ids``; the position and (all-zero) token-type embeddings
   computed at import; HF's padding mask a Cast of ``attention_mask``, scaled and added to every
   layer's scores, broadcast over heads and query rows.
@@ -56,9 +56,12 @@ def tokens(batch: int, lengths) -> tuple:
     return ids, mask
 
 
-def test_bert_imports_integer_inputs_a_gather_and_the_mask():
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_bert_imports_integer_inputs_a_gather_and_the_mask(impl):
+    """Eager attention and SDPA (``scaled_dot_product_attention`` with the bool mask) import to the
+    same ops: the mask's bias is computed once and read by every layer."""
     ids, mask = tokens(2, (T, 5))
-    model = import_module(bert(), (ids, mask))
+    model = import_module(bert(impl), (ids, mask))
     g = model.graph
     inputs = {t.name: t for t in g.by_role(Role.INPUT)}
     assert {n: (t.shape, t.dtype) for n, t in inputs.items()} == {
@@ -91,8 +94,9 @@ def compile_and_validate(module, ids, mask, tmp_path, name="pkg"):
 
 
 @pytest.mark.slow
-def test_bert_with_a_padding_mask_compiles_and_validates_against_torch(tmp_path):
-    p, v, _ = compile_and_validate(bert(), *tokens(2, (T, 5)), tmp_path)
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_bert_with_a_padding_mask_compiles_and_validates_against_torch(impl, tmp_path):
+    p, v, _ = compile_and_validate(bert(impl), *tokens(2, (T, 5)), tmp_path)
     assert v.profile.cycles == p.estimate.cycles
 
 

@@ -273,6 +273,7 @@ class _Importer:
     # fx node -> (INT32 tensor, torch shape): a bool value that is an integer input read as a 0/1
     # mask, through identity indexing, ``&`` with all-true constants and ``expand`` (``_mask``)
     masks: dict[str, tuple[str, tuple]] = field(default_factory=dict)
+    mask_biases: dict[tuple, str] = field(default_factory=dict)   # (mask, shape, x, y, dtype) -> its bias
 
     def run(self) -> TorchModel:
         sig = self.program.graph_signature
@@ -1034,35 +1035,96 @@ def _scalar_value(imp: _Importer, arg, node) -> float:
 
 def _where(imp: _Importer, node) -> None:
     """``where(mask, x, y)`` of an integer attention mask and two numbers (HF's additive mask: 0
-    where attended, the dtype's min elsewhere): ``y + mask * (x - y)``, the mask Cast from the input
-    to the result's type (0/1 values, HF's contract). The mask keeps its own shape ``[B, 1, 1, T]``:
-    the Add into the scores broadcasts it over heads and query rows (checked against torch's shapes
-    of every reader, so a broadcast left out is never wrong)."""
+    where attended, the dtype's min elsewhere): ``y + mask * (x - y)`` (``_mask_bias``). The mask
+    keeps its own shape ``[B, 1, 1, T]``: the Add into the scores broadcasts it over heads and query
+    rows (checked against torch's shapes of every reader, so a broadcast left out is never wrong)."""
     m = _mask_of(imp, node.args[0])
     if m is None:
         raise _node_err(node, "tileplan imports where() over an attention mask computed from an integer input")
     x, y = _scalar_value(imp, node.args[1], node), _scalar_value(imp, node.args[2], node)
-    out_val = node.meta["val"]
-    dt = imp.dtype(out_val.dtype, node.name)
-    src, shape = m
     for user in node.users:
         others = [a for a in user.args if hasattr(a, "meta") and a is not node]
         want = tuple(user.meta["val"].shape) if _is_tensor(user.meta.get("val")) else None
-        got = tuple(np.broadcast_shapes(shape, *[tuple(o.meta["val"].shape) for o in others])) if want else None
+        got = tuple(np.broadcast_shapes(m[1], *[tuple(o.meta["val"].shape) for o in others])) if want else None
         if _target_name(user.target) not in _MASK_READERS or want != got:
             raise _node_err(node, f"its mask is read by {_describe(user)}; tileplan imports an attention mask "
                                   "added to (or multiplied with) a tensor of the broadcast shape")
+    imp.value[node.name] = _mask_bias(imp, node, m, x, y, imp.dtype(node.meta["val"].dtype, node.name), node.name)
+
+
+def _mask_bias(imp: _Importer, node, mask: tuple[str, tuple], x: float, y: float, dt: DType, out: str) -> str:
+    """``y + mask * (x - y)`` of a 0/1 integer mask (x where 1, y where 0) in ``dt``, written to
+    ``out``: a Cast of the INT32 input ``<node>.mask``, a Reshape to the mask's torch shape where it
+    differs, a Mul by ``x - y`` and an Add of ``y`` (one-element parameters). Design decision: an
+    arithmetic form, not a select, so the Pointwise family plans it (and the mask's values are 0
+    and 1: HF's contract; another value scales the bias)."""
     if not np.isfinite(x - y):
-        raise _node_err(node, f"where's values {x!r} and {y!r} are too far apart to write as y + mask * (x - y)")
-    cast = imp.declared.setdefault(f"{node.name}.mask", Tensor(f"{node.name}.mask", imp.known[src].shape, dt))
+        raise _node_err(node, f"the mask's values {x!r} and {y!r} are too far apart to write as y + mask * (x - y)")
+    src, shape = mask
+    key = (src, shape, x, y, dt)
+    if key in imp.mask_biases:               # every layer's attention reads the one bias
+        return imp.mask_biases[key]
+    imp.mask_biases[key] = out
+    pre = node.name
+    cast = Tensor(f"{pre}.mask", imp.known[src].shape, dt)
     imp.emit(node, Cast(cast.name, (src,), cast.name), cast)
     val = cast.name
     if imp.known[val].shape != shape:
-        imp.emit(node, Reshape(f"{node.name}.shape", (val,), f"{node.name}.shape", shape=shape))
-        val = f"{node.name}.shape"
-    scale = imp.constant(f"{node.name}.scale", x - y, val)
-    imp.emit(node, Mul(f"{node.name}.scaled", (val, scale), f"{node.name}.scaled"))
-    imp.emit(node, Add(node.name, (f"{node.name}.scaled", imp.constant(f"{node.name}.base", y, val)), node.name))
+        imp.emit(node, Reshape(f"{pre}.mask_shape", (val,), f"{pre}.mask_shape", shape=shape))
+        val = f"{pre}.mask_shape"
+    imp.emit(node, Mul(f"{pre}.mask_scaled", (val, imp.constant(f"{pre}.mask_scale", x - y, val)), f"{pre}.mask_scaled"))
+    imp.emit(node, Add(out, (f"{pre}.mask_scaled", imp.constant(f"{pre}.mask_base", y, val)), out))
+    return out
+
+
+def _sdpa(imp: _Importer, node) -> None:
+    """``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=0, is_causal, scale)``: the ops
+    of eager attention, ``softmax(q @ k^T * scale + bias) @ v``: MatMul ``<node>.scores``, Mul
+    ``<node>.scaled``, Add ``<node>.masked``, Softmax ``<node>.softmax``, MatMul ``<node>``. A
+    bool mask from an integer input is the additive bias 0 / the dtype's min (``_mask_bias``; torch
+    uses -inf, the same softmax unless a whole row is masked, which HF never builds); a float
+    mask is added as it is; ``is_causal`` adds a constant ``[L, S]`` bias. Dropout, grouped-query
+    attention and a bool mask not from an integer input are refused."""
+    torch = _torch()
+    q, k, v = (imp.read(a, _describe(node)) for a in node.args[:3])
+    mask = _arg(node, 3, "attn_mask")
+    if float(_arg(node, 4, "dropout_p", 0.0)) != 0.0:
+        raise _node_err(node, "dropout_p is not 0; tileplan compiles inference attention")
+    if node.kwargs.get("enable_gqa", False):
+        raise _node_err(node, "enable_gqa=True (grouped-query attention) is not imported")
+    causal = bool(_arg(node, 5, "is_causal", False))
+    scale = _arg(node, 6, "scale")
+    qs = imp.known[q].shape
+    scale = 1.0 / float(np.sqrt(qs[-1])) if scale is None else float(scale)
+    n = node.name
+    dt = imp.known[q].dtype
+    imp.emit(node, MatMul(f"{n}.scores", (q, k), f"{n}.scores", transpose_b=True))
+    scores = f"{n}.scores"
+    imp.emit(node, Mul(f"{n}.scaled", (scores, imp.constant(f"{n}.scale", scale, scores)), f"{n}.scaled"))
+    x = f"{n}.scaled"
+    if mask is not None:
+        m = _mask_of(imp, mask)
+        if m is not None:
+            bias = _mask_bias(imp, node, m, 0.0, float(torch.finfo(getattr(torch, str(dt.numpy))).min), dt,
+                              f"{n}.bias")
+        elif str(mask.meta["val"].dtype) == "torch.bool":
+            raise _node_err(node, "its bool attn_mask is not computed from an integer input")
+        else:
+            bias = imp.read(mask, _describe(node))
+        if tuple(np.broadcast_shapes(imp.known[bias].shape, imp.known[x].shape)) != imp.known[x].shape:
+            raise _node_err(node, f"attn_mask {list(imp.known[bias].shape)} does not broadcast to the scores "
+                                  f"{list(imp.known[x].shape)}")
+        imp.emit(node, Add(f"{n}.masked", (x, bias), f"{n}.masked"))
+        x = f"{n}.masked"
+    if causal:
+        L, S = imp.known[x].shape[-2:]
+        tri = np.where(np.tril(np.ones((L, S), dtype=bool)), 0.0, float(np.finfo(dt.numpy).min))
+        imp.params[f"{n}.causal"] = tri.astype(dt.numpy)
+        imp.known[f"{n}.causal"] = imp.declared[f"{n}.causal"] = Tensor(f"{n}.causal", (L, S), dt, Role.PARAMETER)
+        imp.emit(node, Add(f"{n}.causal_masked", (x, f"{n}.causal"), f"{n}.causal_masked"))
+        x = f"{n}.causal_masked"
+    imp.emit(node, Softmax(f"{n}.softmax", (x,), f"{n}.softmax", axis=-1))
+    imp.emit(node, MatMul(n, (f"{n}.softmax", v), n))
 
 
 _MASK_READERS = {"aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor"}
@@ -1144,6 +1206,7 @@ _HANDLERS = {
     "aten.where.ScalarSelf": _where,
     "aten.where.Scalar": _where,
     "aten.where.self": _where,
+    "aten.scaled_dot_product_attention.default": _sdpa,
 }
 def supported() -> str:
     names = sorted(t.removeprefix("aten.") for t in _HANDLERS)
