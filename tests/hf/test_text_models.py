@@ -5,6 +5,9 @@ with an attention mask, compiled onto ipu21-64 and validated on the IPU model ag
   the word embedding a Gather by ``input_ids``; the position and (all-zero) token-type embeddings
   computed at import; HF's padding mask a Cast of ``attention_mask``, scaled and added to every
   layer's scores, broadcast over heads and query rows.
+- ``BertModel`` through the ONNX export (TorchScript exporter, opset 17): the word embedding an
+  ONNX Gather by the ``input_ids`` input; the mask a Cast to BOOL, a Flatten and Gather by constant
+  indices, Reshapes, And with a constant, Expand and Where, imported as the same Cast, Mul and Add.
 - A mask that really masks: a padded sequence gives, for its real tokens, the outputs of the
   unpadded sequence (the check a user makes)."""
 
@@ -18,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 from tileplan.graph.core import Role  # noqa: E402
 from tileplan.graph.dtypes import DType  # noqa: E402
+from tileplan.graph.onnx import import_onnx  # noqa: E402
 from tileplan.graph.torch import import_module  # noqa: E402
 from tileplan.lowering.compile import compile_model  # noqa: E402
 from tileplan.lowering.package import load_package  # noqa: E402
@@ -76,10 +80,34 @@ def test_bert_imports_integer_inputs_a_gather_and_the_mask(impl):
     assert all(np.issubdtype(v.dtype, np.floating) for v in model.params.values())
 
 
-def compile_and_validate(module, ids, mask, tmp_path, name="pkg"):
-    """Compile the import of ``module`` on (ids, mask), validate against torch; returns the
-    validation and the IPU model's output values."""
-    model = import_module(module, (ids, mask))
+def export_onnx(module, ids, mask, path) -> None:
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (ids, mask), str(path), dynamo=False, opset_version=17,
+                          input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"])
+
+
+def test_bert_imports_through_onnx_export(tmp_path):
+    ids, mask = tokens(2, (T, 5))
+    export_onnx(bert(), ids, mask, tmp_path / "bert.onnx")
+    g = import_onnx(tmp_path / "bert.onnx").graph
+    assert {t.name: (t.shape, t.dtype) for t in g.by_role(Role.INPUT)} == {
+        "input_ids": ((2, T), DType.INT32), "attention_mask": ((2, T), DType.INT32)}
+    kinds = [op.kind for op in g.ops]
+    assert kinds.count("gather") == 1 and kinds.count("softmax") == LAYERS
+    (cast,) = [op for op in g.ops if op.kind == "cast"]
+    assert cast.inputs == ("attention_mask",)
+
+
+def compile_and_validate(module, ids, mask, tmp_path, name="pkg", onnx=False):
+    """Compile the import of ``module`` on (ids, mask) (through torch.export, or ``onnx``: its ONNX
+    export), validate against torch; returns the plan, the validation and torch's output."""
+    if onnx:
+        export_onnx(module, ids, mask, tmp_path / f"{name}.onnx")
+        model = import_onnx(tmp_path / f"{name}.onnx")
+    else:
+        model = import_module(module, (ids, mask))
     p, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / name, params=model.params, jobs=1)
     (out,) = model.graph.by_role(Role.OUTPUT)
     with torch.no_grad():
@@ -97,6 +125,12 @@ def compile_and_validate(module, ids, mask, tmp_path, name="pkg"):
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_bert_with_a_padding_mask_compiles_and_validates_against_torch(impl, tmp_path):
     p, v, _ = compile_and_validate(bert(impl), *tokens(2, (T, 5)), tmp_path)
+    assert v.profile.cycles == p.estimate.cycles
+
+
+@pytest.mark.slow
+def test_bert_through_onnx_export_compiles_and_validates_against_torch(tmp_path):
+    p, v, _ = compile_and_validate(bert(), *tokens(2, (T, 5)), tmp_path, onnx=True)
     assert v.profile.cycles == p.estimate.cycles
 
 
