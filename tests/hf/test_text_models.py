@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tileplan.errors import TileplanError  # noqa: E402
 from tileplan.graph.core import Role  # noqa: E402
 from tileplan.graph.dtypes import DType  # noqa: E402
 from tileplan.graph.onnx import import_onnx  # noqa: E402
@@ -100,19 +101,22 @@ def test_bert_imports_through_onnx_export(tmp_path):
     assert cast.inputs == ("attention_mask",)
 
 
-def compile_and_validate(module, ids, mask, tmp_path, name="pkg", onnx=False):
-    """Compile the import of ``module`` on (ids, mask) (through torch.export, or ``onnx``: its ONNX
-    export), validate against torch; returns the plan, the validation and torch's output."""
+def compile_and_validate(module, ids, mask, tmp_path, name="pkg", onnx=False, extra=()):
+    """Compile the import of ``module`` on (ids, mask, *extra) (through torch.export, or ``onnx``:
+    its ONNX export), validate against torch; returns the plan, the validation and torch's output."""
+    args = (ids, mask) + tuple(extra)
     if onnx:
         export_onnx(module, ids, mask, tmp_path / f"{name}.onnx")
         model = import_onnx(tmp_path / f"{name}.onnx")
     else:
-        model = import_module(module, (ids, mask))
+        model = import_module(module, args)
     p, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / name, params=model.params, jobs=1)
     (out,) = model.graph.by_role(Role.OUTPUT)
     with torch.no_grad():
-        want = module(ids, mask).numpy()
-    np.savez(tmp_path / f"{name}-in.npz", input_ids=ids.numpy(), attention_mask=mask.numpy())
+        want = module(*args).numpy()
+    names = [t.name for t in model.graph.by_role(Role.INPUT)]
+    given = dict(zip(["input_ids", "attention_mask", "position_ids", "token_type_ids"], args))
+    np.savez(tmp_path / f"{name}-in.npz", **{n: given[n].numpy() for n in names})
     np.savez(tmp_path / f"{name}-want.npz", **{out.name: want.reshape(out.shape)})
     v = validate_package(load_package(path), inputs_path=tmp_path / f"{name}-in.npz",
                          expected_path=tmp_path / f"{name}-want.npz")
@@ -146,3 +150,72 @@ def test_bert_mask_really_masks_padded_tokens(tmp_path):
         unmasked = module(ids, torch.ones_like(mask)).numpy()
     np.testing.assert_allclose(padded[:, :5], alone, atol=1e-4)
     assert np.abs(unmasked[:, :5] - alone).max() > 1e-2      # without the mask they would differ
+
+
+# ---- other text encoders ---------------------------------------------------------------
+
+class Distil(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+class WithPositions(torch.nn.Module):
+    """RoBERTa with ``position_ids`` and ``token_type_ids`` given: its own position ids are computed
+    from the token ids (``cumsum`` of ``input_ids != pad``: integer arithmetic on an input, which
+    tileplan does not import), so the caller computes them, as a tokenizer pipeline can."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, token_type_ids):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          token_type_ids=token_type_ids).last_hidden_state
+
+
+def distilbert() -> torch.nn.Module:
+    cfg = transformers.DistilBertConfig(dim=HIDDEN, n_layers=LAYERS, n_heads=4, hidden_dim=128, vocab_size=VOCAB,
+                                        max_position_embeddings=32, attn_implementation="eager")
+    torch.manual_seed(0)
+    return Distil(transformers.DistilBertModel(cfg)).eval()
+
+
+def roberta() -> torch.nn.Module:
+    cfg = transformers.RobertaConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=40,
+                                     attn_implementation="eager")
+    torch.manual_seed(0)
+    return WithPositions(transformers.RobertaModel(cfg)).eval()
+
+
+@pytest.mark.slow
+def test_distilbert_with_a_padding_mask_compiles_and_validates_against_torch(tmp_path):
+    p, v, _ = compile_and_validate(distilbert(), *tokens(2, (T, 5)), tmp_path)
+    assert v.profile.cycles == p.estimate.cycles
+
+
+@pytest.mark.slow
+def test_roberta_with_given_positions_compiles_and_validates_against_torch(tmp_path):
+    ids, mask = tokens(2, (T, 5))
+    positions = (torch.cumsum(mask, 1) * mask + 1).long()         # RoBERTa's own rule, pad index 1
+    p, v, _ = compile_and_validate(roberta(), ids, mask, tmp_path, extra=(positions, torch.zeros_like(ids)))
+    assert v.profile.cycles == p.estimate.cycles
+    assert [op.kind for op in import_module(roberta(), (ids, mask, positions, torch.zeros_like(ids))).graph.ops
+            ].count("gather") == 3                                  # words, positions, token types
+
+
+def test_roberta_computing_its_positions_from_the_tokens_is_refused_naming_the_nodes():
+    class Own(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    with pytest.raises(TileplanError, match=r"unsupported nodes: .*aten\.cumsum\.default"):
+        import_module(Own(roberta().model), tokens(2, (T, 5)))
