@@ -35,6 +35,7 @@ def test_infer_appends_the_table_width_and_reference_picks_rows():
     w = np.arange(V * D, dtype=np.float64).reshape(V, D)
     i = np.array([[0, 49, 3], [3, 3, 7]])
     np.testing.assert_array_equal(op.reference(w, i), w[i])
+    np.testing.assert_array_equal(op.reference(w, np.array([-1, -50])), w[[49, 0]])     # from the end (ONNX)
 
 
 @pytest.mark.parametrize("ins,words", [
@@ -50,7 +51,7 @@ def test_infer_refuses_naming_the_tensor(ins, words):
         assert w in str(e.value)
 
 
-@pytest.mark.parametrize("bad", [50, -1])
+@pytest.mark.parametrize("bad", [50, -51])
 def test_reference_refuses_an_index_outside_the_table(bad):
     with pytest.raises(TileplanError, match=rf"index {bad} is outside the table's 50 rows"):
         Gather("g", ("table", "ids"), "y").reference(np.zeros((V, D)), np.array([0, bad]))

@@ -191,7 +191,7 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
     for out in (FP16, FP32):
         add("cast_convert", CastCall(ints.size, DType.INT32, out), **{"in": ints})
     for dt, width in ((FP16, 5), (FP32, 8)):
-        idx = np.concatenate([[0, 29, 3, 3], rng.integers(0, 30, 9)]).astype(np.int32)
+        idx = np.concatenate([[0, 29, 3, 3, -1, -30], rng.integers(0, 30, 9)]).astype(np.int32)
         add("gather_rows", GatherCall(idx.size, width, 30, dt), table=random(rng, dt, 30 * width), idx=idx)
     rowwise_cases(rng, add)
     return cases

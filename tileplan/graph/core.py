@@ -538,8 +538,9 @@ class Reshape(Op):
 class Gather(Op):
     """Rows of a table by integer indices: ``table[indices]`` (``torch.nn.Embedding``, ONNX
     ``Gather`` on axis 0): inputs ``(table [V, D], indices [...])``, output ``[..., D]``. The
-    indices are an INT32 tensor the host gives (token ids); an index outside ``[0, V)`` is refused
-    by the reference (naming the op), as the IPU model refuses it: the codelet writes zeros there.
+    indices are an INT32 tensor the host gives (token ids); a negative index counts from the end (ONNX's
+    rule), one outside ``[-V, V)`` is refused by the reference (naming the op), as the IPU model
+    refuses it: the codelet writes zeros there.
 
     Design decision: only a parameter table is planned (an embedding); indices known at import are
     folded by the importers into a parameter slice, so this op exists for activation indices."""
@@ -566,10 +567,10 @@ class Gather(Op):
     def reference(self, table, indices):
         idx = np.asarray(indices)
         rows = np.asarray(table).shape[0]
-        bad = (idx < 0) | (idx >= rows) | (idx != np.round(idx))
+        bad = (idx < -rows) | (idx >= rows) | (idx != np.round(idx))
         if bad.any():
             raise self.err(f"index {idx[bad].flat[0]:g} is outside the table's {rows} rows")
-        return np.asarray(table)[idx.astype(np.int64)]
+        return np.asarray(table)[idx.astype(np.int64) % rows]
 
 
 @dataclass(frozen=True)

@@ -1008,9 +1008,7 @@ def _lower_gather(imp: _Importer, n: _Node) -> list[Op]:
     refused naming them (a Gather of constants is folded at import, ``_fold_gather``)."""
     x, idx_name, y = n.inputs[0], n.inputs[1], n.outputs[0]
     if x in imp.constants and _is_int_input(imp, idx_name):
-        if int(n.attrs.get("axis", 0)) != 0:
-            raise n.err(f"gathers {x!r} along axis {n.attrs['axis']}; tileplan gathers rows (axis 0) by an integer input")
-        return [Gather(n.name, (x, idx_name), y)]      # an embedding: the table's rows by token ids
+        return _lower_embedding(imp, n)
     if x in imp.masks and idx_name in imp.constants:
         return _mask_gather(imp, n)
     if idx_name not in imp.constants:
@@ -1042,6 +1040,38 @@ def _lower_gather(imp: _Importer, n: _Node) -> list[Op]:
 
 def _is_int_input(imp: _Importer, t: str) -> bool:
     return t in imp.inputs and imp.types.get(t, (0, None))[0] in _INT_INPUTS
+
+
+def _lower_embedding(imp: _Importer, n: _Node) -> list[Op]:
+    """``Gather(data, indices, axis)`` of a constant by an integer graph input (an embedding by
+    token ids): a Gather of the rows of ``data`` with the gathered axis first and the others
+    flattened (a new constant ``<node>.table`` unless ``data`` is already ``[V, W]`` gathered on
+    axis 0), a Reshape to the indices' shape plus the other axes, and a Transpose putting the
+    leading axes back in front (``axis > 0``)."""
+    x, idx, y = n.inputs[0], n.inputs[1], n.outputs[0]
+    data = np.asarray(imp.constants[x])
+    shape, q = data.shape, imp._static(idx, what="Gather indices")
+    axis = int(n.attrs.get("axis", 0))
+    if not -len(shape) <= axis < len(shape):
+        raise n.err(f"axis {axis} is out of range for {x!r} {list(shape)}")
+    axis %= len(shape)
+    rest = shape[:axis] + shape[axis + 1:]
+    table = x
+    if axis or len(shape) != 2:
+        table = f"{n.name}.table"
+        imp.constants[table] = np.ascontiguousarray(np.moveaxis(data, axis, 0).reshape(shape[axis], -1))
+    final = tuple(imp._static(y, what="Gather output"))
+    gathered = tuple(q) + (int(np.prod(rest)),)
+    if gathered == final:
+        return [Gather(n.name, (table, idx), y)]
+    ops: list[Op] = [Gather(n.name, (table, idx), f"{n.name}.rows")]
+    grouped = tuple(q) + tuple(rest)
+    if not axis:
+        return ops + [Reshape(f"{n.name}.shape", (f"{n.name}.rows",), y, shape=final)]
+    ops.append(Reshape(f"{n.name}.shape", (f"{n.name}.rows",), f"{n.name}.grouped", shape=grouped or (1,)))
+    k = len(q)
+    perm = tuple(range(k, k + axis)) + tuple(range(k)) + tuple(range(k + axis, len(grouped)))
+    return ops + transpose_ops(f"{n.name}.axes", f"{n.name}.grouped", y, perm)
 
 
 def _mask_gather(imp: _Importer, n: _Node) -> list[Op]:

@@ -38,7 +38,8 @@ def ceil_div(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class GatherCall:
-    """``out[i, :] = table[idx[i], :]`` for ``rows`` indices of a ``[table_rows, width]`` block."""
+    """``out[i, :] = table[idx[i], :]`` for ``rows`` indices of a ``[table_rows, width]`` block
+    (``idx[i] < 0``: row ``idx[i] + table_rows``)."""
 
     rows: int
     width: int
@@ -67,13 +68,14 @@ def gather_cycles(call: GatherCall, target: Target) -> int:
 
 
 def gather(call: GatherCall, table: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """The rows picked; an index outside the block's rows is refused (the codelet would write zeros:
-    a wrong answer the IPU model does not hide)."""
+    """The rows picked (a negative index counts from the end); an index outside ``[-rows, rows)`` is
+    refused (the codelet would write zeros: a wrong answer the IPU model does not hide)."""
     t = operand(table, call.dtype, call.table_rows * call.width, "table")
     i = operand(idx, DType.INT32, call.rows, "indices")
-    bad = (i < 0) | (i >= call.table_rows)
+    bad = (i < -call.table_rows) | (i >= call.table_rows)
     if bad.any():
         raise TileplanError(f"gather: index {int(i[bad].flat[0])} is outside the table's {call.table_rows} rows")
+    i = i % call.table_rows                       # a negative index counts from the end
     t3 = t.reshape(-1, call.table_rows, call.width)
     out = np.stack([t3[k if t3.shape[0] > 1 else 0][i[k]] for k in range(i.shape[0])])
     return _result(out.reshape(i.shape[0], call.rows * call.width), np.asarray(idx).shape[:-1])
