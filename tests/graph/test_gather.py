@@ -53,7 +53,7 @@ def test_infer_refuses_naming_the_tensor(ins, words):
 
 @pytest.mark.parametrize("bad", [50, -51])
 def test_reference_refuses_an_index_outside_the_table(bad):
-    with pytest.raises(TileplanError, match=rf"index {bad} is outside the table's 50 rows"):
+    with pytest.raises(TileplanError, match=rf"op 'g' \(gather\): index {bad} of 'ids' is outside the 50 rows of 'table'"):
         Gather("g", ("table", "ids"), "y").reference(np.zeros((V, D)), np.array([0, bad]))
 
 
@@ -104,8 +104,8 @@ def test_an_embedding_by_token_ids_compiles_and_validates(dt, tmp_path):
 
 
 @pytest.mark.parametrize("values,words", [
-    (np.full((B, T), V), ["index 50 is outside the table's 50 rows"]),
-    (np.full((B, T), 0.5), ["'ids'", "int32 values must be whole numbers"]),
+    (np.full((B, T), V), ["in.npz: op 'g' (gather): index 50 of 'ids' is outside the 50 rows of 'table'"]),
+    (np.full((B, T), 0.5), ["in.npz: 'ids': int32 values must be whole numbers", "got 0.5"]),
 ])
 def test_validate_refuses_bad_token_ids_naming_them(values, words, tmp_path):
     g, params = embedding_model(FP32)

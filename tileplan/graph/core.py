@@ -126,6 +126,9 @@ class Op:
         keeps its scale too."""
         return None
 
+    def check_values(self, *ins: np.ndarray) -> None:
+        """Refuse input values the op has no meaning for (raising ``self.err``); most ops take any."""
+
     def reference(self, *ins: np.ndarray) -> np.ndarray:
         """float64 semantics on float64 operands (the values the inputs' types hold); the caller
         rounds the result to the output tensor's type."""
@@ -564,13 +567,17 @@ class Gather(Op):
     def flops(self, ins, out):
         return 0
 
-    def reference(self, table, indices):
+    def check_values(self, table, indices):
         idx = np.asarray(indices)
         rows = np.asarray(table).shape[0]
         bad = (idx < -rows) | (idx >= rows) | (idx != np.round(idx))
         if bad.any():
-            raise self.err(f"index {idx[bad].flat[0]:g} is outside the table's {rows} rows")
-        return np.asarray(table)[idx.astype(np.int64) % rows]
+            raise self.err(f"index {idx[bad].flat[0]:g} of {self.inputs[1]!r} is outside the {rows} rows of "
+                           f"{self.inputs[0]!r}")
+
+    def reference(self, table, indices):
+        self.check_values(table, indices)
+        return np.asarray(table)[np.asarray(indices).astype(np.int64) % np.asarray(table).shape[0]]
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ def _integers(x: np.ndarray) -> np.ndarray:
     rounded silently would compute something else than the user gave)."""
     bad = ~np.isfinite(x) | (x != np.round(x)) | (np.abs(x) > 2.0 ** 31 - 1)
     if bad.any():
-        raise ValueError(f"int32 values must be whole numbers within +-(2**31 - 1), got {x[bad].flat[0]!r}")
+        raise ValueError(f"int32 values must be whole numbers within +-(2**31 - 1), got {float(x[bad].flat[0]):g}")
     return x.astype(np.int32)
 
 

@@ -149,6 +149,12 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
         if missing:
             raise TileplanError(f"{inputs_path}: holds no values for the input{'s' if len(missing) > 1 else ''} "
                                 f"{', '.join(repr(m) for m in missing)} of model {graph.name!r}")
+        for op in graph.ops:     # values the model must not be given (a token id past its table), named
+            if all(i in stored for i in op.inputs):
+                try:
+                    op.check_values(*(stored[i] for i in op.inputs))
+                except TileplanError as e:
+                    raise TileplanError(f"{inputs_path}: {e}") from None
     outs = [t for t in graph.tensors.values() if t.role is Role.OUTPUT]
     expected = _load_npz(expected_path, "expected outputs", outs) if expected_path is not None else None
     if expected is not None:
