@@ -93,8 +93,8 @@ def depth_factor(depth: int) -> float:
 
 def _load_npz(path, what: str, tensors) -> dict[str, np.ndarray]:
     """An npz of real numbers by tensor name, read through ``safeio.load_npz``; anything else
-    (strings, complex, objects, booleans, an ``.npy`` rather than an ``.npz``) is an error naming
-    the file and the array.
+    (strings, complex, objects, booleans but for an INT32 input such as a mask, an ``.npy`` rather
+    than an ``.npz``) is an error naming the file and the array.
 
     Design decision: the arrays it may declare are bounded by the tensors it may hold (``tensors``:
     the model's inputs and parameters, or its outputs), at 8 bytes a value (float64, the widest a
@@ -104,8 +104,11 @@ def _load_npz(path, what: str, tensors) -> dict[str, np.ndarray]:
     from ..safeio import MiB, load_npz
     limit = 8 * sum(t.size for t in tensors) + MiB
     arrays = load_npz(path, limit, f"{what} file")
+    integer = {t.name for t in tensors if t.dtype is DType.INT32}
     for k, a in arrays.items():
-        if a.dtype.kind not in "iuf":
+        if a.dtype.kind == "b" and k in integer:      # a bool attention mask for an INT32 input: 0/1
+            arrays[k] = a.astype(np.int32)
+        elif a.dtype.kind not in "iuf":
             raise TileplanError(f"{path}: array {k!r} holds {a.dtype} values; {what} must be real numbers")
     return arrays
 
