@@ -8,6 +8,7 @@ with an attention mask, compiled onto ipu21-64 and validated on the IPU model ag
 - ``BertModel`` through the ONNX export (TorchScript exporter, opset 17): the word embedding an
   ONNX Gather by the ``input_ids`` input; the mask a Cast to BOOL, a Flatten and Gather by constant
   indices, Reshapes, And with a constant, Expand and Where, imported as the same Cast, Mul and Add.
+- Its ``pooler_output`` (the CLS row, a Linear, tanh) likewise.
 - A mask that really masks: a padded sequence gives, for its real tokens, the outputs of the
   unpadded sequence (the check a user makes)."""
 
@@ -43,12 +44,19 @@ class LastHidden(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def bert(impl: str = "eager") -> torch.nn.Module:
+class Pooled(LastHidden):
+    """``model(input_ids, attention_mask).pooler_output``: the CLS row, a Linear, tanh."""
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+
+
+def bert(impl: str = "eager", pooled: bool = False) -> torch.nn.Module:
     cfg = transformers.BertConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
                                   intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=32,
                                   attn_implementation=impl)
     torch.manual_seed(0)
-    return LastHidden(transformers.BertModel(cfg)).eval()
+    return (Pooled if pooled else LastHidden)(transformers.BertModel(cfg)).eval()
 
 
 def tokens(batch: int, lengths) -> tuple:
@@ -130,6 +138,12 @@ def compile_and_validate(module, ids, mask, tmp_path, name="pkg", onnx=False, ex
 def test_bert_with_a_padding_mask_compiles_and_validates_against_torch(impl, tmp_path):
     p, v, _ = compile_and_validate(bert(impl), *tokens(2, (T, 5)), tmp_path)
     assert v.profile.cycles == p.estimate.cycles
+
+
+@pytest.mark.slow
+def test_bert_pooler_output_with_a_padding_mask_compiles_and_validates_against_torch(tmp_path):
+    p, v, want = compile_and_validate(bert(pooled=True), *tokens(2, (T, 3)), tmp_path)
+    assert want.shape == (2, HIDDEN) and v.profile.cycles == p.estimate.cycles
 
 
 @pytest.mark.slow
