@@ -14,6 +14,8 @@ with an attention mask, compiled onto ipu21-64 and validated on the IPU model ag
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -120,8 +122,8 @@ def compile_and_validate(module, ids, mask, tmp_path, name="pkg", onnx=False, ex
         model = import_module(module, args)
     p, _, path = compile_model(model.graph, load_target("ipu21-64"), tmp_path / name, params=model.params, jobs=1)
     (out,) = model.graph.by_role(Role.OUTPUT)
-    with torch.no_grad():
-        want = module(*args).numpy()
+    with torch.no_grad():                   # fp16 modules: the same fp16 weights, torch computing in fp32
+        want = copy.deepcopy(module).float()(*args).numpy()
     names = [t.name for t in model.graph.by_role(Role.INPUT)]
     given = dict(zip(["input_ids", "attention_mask", "position_ids", "token_type_ids"], args))
     np.savez(tmp_path / f"{name}-in.npz", **{n: given[n].numpy() for n in names})
@@ -137,6 +139,13 @@ def compile_and_validate(module, ids, mask, tmp_path, name="pkg", onnx=False, ex
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_bert_with_a_padding_mask_compiles_and_validates_against_torch(impl, tmp_path):
     p, v, _ = compile_and_validate(bert(impl), *tokens(2, (T, 5)), tmp_path)
+    assert v.profile.cycles == p.estimate.cycles
+
+
+@pytest.mark.slow
+def test_fp16_bert_with_a_padding_mask_compiles_and_validates_against_torch(tmp_path):
+    """FP16 weights and activations; HF's mask minimum is FP16's (-65504), its bias exact in FP16."""
+    p, v, _ = compile_and_validate(bert().half(), *tokens(2, (T, 5)), tmp_path)
     assert v.profile.cycles == p.estimate.cycles
 
 
