@@ -359,7 +359,8 @@ class _Importer:
                 operands = _tensor_operands(node)
                 if all(a in known for a in operands):
                     known.add(node.name)
-                    if not operands or _target_name(node.target) not in _HANDLERS:
+                    if (not operands or _target_name(node.target) not in _HANDLERS
+                            or _target_name(node.target) in _ACTIVATION_ONLY):
                         self.folded.add(node.name)
         while True:        # what a folded node reads is folded; what reads only folded values too
             before = len(self.folded)
@@ -1126,6 +1127,12 @@ def _sdpa(imp: _Importer, node) -> None:
     imp.emit(node, Softmax(f"{n}.softmax", (x,), f"{n}.softmax", axis=-1))
     imp.emit(node, MatMul(n, (f"{n}.softmax", v), n))
 
+
+# Handlers that import an op of activations only (a mask's forms, an embedding by token ids): of
+# values known at import the node is computed at import, as any op tileplan does not import.
+_ACTIVATION_ONLY = {"aten.embedding.default", "aten.to.device", "aten.index.Tensor", "aten.__and__.Tensor",
+                    "aten.expand.default", "aten.where.ScalarOther", "aten.where.ScalarSelf", "aten.where.Scalar",
+                    "aten.where.self"}
 
 _MASK_READERS = {"aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor"}
 
