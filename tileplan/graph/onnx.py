@@ -55,6 +55,13 @@ What maps to what:
   axis for a scalar index).
 - ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze`` -> Reshape to the output
   shape ONNX shape inference gives.
+- Integer and bool graph inputs (token ids, an attention mask) -> INT32 inputs. ``Gather`` of an
+  initializer by one -> a Gather (an embedding; any axis, through a re-laid table, a Reshape and a
+  Transpose). The exporters' padding mask (the input Cast to BOOL, order-keeping Flatten /
+  Reshape / Gather by constant indices, ``And`` with all-true constants, ``Expand``,
+  ``Where(mask, 0, min)``) -> a Cast of the input, a Mul and an Add, kept at ``[B, 1, 1, T]``
+  and computed once (``_lower_where``); ``And``, ``Expand`` and ``Where`` of anything else are
+  refused naming the node (of constants they are folded).
 - ``Transpose`` that swaps the last two axes and is read only as MatMul or Gemm
   operands folds into their transpose flags (the parameter keeps its name and
   values); a Transpose of an initializer is folded into new values (a parameter
@@ -68,8 +75,8 @@ What maps to what:
 Dtypes: FLOAT -> fp32, FLOAT16 -> fp16, FLOAT8E4M3FNUZ -> fp8; BFLOAT16 is refused
 naming ``--cast-bf16 fp16`` (``import_onnx(..., cast_bf16="fp16")`` reads every
 bf16 tensor, initializer and Cast target as FLOAT16 and records it in
-``Graph.imported``); anything else (integer, bool, DOUBLE, other FP8 formats)
-is an error naming the tensor and its type. Every input must have a static
+``Graph.imported``); anything else (DOUBLE, other FP8 formats; integer and bool but for graph
+inputs) is an error naming the tensor and its type. Every input must have a static
 shape (tileplan plans static shapes): a symbolic or missing dimension is an
 error naming the tensor, and so is a negative one. A zero dimension is a
 zero-size tensor (``Reshape`` with ``allowzero=1`` makes them too): imported as

@@ -77,6 +77,13 @@ What maps to what:
   the resize of ``interpolate_pos_encoding``) runs its own ATen op on the values; what an imported
   op reads of the result is a parameter named after the node. An integer buffer no op reads is
   no tensor at all; one an op reads is refused naming it and its dtype.
+- Integer and bool user inputs (token ids, an attention mask) are INT32 graph inputs.
+  ``embedding(W, ids)`` by such an input is a Gather of the parameter's rows. HF's padding mask
+  (the input cast to bool, read at ``[arange, arange]``, ``&`` with all-true constants,
+  ``expand``, ``where(mask, 0, min)``) is a Cast of the input, a Mul and an Add (``_mask_bias``),
+  kept at ``[B, 1, 1, T]`` and computed once; ``scaled_dot_product_attention`` becomes eager
+  attention's ops with that bias (``_sdpa``). The same nodes of values known at import are
+  computed at import (``_ACTIVATION_ONLY``).
 - Anything else: one ``TileplanError`` listing every unsupported node by target
   (``3 unsupported nodes: aten.relu.default (2: relu, relu_1), ...``).
 
