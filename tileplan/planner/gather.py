@@ -4,7 +4,7 @@ Design decision: the table is split by columns, not rows. Tile ``j`` holds the c
 ``[c_j, c_j+1)`` of every table row and every index (the indices are few: one per token, read
 replicated as a broadcast operand is), and writes the same column block of every output row.
 Whatever the indices are at run time, each tile finds its rows locally: no run-time exchange
-depends on the data (a row split would send each looked-up row from whichever tile holds it, an
+depends on the data (the indices are copied, whole, to the tiles holding a block, and only those) (a row split would send each looked-up row from whichever tile holds it, an
 exchange the compiler cannot plan). This is the column form of poplibs' ``multiSlice``. The block
 width is the smallest whole number of 8-byte words that spreads the columns over the tiles (so a
 BERT-base table, 30,522 x 768 FP16, takes 4 columns a tile over 192 tiles: 244 KB each). The output
@@ -21,7 +21,6 @@ from ..kernels.gather import GatherCall
 from ..layout.gemm_grid import Grid
 from ..program import ComputeStep, Operand, Program, Vertex
 from .candidates import Candidate, Storage
-from .elementwise import replicated
 
 
 def column_bounds(width: int, itemsize: int, tiles: int) -> tuple[int, ...]:
@@ -52,7 +51,9 @@ def candidates(ctx, op: Op) -> list[Candidate]:
     rows, (vocab, width) = idx.size, table.shape
     bounds = column_bounds(width, table.dtype.itemsize, target.tiles)
     out_lay = _grid(rows, bounds)
-    idx_lay = replicated(idx.shape, target.tiles)
+    # The indices on the tiles that hold a column block only (a replicated grid over those tiles).
+    blocks = len(bounds) - 1
+    idx_lay = Grid.of((0, idx.rows), (0, idx.cols), np.arange(blocks).reshape(1, 1, blocks))
     prog = Program()
     tb = prog.add_buffer(ctx.tensor_buffer(table.name, ctx.storage[table.name].layout))
     ib = prog.add_buffer(ctx.tensor_buffer(idx.name, idx_lay))
