@@ -53,7 +53,8 @@ def test_infer_refuses_naming_the_tensor(ins, words):
 
 @pytest.mark.parametrize("bad", [50, -51])
 def test_reference_refuses_an_index_outside_the_table(bad):
-    with pytest.raises(TileplanError, match=rf"op 'g' \(gather\): index {bad} of 'ids' is outside the 50 rows of 'table'"):
+    with pytest.raises(TileplanError,
+                       match=rf"op 'g' \(gather\): index {bad} of 'ids' is outside the 50 rows of 'table'"):
         Gather("g", ("table", "ids"), "y").reference(np.zeros((V, D)), np.array([0, bad]))
 
 

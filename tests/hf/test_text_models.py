@@ -1,7 +1,8 @@
 """Whole Hugging Face text encoders (random init, a small config, no download),
 with an attention mask, compiled onto ipu21-64 and validated on the IPU model against torch:
 
-- ``BertModel`` (eager attention and SDPA) through torch.export: ``input_ids`` and ``attention_mask`` are INT32 graph inputs;
+- ``BertModel`` (eager attention and SDPA) through torch.export: ``input_ids`` and
+  ``attention_mask`` are INT32 graph inputs;
   the word embedding a Gather by ``input_ids``; the position and (all-zero) token-type embeddings
   computed at import; HF's padding mask a Cast of ``attention_mask``, scaled and added to every
   layer's scores, broadcast over heads and query rows.
