@@ -9,7 +9,9 @@ with an attention mask, compiled onto ipu21-64 and validated on the IPU model ag
 - ``BertModel`` through the ONNX export (TorchScript exporter, opset 17): the word embedding an
   ONNX Gather by the ``input_ids`` input; the mask a Cast to BOOL, a Flatten and Gather by constant
   indices, Reshapes, And with a constant, Expand and Where, imported as the same Cast, Mul and Add.
-- Its ``pooler_output`` (the CLS row, a Linear, tanh) likewise.
+- ``BertModel``'s ``pooler_output`` (the CLS row, a Linear, tanh), and the model in FP16.
+- ``DistilBertModel``; ``RobertaModel`` with ``position_ids`` and ``token_type_ids`` given (its own
+  positions are integer arithmetic on the token ids: refused naming ``cumsum``).
 - A mask that really masks: a padded sequence gives, for its real tokens, the outputs of the
   unpadded sequence (the check a user makes)."""
 
