@@ -100,7 +100,7 @@ FAMILIES: dict[type, Family] = {
     Transpose: TRANSPOSE,     # a real rearrangement: exchange, then an on-tile copy or transpose
     Slice: SLICE,             # a column window of its input's layout: a relabelling where it is aligned
     Concat: CONCAT,           # each input copied into its column window of the output's layout
-    Gather: GATHER,           # table column blocks, indices on every tile: no data-dependent exchange
+    Gather: GATHER,           # table column blocks, indices on their tiles: no data-dependent exchange
 }
 
 
