@@ -12,7 +12,8 @@ Rules, applied by the harness and listed, never silent:
 - ``STATIC_ARGUMENTS``: inputs that ONNX passes as tensors but that are static
   arguments of the op (a Reshape's shape, Squeeze/Unsqueeze and reduction axes,
   Dropout's ratio) become initializers holding the case's values. tileplan plans static
-  graphs, as an exporter writes them.
+  graphs, as an exporter writes them. A Gather's data is a table (an initializer, as an embedding's
+  is); its indices, ``INDEX_INPUTS``, stay integer graph inputs (token ids: INT32 inputs).
 - Excluded by type: a case whose data inputs or outputs are integer or bool
   tensors (out of scope), sequences or optionals (not tensors), or another float format than FLOAT, FLOAT16 and
   FLOAT8E4M3FNUZ (DOUBLE, BFLOAT16, the other FP8 and FP4 formats: tileplan's
@@ -45,11 +46,15 @@ COVERED = {
     "Dropout": "dropout", "Reshape": "reshape", "Flatten": "flatten", "Squeeze": "squeeze",
     "Unsqueeze": "unsqueeze", "Transpose": "transpose", "LayerNormalization": "layernormalization",
     "Softmax": "softmax", "ReduceSum": "reducesum", "ReduceMean": "reducemean", "ReduceMax": "reducemax",
-    "Split": "split", "Slice": "slice", "Concat": "concat",
+    "Split": "split", "Slice": "slice", "Concat": "concat", "Gather": "gather",
 }
 # ONNX op type -> input positions that are static arguments (become initializers).
 STATIC_ARGUMENTS = {"Reshape": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "Dropout": (1,), "ReduceSum": (1,),
-                    "ReduceMean": (1,), "ReduceMax": (1,), "Split": (1,), "Slice": (1, 2, 3, 4)}
+                    "ReduceMean": (1,), "ReduceMax": (1,), "Split": (1,), "Slice": (1, 2, 3, 4),
+                    "Gather": (0,)}
+# ONNX op type -> input positions that are integer indices tileplan takes as INT32 graph inputs (token
+# ids): those integer inputs run (not excluded by type).
+INDEX_INPUTS = {"Gather": (1,)}
 TARGET = "ipu21-64"
 FLOAT_TYPES = {"FLOAT", "FLOAT16", "FLOAT8E4M3FNUZ"}
 
@@ -67,6 +72,7 @@ class Case:
         import onnx
         g = self.model.graph
         static = _static_inputs(self.model)
+        indices = _static_inputs(self.model, INDEX_INPUTS)
         for vi in list(g.input) + list(g.output):
             if vi.name in static:
                 continue
@@ -74,6 +80,8 @@ class Case:
                 return f"not a tensor: {vi.name!r} is a sequence or optional"
             label = onnx.TensorProto.DataType.Name(vi.type.tensor_type.elem_type)
             if label in FLOAT_TYPES:
+                continue
+            if vi.name in indices and label in ("INT64", "INT32"):
                 continue
             if label.startswith(("INT", "UINT")) or label == "BOOL":
                 return f"integer/bool: {vi.name!r} is {label}"
@@ -113,12 +121,12 @@ def _main_op(model) -> str | None:
     return nodes[0].op_type if len(nodes) == 1 else None
 
 
-def _static_inputs(model) -> set[str]:
-    """Graph inputs that some node reads as a static argument."""
+def _static_inputs(model, positions=None) -> set[str]:
+    """Graph inputs that some node reads as a static argument (or at ``positions``' inputs)."""
     graph_inputs = {vi.name for vi in model.graph.input}
     names = set()
     for n in model.graph.node:
-        for k in STATIC_ARGUMENTS.get(n.op_type, ()):
+        for k in (STATIC_ARGUMENTS if positions is None else positions).get(n.op_type, ()):
             if k < len(n.input) and n.input[k] in graph_inputs:
                 names.add(n.input[k])
     return names

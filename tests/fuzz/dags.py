@@ -464,6 +464,19 @@ class _Builder:
                   axis=axis - n if rng.random() < 0.5 else axis)
         return True
 
+    def gather(self, rng: random.Random) -> None:
+        """Token ids ``[B, T]`` or ``[N]`` (an int32 input, seeded 0 or 1 by validate) gathering rows
+        of a ``[V, W]`` table in the model's float type."""
+        ids = T(self.fresh("ids"), tuple(rng.choice([(rng.randint(1, 4), rng.randint(1, 12)), (rng.randint(1, 30),)])),
+                "int32")
+        self.declared.append((ids, f'{ids.name} = {{ shape = {_toml(list(ids.shape))}, dtype = "int32", '
+                                   f'role = "input"', None))
+        self.tensors[ids.name], self.roles[ids.name] = ids, "input"
+        self.inputs.append(ids.name)
+        width = rng.choice((1, 3, 8, 24, 40, 64))
+        table = self.param((rng.randint(2, 50), width))
+        self.emit("gather", [table, ids], T(self.fresh("t"), ids.shape + (width,), self.dtype, mag=2.5))
+
     def matmul(self) -> bool:
         a = self.pick(rank_min=2)
         if a is None:
@@ -610,6 +623,12 @@ class _Builder:
         joins = random.Random(f"concat {self.seed}")
         if joins.random() < 1 / 3:
             self.concat(joins)
+        # A Gather (an embedding: a parameter table's rows by int32 token ids, a new input), in one
+        # case of three, from its own generator; its output is a graph output (drawn last, so the
+        # cases drawn before it are unchanged).
+        lookups = random.Random(f"gather {self.seed}")
+        if lookups.random() < 1 / 3:
+            self.gather(lookups)
         # Every input must be read; an unread one joins the graph through a pointwise op.
         for name in self.inputs:
             if not self.uses[name]:

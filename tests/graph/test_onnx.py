@@ -390,8 +390,8 @@ def test_every_unsupported_node_is_reported_in_one_error_with_counts_and_names()
         from_onnx(m)
     msg = str(err.value)
     assert msg.startswith("ONNX model 'g': 3 unsupported nodes: Elu (2: elu1, elu2), "
-                          "HardSwish (1: HardSwish_4); tileplan imports Add, Cast, CastLike, Concat, Constant, Conv, Div, "
-                          "Dropout,")
+                          "HardSwish (1: HardSwish_4); tileplan imports Add, And, Cast, CastLike, Concat, Constant, Conv, "
+                          "Div, Dropout,")
 
 
 def test_unsupported_dtype_names_the_tensor():

@@ -66,10 +66,21 @@ def test_integer_constant_read_as_a_tensor_is_refused_naming_it_and_its_type():
         from_onnx(m)
 
 
-def test_integer_graph_input_is_refused_naming_the_tensor_and_its_type():
+def test_arithmetic_on_an_integer_graph_input_is_refused_naming_the_op_and_the_tensor():
+    """An integer graph input is an INT32 input (token ids, a mask): a Gather or a Cast reads it."""
     m = make_model([helper.make_node("Add", ["x", "x"], ["y"], name="add")],
                    [("x", TensorProto.INT32, [2, 4])], [("y", TensorProto.INT32, [2, 4])])
-    with pytest.raises(TileplanError, match=r"tensor 'x' has ONNX element type INT32; .*integer and bool tensors"):
+    with pytest.raises(TileplanError, match=r"op 'add' \(add\): add takes fp16 or fp32 operands, 'x' is int32 "
+                                            r"\(cast first\)"):
+        from_onnx(m)
+
+
+def test_a_gather_by_a_double_input_is_refused_naming_the_indices():
+    m = make_model([helper.make_node("Gather", ["t", "x"], ["y"], name="g")],
+                   [("x", TensorProto.DOUBLE, [2, 4])], [("y", TensorProto.FLOAT, [2, 4, 3])])
+    m.graph.initializer.append(numpy_helper.from_array(np.ones((5, 3), np.float32), "t"))
+    with pytest.raises(TileplanError, match=r"node 'g' \(Gather\): indices 'x' are not a constant; .*by an integer "
+                                            r"graph input"):
         from_onnx(m)
 
 

@@ -206,12 +206,14 @@ def test_quick_gelu_stays_a_mul_a_sigmoid_and_a_mul():
     assert [op.kind for op in g.ops] == ["mul", "sigmoid", "mul"]
 
 
-def test_integer_tensors_are_refused_naming_the_tensor_and_its_type():
+def test_arithmetic_on_an_integer_input_is_refused_naming_the_op_and_the_tensor():
+    """An integer input is an INT32 graph input (token ids, a mask); only a Gather or a Cast reads it."""
     class Inc(nn.Module):
         def forward(self, x):
             return x + x
 
-    with pytest.raises(TileplanError, match=r"tensor 'x' has dtype int64; tileplan takes float32"):
+    with pytest.raises(TileplanError, match=r"op 'add' \(add\): add takes fp16 or fp32 operands, 'x' is int32 "
+                                            r"\(cast first\)"):
         from_module(Inc(), (torch.arange(6).reshape(2, 3),))
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tileplan.graph.dtypes import DType
 from tileplan.kernels.pointwise import BINARY, UNARY
-from tileplan.kernels import (TransposeCall, UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
+from tileplan.kernels import (GatherCall, TransposeCall, UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
 from tileplan.kernels import (LayerNormApplyCall, LayerNormCall, MomentsCombineCall, RowMomentsCall, RowReduceCall,
                               RowReduceCombineCall, RowReducePartialCall, SoftmaxApplyCall, SoftmaxCall,
@@ -185,6 +185,14 @@ def build_cases(rng) -> list[tuple[str, object, dict[str, np.ndarray], str]]:
         add("pack_panels", PackCall(rows, cols, dt, grain), **{"in": random(rng, dt, rows * cols)})
         add("unpack_panels", UnpackCall(rows, cols, dt, grain), **{"in": random(rng, dt, rows * cols)})
     add("copy_local", CopyCall(37), **{"in": rng.integers(0, 256, 37, dtype=np.uint8)})
+    # Integer inputs: an attention mask and token ids cast to float (exact), rows gathered by
+    # token ids (repeats, the first and last rows), an odd width and a width of whole words.
+    ints = np.concatenate([[0, 1, -1, 2 ** 24, -(2 ** 24), 2 ** 31 - 1], rng.integers(-5000, 5000, 58)]).astype(np.int32)
+    for out in (FP16, FP32):
+        add("cast_convert", CastCall(ints.size, DType.INT32, out), **{"in": ints})
+    for dt, width in ((FP16, 5), (FP32, 8)):
+        idx = np.concatenate([[0, 29, 3, 3, -1, -30], rng.integers(0, 30, 9)]).astype(np.int32)
+        add("gather_rows", GatherCall(idx.size, width, 30, dt), table=random(rng, dt, 30 * width), idx=idx)
     rowwise_cases(rng, add)
     return cases
 

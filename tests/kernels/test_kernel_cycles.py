@@ -8,7 +8,7 @@ import pytest
 
 from tileplan.errors import TileplanError
 from tileplan.graph.dtypes import DType
-from tileplan.kernels import (dispatch, TransposeCall, UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
+from tileplan.kernels import (dispatch, GatherCall, TransposeCall, UnaryCall, BinaryCall, BiasGeLUCall, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                               UnpackCall, default_registry)
 from tileplan.kernels import (LayerNormApplyCall, LayerNormCall, MomentsCombineCall, RowMomentsCall, RowReduceCall,
                               RowReduceCombineCall, RowReducePartialCall, SoftmaxApplyCall, SoftmaxCall,
@@ -61,6 +61,7 @@ BASE = {
     "pack_panels": (PackCall(8, 32, FP16, 16), ("rows",)),
     "unpack_panels": (UnpackCall(8, 32, FP16, 16), ("rows",)),
     "copy_local": (CopyCall(100), ("nbytes",)),
+    "gather_rows": (GatherCall(30, 8, 100, FP16), ("rows", "width")),
 }
 
 

@@ -73,6 +73,22 @@ def test_each_binary_op_broadcasts_as_numpy_does(tmp_path, kind, a_shape, b_shap
     assert estimate == v.profile.cycles
 
 
+@pytest.mark.parametrize("kind", ["add", "sub"])
+@pytest.mark.parametrize("a_shape, b_shape", [((2, 3, 8, 16), (2, 1, 1, 16)), ((2, 1, 1, 16), (2, 3, 8, 16)),
+                                              ((4, 24, 40), (4, 1, 40)), ((2, 1, 8, 16), (2, 3, 8, 16))])
+def test_rows_per_leading_index_broadcast_in_place_without_a_rearrangement(tmp_path, kind, a_shape, b_shape):
+    """An attention mask ``[B, 1, 1, T]`` added to scores ``[B, H, T, T]`` (an activation, read
+    replicated): each leading index's block reads its own rows of the mask; no Transpose."""
+    from tileplan.planner.plan import plan
+    a = Tensor("a", a_shape, DType.FP16, Role.INPUT)
+    b = Tensor("b", b_shape, DType.FP16, Role.INPUT)
+    graph = Graph.build(f"batch_rows_{kind}", [a, b], [OP_KINDS[kind](kind, ("a", "b"), "y")])
+    assert [op.kind for op in plan(graph, TARGET).graph.ops] == [kind]
+    v, estimate = _run(graph, tmp_path)
+    assert v.outputs["y"]["passed"], v.outputs["y"]
+    assert estimate == v.profile.cycles
+
+
 def test_a_broadcast_activation_is_gathered_onto_every_tile(tmp_path):
     # b is an activation (made by an op), broadcast as a row: selection converts it into the replicated layout.
     x = Tensor("x", (8, 64), DType.FP32, Role.INPUT)

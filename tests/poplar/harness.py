@@ -31,7 +31,7 @@ from tileplan.kernels import CodeletSource, MatMulCall, default_registry
 
 POPLAR_STANDIN = Path(__file__).resolve().parent
 GXX = shutil.which("g++")
-NUMPY_OF_CTYPE = {"float": np.float32, "half": np.float16, "unsigned char": np.uint8}
+NUMPY_OF_CTYPE = {"float": np.float32, "half": np.float16, "unsigned char": np.uint8, "int": np.int32}
 
 
 @dataclass

@@ -126,6 +126,9 @@ class Op:
         keeps its scale too."""
         return None
 
+    def check_values(self, *ins: np.ndarray) -> None:
+        """Refuse input values the op has no meaning for (raising ``self.err``); most ops take any."""
+
     def reference(self, *ins: np.ndarray) -> np.ndarray:
         """float64 semantics on float64 operands (the values the inputs' types hold); the caller
         rounds the result to the output tensor's type."""
@@ -173,8 +176,10 @@ class MatMul(Op):
         return shape, self.allowed_output_dtypes(ins)[0]
 
     def allowed_output_dtypes(self, ins):
-        return {DType.FP32: (DType.FP32,), DType.FP16: (DType.FP16, DType.FP32),
-                DType.FP8: (DType.FP16,)}[ins[0].dtype]
+        allowed = {DType.FP32: (DType.FP32,), DType.FP16: (DType.FP16, DType.FP32), DType.FP8: (DType.FP16,)}
+        if ins[0].dtype not in allowed:
+            raise self.err(f"MatMul takes fp32, fp16 or fp8 operands, {ins[0].name!r} is {ins[0].dtype} (cast first)")
+        return allowed[ins[0].dtype]
 
     def flops(self, ins, out):
         batch, m, n, k = self.mnk(ins)
@@ -194,8 +199,8 @@ class Pointwise(Op):
 
     def _float_operands(self, ins: list[Tensor]) -> None:
         for t in ins:
-            if t.dtype is DType.FP8:
-                raise self.err(f"{self.kind} takes fp16 or fp32 operands, {t.name!r} is fp8 (cast first)")
+            if t.dtype in (DType.FP8, DType.INT32):
+                raise self.err(f"{self.kind} takes fp16 or fp32 operands, {t.name!r} is {t.dtype} (cast first)")
         if len({t.dtype for t in ins}) > 1:
             raise self.err(f"operand dtypes differ: " + ", ".join(f"{t.name!r} is {t.dtype}" for t in ins))
 
@@ -348,7 +353,8 @@ class Cast(Op):
         return ins[0].shape, ins[0].dtype
 
     def allowed_output_dtypes(self, ins):
-        return tuple(DType) if self.saturate else (DType.FP8,)      # saturate=false: FP8 only
+        # Into a float type only (an INT32 tensor is an input the host gives); saturate=false: FP8 only.
+        return tuple(d for d in DType if d.is_float) if self.saturate else (DType.FP8,)
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float64)      # the rounding is the output tensor's type
@@ -359,8 +365,8 @@ class Rowwise(Op):
     a row), with FP32 statistics, the result in the input's type (FP16 or FP32)."""
 
     def _float_input(self, x: Tensor) -> None:
-        if x.dtype is DType.FP8:
-            raise self.err(f"{self.kind} takes fp16 or fp32, {x.name!r} is fp8 (cast first)")
+        if x.dtype in (DType.FP8, DType.INT32):
+            raise self.err(f"{self.kind} takes fp16 or fp32, {x.name!r} is {x.dtype} (cast first)")
 
 
 @dataclass(frozen=True)
@@ -532,6 +538,49 @@ class Reshape(Op):
 
 
 @dataclass(frozen=True)
+class Gather(Op):
+    """Rows of a table by integer indices: ``table[indices]`` (``torch.nn.Embedding``, ONNX
+    ``Gather`` on axis 0): inputs ``(table [V, D], indices [...])``, output ``[..., D]``. The
+    indices are an INT32 tensor the host gives (token ids); a negative index counts from the end (ONNX's
+    rule), one outside ``[-V, V)`` is refused by the reference (naming the op), as the IPU model
+    refuses it: the codelet writes zeros there.
+
+    Design decision: only a parameter table is planned (an embedding); indices known at import are
+    folded by the importers into a parameter slice, so this op exists for activation indices."""
+
+    kind: ClassVar[str] = "gather"
+    arity: ClassVar[int] = 2
+
+    def infer(self, ins):
+        table, idx = ins
+        if len(table.shape) != 2:
+            raise self.err(f"the table {table.name!r} {list(table.shape)} must be 2-D [rows, width]")
+        if idx.dtype is not DType.INT32:
+            raise self.err(f"the indices {idx.name!r} must be int32, got {idx.dtype}")
+        if table.dtype not in (DType.FP16, DType.FP32):
+            raise self.err(f"the table {table.name!r} must be fp16 or fp32, got {table.dtype}")
+        return tuple(idx.shape) + (table.shape[1],), table.dtype
+
+    def allowed_output_dtypes(self, ins):
+        return (ins[0].dtype,)
+
+    def flops(self, ins, out):
+        return 0
+
+    def check_values(self, table, indices):
+        idx = np.asarray(indices)
+        rows = np.asarray(table).shape[0]
+        bad = (idx < -rows) | (idx >= rows) | (idx != np.round(idx))
+        if bad.any():
+            raise self.err(f"index {idx[bad].flat[0]:g} of {self.inputs[1]!r} is outside the {rows} rows of "
+                           f"{self.inputs[0]!r}")
+
+    def reference(self, table, indices):
+        self.check_values(table, indices)
+        return np.asarray(table)[np.asarray(indices).astype(np.int64) % np.asarray(table).shape[0]]
+
+
+@dataclass(frozen=True)
 class Transpose(Op):
     """Axis permutation (numpy ``transpose(perm)``): a real rearrangement of the elements."""
 
@@ -696,7 +745,7 @@ class Concat(Op):
 OP_KINDS: dict[str, type[Op]] = {cls.kind: cls for cls in (MatMul, Add, Sub, Mul, Div, Max, Neg, Sqrt, Reciprocal, Exp,
                                                            Tanh, Erf, Sigmoid, Relu, GeLU, Cast, Reshape, Transpose, Slice,
                                                            Concat, LayerNorm, Softmax, ReduceSum, ReduceMean,
-                                                           ReduceMax)}
+                                                           ReduceMax, Gather)}
 
 
 def _broadcast(*shapes):

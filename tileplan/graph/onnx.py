@@ -55,6 +55,13 @@ What maps to what:
   axis for a scalar index).
 - ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze`` -> Reshape to the output
   shape ONNX shape inference gives.
+- Integer and bool graph inputs (token ids, an attention mask) -> INT32 inputs. ``Gather`` of an
+  initializer by one -> a Gather (an embedding; any axis, through a re-laid table, a Reshape and a
+  Transpose). The exporters' padding mask (the input Cast to BOOL, order-keeping Flatten /
+  Reshape / Gather by constant indices, ``And`` with all-true constants, ``Expand``,
+  ``Where(mask, 0, min)``) -> a Cast of the input, a Mul and an Add, kept at ``[B, 1, 1, T]``
+  and computed once (``_lower_where``); ``And``, ``Expand`` and ``Where`` of anything else are
+  refused naming the node (of constants they are folded).
 - ``Transpose`` that swaps the last two axes and is read only as MatMul or Gemm
   operands folds into their transpose flags (the parameter keeps its name and
   values); a Transpose of an initializer is folded into new values (a parameter
@@ -68,8 +75,8 @@ What maps to what:
 Dtypes: FLOAT -> fp32, FLOAT16 -> fp16, FLOAT8E4M3FNUZ -> fp8; BFLOAT16 is refused
 naming ``--cast-bf16 fp16`` (``import_onnx(..., cast_bf16="fp16")`` reads every
 bf16 tensor, initializer and Cast target as FLOAT16 and records it in
-``Graph.imported``); anything else (integer, bool, DOUBLE, other FP8 formats)
-is an error naming the tensor and its type. Every input must have a static
+``Graph.imported``); anything else (DOUBLE, other FP8 formats; integer and bool but for graph
+inputs) is an error naming the tensor and its type. Every input must have a static
 shape (tileplan plans static shapes): a symbolic or missing dimension is an
 error naming the tensor, and so is a negative one. A zero dimension is a
 zero-size tensor (``Reshape`` with ``allowzero=1`` makes them too): imported as
@@ -111,7 +118,7 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError
-from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
+from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, Gather, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
                    ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Sqrt, Sub, Tanh, Tensor,
                    Transpose, Slice)
 from .dtypes import DType, dequantise, quantise
@@ -342,6 +349,10 @@ class _Importer:
     converted: int = 0                  # bf16 tensors converted under cast_bf16
     opset: int = OPSET                  # the model's default-domain opset
     consumed: set[str] = field(default_factory=set)   # nodes another node's lowering imported
+    # tensor -> (INT32 graph input, shape): a bool value that is an integer input read as a 0/1 mask
+    # (Cast to BOOL, order-keeping views and Gathers, And with all-true constants, Expand: ``_mask``)
+    masks: dict[str, tuple[str, tuple]] = field(default_factory=dict)
+    mask_biases: dict[tuple, str] = field(default_factory=dict)   # (mask, shape, x, y, dtype) -> its bias
 
     def run(self) -> OnnxModel:
         self._unpack()
@@ -693,6 +704,9 @@ class _Importer:
         if isinstance(op, Cast) and op.output == node.outputs[0]:
             dims = self._static(op.output, what="Cast output")
             return Tensor(op.output, dims, _dtype(node.attrs["to"], op.output), scale=self._scale(op.output))
+        if isinstance(op, Cast) and op.output in self.types:     # a Cast a lowering adds (a mask's)
+            return Tensor(op.output, self._static(op.output, what="Cast output"),
+                          _dtype(self.types[op.output][0], op.output))
         info = self.types.get(op.output)
         if isinstance(op, MatMul) and info is not None and info[0] in _DTYPES and _all_static(info[1]):
             dt = _DTYPES[info[0]]
@@ -741,7 +755,8 @@ class _Importer:
             if t not in read:
                 continue       # an unused graph input: not part of what tileplan plans
             elem, _ = self.types.get(t, (0, None))
-            tensors.append(Tensor(t, self._static(t, what="graph input"), _dtype(elem, t),
+            dt = DType.INT32 if elem in _INT_INPUTS else _dtype(elem, t)
+            tensors.append(Tensor(t, self._static(t, what="graph input"), dt,
                                   Role.INPUT, scale=self._scale(t)))
         for t, v in self.constants.items():
             if t not in read:
@@ -894,6 +909,12 @@ def _lower_gelu(imp: _Importer, n: _Node) -> list[Op]:
 
 
 def _lower_cast(imp: _Importer, n: _Node) -> list[Op]:
+    x = n.inputs[0]
+    if n.attrs["to"] == _BOOL and (x in imp.masks or _is_int_input(imp, x)):
+        imp.masks[n.outputs[0]] = imp.masks.get(x) or (x, imp._static(x, what="Cast input"))
+        return []                       # a 0/1 mask, read where it is used (``_lower_where``)
+    if x in imp.masks:
+        raise n.err(f"casts the mask {x!r} to a number type; tileplan imports a mask read by Where")
     _dtype(n.attrs["to"], n.outputs[0])
     # saturate=0 only means something for FP8 (ONNX ignores it for other types).
     saturate = n.attrs.get("saturate", 1) != 0 or n.attrs["to"] != _FP8
@@ -905,6 +926,9 @@ def _lower_view(imp: _Importer, n: _Node) -> list[Op]:
     output shape ONNX shape inference gives (no -1 or 0 entries left); a Reshape whose shape
     inference could not see its (folded) shape input resolves the constant itself."""
     y = n.outputs[0]
+    if n.inputs[0] in imp.masks:         # a mask relabelled: the same values in the same order
+        imp.masks[y] = (imp.masks[n.inputs[0]][0], imp._static(y, what=f"{n.op_type} output"))
+        return []
     if n.op_type == "Reshape" and not _all_static(imp._dims(y) or []) and n.inputs[1] in imp.constants:
         src = imp._static(n.inputs[0], what="Reshape input")
         want = [int(d) for d in np.asarray(imp.constants[n.inputs[1]]).ravel()]
@@ -990,8 +1014,13 @@ def _lower_gather(imp: _Importer, n: _Node) -> list[Op]:
     where the indices' shape is not one axis (a scalar index drops the axis). Other indices are
     refused naming them (a Gather of constants is folded at import, ``_fold_gather``)."""
     x, idx_name, y = n.inputs[0], n.inputs[1], n.outputs[0]
+    if x in imp.constants and _is_int_input(imp, idx_name):
+        return _lower_embedding(imp, n)
+    if x in imp.masks and idx_name in imp.constants:
+        return _mask_gather(imp, n)
     if idx_name not in imp.constants:
-        raise n.err(f"indices {idx_name!r} are not a constant; tileplan gathers by indices fixed at export")
+        raise n.err(f"indices {idx_name!r} are not a constant; tileplan gathers by indices fixed at export "
+                    "or, from a parameter table, by an integer graph input")
     shape = imp._static(x, what="Gather input")
     axis = int(n.attrs.get("axis", 0))
     if not -len(shape) <= axis < len(shape):
@@ -1014,6 +1043,121 @@ def _lower_gather(imp: _Importer, n: _Node) -> list[Op]:
         return [Slice(n.name, (x,), y, axis=axis, **positions)]
     return [Slice(f"{n.name}.slice", (x,), f"{y}.slice", axis=axis, **positions),
             Reshape(n.name, (f"{y}.slice",), y, shape=out_shape or (1,))]
+
+
+def _is_int_input(imp: _Importer, t: str) -> bool:
+    return t in imp.inputs and imp.types.get(t, (0, None))[0] in _INT_INPUTS
+
+
+def _lower_embedding(imp: _Importer, n: _Node) -> list[Op]:
+    """``Gather(data, indices, axis)`` of a constant by an integer graph input (an embedding by
+    token ids): a Gather of the rows of ``data`` with the gathered axis first and the others
+    flattened (a new constant ``<node>.table`` unless ``data`` is already ``[V, W]`` gathered on
+    axis 0), a Reshape to the indices' shape plus the other axes, and a Transpose putting the
+    leading axes back in front (``axis > 0``)."""
+    x, idx, y = n.inputs[0], n.inputs[1], n.outputs[0]
+    data = np.asarray(imp.constants[x])
+    shape, q = data.shape, imp._static(idx, what="Gather indices")
+    axis = int(n.attrs.get("axis", 0))
+    if not -len(shape) <= axis < len(shape):
+        raise n.err(f"axis {axis} is out of range for {x!r} {list(shape)}")
+    axis %= len(shape)
+    rest = shape[:axis] + shape[axis + 1:]
+    table = x
+    if axis or len(shape) != 2:
+        table = f"{n.name}.table"
+        imp.constants[table] = np.ascontiguousarray(np.moveaxis(data, axis, 0).reshape(shape[axis], -1))
+    final = tuple(imp._static(y, what="Gather output"))
+    gathered = tuple(q) + (int(np.prod(rest)),)
+    if gathered == final:
+        return [Gather(n.name, (table, idx), y)]
+    ops: list[Op] = [Gather(n.name, (table, idx), f"{n.name}.rows")]
+    grouped = tuple(q) + tuple(rest)
+    if not axis:
+        return ops + [Reshape(f"{n.name}.shape", (f"{n.name}.rows",), y, shape=final)]
+    ops.append(Reshape(f"{n.name}.shape", (f"{n.name}.rows",), f"{n.name}.grouped", shape=grouped or (1,)))
+    k = len(q)
+    perm = tuple(range(k, k + axis)) + tuple(range(k)) + tuple(range(k + axis, len(grouped)))
+    return ops + transpose_ops(f"{n.name}.axes", f"{n.name}.grouped", y, perm)
+
+
+def _mask_gather(imp: _Importer, n: _Node) -> list[Op]:
+    """A mask read at constant indices that pick every element once, in order (the exporter's
+    ``mask[arange, arange]``): the mask under the output's shape; other indices are refused."""
+    src, shape = imp.masks[n.inputs[0]]
+    numel = int(np.prod(shape))
+    probe = np.take(np.arange(numel).reshape(shape), np.asarray(imp.constants[n.inputs[1]]),
+                    axis=int(n.attrs.get("axis", 0)))
+    if probe.size != numel or not np.array_equal(probe.ravel(), np.arange(numel)):
+        raise n.err("reads a mask at constant indices that do not pick each element once in order (only that "
+                    "indexing of a mask is imported)")
+    imp.masks[n.outputs[0]] = (src, tuple(int(d) for d in probe.shape))
+    return []
+
+
+def _lower_and(imp: _Importer, n: _Node) -> list[Op]:
+    """``And`` of a mask and an all-true constant: the mask (its broadcast left to its reader)."""
+    a, b = n.inputs
+    for m, c in ((a, b), (b, a)):
+        if m in imp.masks and c in imp.constants and bool(np.all(imp.constants[c])):
+            imp.masks[n.outputs[0]] = imp.masks[m]
+            return []
+    raise n.err("tileplan imports And of an attention mask with an all-true constant only")
+
+
+def _lower_expand(imp: _Importer, n: _Node) -> list[Op]:
+    """``Expand`` of a mask: the mask, its broadcast left to the op that reads it (checked there).
+    Expand of another activation is refused (of a constant it was folded at import)."""
+    if n.inputs[0] not in imp.masks:
+        raise n.err(f"expands the activation {n.inputs[0]!r}; tileplan imports Expand of constants (folded at "
+                    "import) and of an attention mask")
+    imp.masks[n.outputs[0]] = imp.masks[n.inputs[0]]
+    return []
+
+
+def _lower_where(imp: _Importer, n: _Node) -> list[Op]:
+    """``Where(mask, x, y)`` of an integer attention mask and two one-element constants (HF's
+    additive mask): ``y + mask * (x - y)``: a Cast of the input to the result's type, a Reshape to
+    the mask's shape where it differs, a Mul and an Add by one-element parameters, computed once
+    per mask and values. The mask keeps its shape ``[B, 1, 1, T]``; every reader must be an Add,
+    Sub or Mul whose output is the broadcast of the mask with its other operand (so a broadcast
+    the mask left out is never wrong)."""
+    cond, xt, yt = n.inputs
+    if cond not in imp.masks:
+        raise n.err(f"its condition {cond!r} is not an attention mask computed from an integer graph input")
+    x, y = imp.scalar(xt), imp.scalar(yt)
+    if x is None or y is None:
+        raise n.err("tileplan imports Where over a mask with one-element constant values only")
+    src, shape = imp.masks[cond]
+    out = n.outputs[0]
+    for r in imp.nodes:
+        if out not in r.inputs:
+            continue
+        others = [imp._static(t, what="operand") for t in r.inputs if t != out]
+        want = imp._dims(r.outputs[0])
+        if r.op_type not in ("Add", "Sub", "Mul") or list(np.broadcast_shapes(shape, *others)) != list(want or []):
+            raise n.err(f"its mask is read by {r.describe()}; tileplan imports a mask added to (or multiplied "
+                        "with) a tensor of the broadcast shape")
+    if not np.isfinite(x - y):
+        raise n.err(f"the values {x!r} and {y!r} are too far apart to write as y + mask * (x - y)")
+    dt = _dtype(imp.types[out][0], out) if out in imp.types else DType.FP32
+    key = (src, shape, x, y, dt)
+    if key in imp.mask_biases:
+        return [Reshape(n.name, (imp.mask_biases[key],), out, shape=shape)]
+    imp.mask_biases[key] = out
+    pre = n.name
+    cast = f"{pre}.mask"
+    imp.types[cast] = (_ELEM_OF[dt], list(imp._static(src, what="mask input")))
+    ops: list[Op] = [Cast(cast, (src,), cast)]
+    val = cast
+    if tuple(imp._static(src, what="mask input")) != shape:
+        ops.append(Reshape(f"{pre}.mask_shape", (cast,), f"{pre}.mask_shape", shape=shape))
+        val = f"{pre}.mask_shape"
+    imp.constants[f"{pre}.mask_scale"] = quantise(np.array([x - y]), dt)
+    imp.constants[f"{pre}.mask_base"] = quantise(np.array([y]), dt)
+    ops.append(Mul(f"{pre}.mask_scaled", (val, f"{pre}.mask_scale"), f"{pre}.mask_scaled"))
+    ops.append(Add(pre, (f"{pre}.mask_scaled", f"{pre}.mask_base"), out))
+    return ops
 
 
 def _lower_softmax(imp: _Importer, n: _Node) -> list[Op]:
@@ -1282,7 +1426,10 @@ _LOWER: dict[str, _Row] = {
     "Softmax": _Row(_lower_softmax),
     "Split": _Row(_lower_split),
     "Concat": _Row(_lower_concat),
-    "Gather": _Row(_lower_gather, fold=False),   # (after _SHAPE_FOLD: a Gather of constants is folded there)
+    "Gather": _Row(_lower_gather, fold=False),
+    "And": _Row(_lower_and, fold=False),         # of a mask (of constants: folded by the evaluator)
+    "Expand": _Row(_lower_expand, fold=False),   # of a mask (of constants: folded in _SHAPE_FOLD)
+    "Where": _Row(_lower_where, fold=False),     # of a mask (of constants: folded by the evaluator)   # (after _SHAPE_FOLD: a Gather of constants is folded there)
     "Slice": _Row(_lower_slice),
     "LayerNormalization": _Row(_lower_layernorm, fold=False),
     "ReduceSum": _Row(_reduce(ReduceSum, 13)),
@@ -1363,6 +1510,11 @@ _REWRITE: dict[str, Callable[[_Importer, _Node], list[_Node]]] = {
 
 _FP16, _BF16, _FP8 = 10, 16, 18   # TensorProto.FLOAT16, BFLOAT16, FLOAT8E4M3FNUZ (tested against onnx)
 _DTYPES: dict[int, DType] = {1: DType.FP32, _FP16: DType.FP16, _FP8: DType.FP8}  # FLOAT, FLOAT16, FP8
+_ELEM_OF = {dt: elem for elem, dt in _DTYPES.items()}
+_BOOL = 9                          # TensorProto.BOOL
+# Integer and bool graph inputs (INT64, INT32, INT16, INT8, UINT8, BOOL: token ids, attention masks)
+# are INT32 inputs the host gives; a Gather reads them as indices, a Cast to BOOL as a mask.
+_INT_INPUTS = (7, 6, 5, 3, 2, _BOOL)
 _DTYPE_HELP = ("tileplan takes FLOAT (fp32), FLOAT16 (fp16) and FLOAT8E4M3FNUZ (fp8); integer and bool "
                "tensors are out of scope")
 def _dtype(elem_type: int, tensor: str) -> DType:

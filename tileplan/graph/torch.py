@@ -77,6 +77,13 @@ What maps to what:
   the resize of ``interpolate_pos_encoding``) runs its own ATen op on the values; what an imported
   op reads of the result is a parameter named after the node. An integer buffer no op reads is
   no tensor at all; one an op reads is refused naming it and its dtype.
+- Integer and bool user inputs (token ids, an attention mask) are INT32 graph inputs.
+  ``embedding(W, ids)`` by such an input is a Gather of the parameter's rows. HF's padding mask
+  (the input cast to bool, read at ``[arange, arange]``, ``&`` with all-true constants,
+  ``expand``, ``where(mask, 0, min)``) is a Cast of the input, a Mul and an Add (``_mask_bias``),
+  kept at ``[B, 1, 1, T]`` and computed once; ``scaled_dot_product_attention`` becomes eager
+  attention's ops with that bias (``_sdpa``). The same nodes of values known at import are
+  computed at import (``_ACTIVATION_ONLY``).
 - Anything else: one ``TileplanError`` listing every unsupported node by target
   (``3 unsupported nodes: aten.relu.default (2: relu, relu_1), ...``).
 
@@ -106,7 +113,7 @@ import numpy as np
 
 from .. import checked
 from ..errors import TileplanError
-from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
+from .core import (Add, Cast, Concat, Div, Max, Erf, Exp, Gather, GeLU, Graph, LayerNorm, MatMul, Mul, Neg, Op, Reciprocal,
                    ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, Role, Sigmoid, Softmax, Slice, Sqrt, Sub, Tanh,
                    Tensor)
 from .importing import (BF16_HELP, check_cast_bf16, live_ops, patch_conv_ops, patch_conv_refusal, reduce_ops,
@@ -270,6 +277,10 @@ class _Importer:
     const_names: dict[str, str] = field(default_factory=dict)  # fx node -> tensor name, if it becomes one
     folded: set[str] = field(default_factory=set)    # fx nodes computed at import (not parameters as such)
     consumed: set[str] = field(default_factory=set)  # fx nodes another node's handler has imported
+    # fx node -> (INT32 tensor, torch shape): a bool value that is an integer input read as a 0/1
+    # mask, through identity indexing, ``&`` with all-true constants and ``expand`` (``_mask``)
+    masks: dict[str, tuple[str, tuple]] = field(default_factory=dict)
+    mask_biases: dict[tuple, str] = field(default_factory=dict)   # (mask, shape, x, y, dtype) -> its bias
 
     def run(self) -> TorchModel:
         sig = self.program.graph_signature
@@ -355,7 +366,8 @@ class _Importer:
                 operands = _tensor_operands(node)
                 if all(a in known for a in operands):
                     known.add(node.name)
-                    if not operands or _target_name(node.target) not in _HANDLERS:
+                    if (not operands or _target_name(node.target) not in _HANDLERS
+                            or _target_name(node.target) in _ACTIVATION_ONLY):
                         self.folded.add(node.name)
         while True:        # what a folded node reads is folded; what reads only folded values too
             before = len(self.folded)
@@ -436,7 +448,8 @@ class _Importer:
             if not shape:
                 raise TileplanError(f"input {tname!r} is a 0-d tensor; tileplan tensors have at least one "
                                     "dimension")
-            dt = self.dtype(val.dtype, tname)
+            text = str(val.dtype).removeprefix("torch.")
+            dt = DType.INT32 if text in _INT_INPUTS else self.dtype(val.dtype, tname)
         else:
             tname, role = spec.target, Role.PARAMETER
             self.consts[node.name] = self._parameter_value(tname, kind)
@@ -814,11 +827,19 @@ def _pow(imp: _Importer, node) -> None:
 
 def _cast(imp: _Importer, node) -> None:
     src = node.args[0]
+    if _mask_of(imp, src) is not None and str(node.meta["val"].dtype) == "torch.bool":
+        imp.masks[node.name] = imp.masks[src.name]      # a mask cast to bool again
+        return
     dtype = node.kwargs.get("dtype")
     if dtype is None and _target_name(node.target) == "aten.to.dtype":
         dtype = node.args[1]
+    if dtype is None and _target_name(node.target) == "aten.to.device" and len(node.args) > 2:
+        dtype = node.args[2]
     x = imp.read(src, _describe(node))
     out_val = node.meta.get("val")
+    if str(out_val.dtype) == "torch.bool" and imp.known[x].dtype is DType.INT32:
+        imp.masks[node.name] = (x, _static_shape(out_val, node.name))     # read as 0/1 where it is used
+        return
     if dtype is None or imp.dtype(out_val.dtype, node.name) is imp.known[x].dtype:
         imp.alias(node, src)          # no change of tileplan dtype (bf16 -> fp16 under cast_bf16 too)
         return
@@ -954,6 +975,175 @@ def _identity(imp: _Importer, node) -> None:
     imp.alias(node, node.args[0])
 
 
+def _embedding(imp: _Importer, node) -> None:
+    """``embedding(weight, indices)`` by an integer input: a Gather of the parameter's rows (by
+    indices known at import it was folded). ``padding_idx`` only affects training."""
+    w = imp.read(node.args[0], _describe(node))
+    idx = imp.read(node.args[1], _describe(node))
+    if imp.known[w].role is not Role.PARAMETER:
+        raise _node_err(node, f"the table {w!r} is computed; tileplan gathers rows of a parameter table")
+    if imp.known[idx].dtype is not DType.INT32:
+        raise _node_err(node, f"the indices {idx!r} are {imp.known[idx].dtype}; tileplan gathers by an integer input")
+    imp.emit(node, Gather(node.name, (w, idx), node.name))
+
+
+def _mask_of(imp: _Importer, arg) -> tuple[str, tuple] | None:
+    return imp.masks.get(getattr(arg, "name", None))
+
+
+def _all_true(imp: _Importer, arg) -> bool:
+    val = imp.consts.get(getattr(arg, "name", None)) if getattr(arg, "name", None) in imp.folded else None
+    return val is not None and _is_tensor(val) and bool(val.bool().all())
+
+
+def _mask_index(imp: _Importer, node) -> None:
+    """``mask[arange, arange]`` (HF's padding mask read at ``[batch, key]``): indices known at import
+    that pick every element once, in order, are a reshape of the mask; anything else is refused."""
+    torch = _torch()
+    src, indices = node.args[0], node.args[1]
+    m = _mask_of(imp, src)
+    if m is None or not all(getattr(i, "name", None) in imp.folded for i in indices):
+        raise _node_err(node, "tileplan imports indexing of an attention mask by constant indices only")
+    numel = int(np.prod(m[1]))
+    probe = torch.arange(numel).reshape(m[1])[tuple(imp.consts[i.name] for i in indices)]
+    if probe.numel() != numel or not bool((probe.reshape(-1) == torch.arange(numel)).all()):
+        raise _node_err(node, "the constant indices do not read each mask element once in order (only that "
+                              "indexing of a mask is imported)")
+    imp.masks[node.name] = (m[0], tuple(int(d) for d in probe.shape))
+
+
+def _mask_and(imp: _Importer, node) -> None:
+    """``mask & c`` with ``c`` all true known at import: the mask (its broadcast left to the reader)."""
+    a, b = node.args[0], node.args[1]
+    for m, c in ((a, b), (b, a)):
+        if _mask_of(imp, m) is not None and _all_true(imp, c):
+            imp.masks[node.name] = imp.masks[m.name]
+            return
+    raise _node_err(node, "tileplan imports '&' of an attention mask with an all-true constant only")
+
+
+def _expand(imp: _Importer, node) -> None:
+    """``expand`` of a mask: the mask, its broadcast left to the op that reads it (checked there);
+    expand of any other activation is refused."""
+    m = _mask_of(imp, node.args[0])
+    if m is None:
+        raise _node_err(node, "expand of an activation; tileplan imports expand of constants (computed at "
+                              "import) and of an attention mask only")
+    imp.masks[node.name] = m
+
+
+def _scalar_value(imp: _Importer, arg, node) -> float:
+    if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+        return float(arg)
+    val = imp.consts.get(getattr(arg, "name", None))
+    if _is_tensor(val) and val.numel() == 1:
+        return float(val.reshape(-1)[0])
+    raise _node_err(node, "where's values must be numbers or one-element constants")
+
+
+def _where(imp: _Importer, node) -> None:
+    """``where(mask, x, y)`` of an integer attention mask and two numbers (HF's additive mask: 0
+    where attended, the dtype's min elsewhere): ``y + mask * (x - y)`` (``_mask_bias``). The mask
+    keeps its own shape ``[B, 1, 1, T]``: the Add into the scores broadcasts it over heads and query
+    rows (checked against torch's shapes of every reader, so a broadcast left out is never wrong)."""
+    m = _mask_of(imp, node.args[0])
+    if m is None:
+        raise _node_err(node, "tileplan imports where() over an attention mask computed from an integer input")
+    x, y = _scalar_value(imp, node.args[1], node), _scalar_value(imp, node.args[2], node)
+    for user in node.users:
+        others = [a for a in user.args if hasattr(a, "meta") and a is not node]
+        want = tuple(user.meta["val"].shape) if _is_tensor(user.meta.get("val")) else None
+        got = tuple(np.broadcast_shapes(m[1], *[tuple(o.meta["val"].shape) for o in others])) if want else None
+        if _target_name(user.target) not in _MASK_READERS or want != got:
+            raise _node_err(node, f"its mask is read by {_describe(user)}; tileplan imports an attention mask "
+                                  "added to (or multiplied with) a tensor of the broadcast shape")
+    imp.value[node.name] = _mask_bias(imp, node, m, x, y, imp.dtype(node.meta["val"].dtype, node.name), node.name)
+
+
+def _mask_bias(imp: _Importer, node, mask: tuple[str, tuple], x: float, y: float, dt: DType, out: str) -> str:
+    """``y + mask * (x - y)`` of a 0/1 integer mask (x where 1, y where 0) in ``dt``, written to
+    ``out``: a Cast of the INT32 input ``<node>.mask``, a Reshape to the mask's torch shape where it
+    differs, a Mul by ``x - y`` and an Add of ``y`` (one-element parameters). Design decision: an
+    arithmetic form, not a select, so the Pointwise family plans it (and the mask's values are 0
+    and 1: HF's contract; another value scales the bias)."""
+    if not np.isfinite(x - y):
+        raise _node_err(node, f"the mask's values {x!r} and {y!r} are too far apart to write as y + mask * (x - y)")
+    src, shape = mask
+    key = (src, shape, x, y, dt)
+    if key in imp.mask_biases:               # every layer's attention reads the one bias
+        return imp.mask_biases[key]
+    imp.mask_biases[key] = out
+    pre = node.name
+    cast = Tensor(f"{pre}.mask", imp.known[src].shape, dt)
+    imp.emit(node, Cast(cast.name, (src,), cast.name), cast)
+    val = cast.name
+    if imp.known[val].shape != shape:
+        imp.emit(node, Reshape(f"{pre}.mask_shape", (val,), f"{pre}.mask_shape", shape=shape))
+        val = f"{pre}.mask_shape"
+    imp.emit(node, Mul(f"{pre}.mask_scaled", (val, imp.constant(f"{pre}.mask_scale", x - y, val)), f"{pre}.mask_scaled"))
+    imp.emit(node, Add(out, (f"{pre}.mask_scaled", imp.constant(f"{pre}.mask_base", y, val)), out))
+    return out
+
+
+def _sdpa(imp: _Importer, node) -> None:
+    """``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=0, is_causal, scale)``: the ops
+    of eager attention, ``softmax(q @ k^T * scale + bias) @ v``: MatMul ``<node>.scores``, Mul
+    ``<node>.scaled``, Add ``<node>.masked``, Softmax ``<node>.softmax``, MatMul ``<node>``. A
+    bool mask from an integer input is the additive bias 0 / the dtype's min (``_mask_bias``; torch
+    uses -inf, the same softmax unless a whole row is masked, which HF never builds); a float
+    mask is added as it is; ``is_causal`` adds a constant ``[L, S]`` bias. Dropout, grouped-query
+    attention and a bool mask not from an integer input are refused."""
+    torch = _torch()
+    q, k, v = (imp.read(a, _describe(node)) for a in node.args[:3])
+    mask = _arg(node, 3, "attn_mask")
+    if float(_arg(node, 4, "dropout_p", 0.0)) != 0.0:
+        raise _node_err(node, "dropout_p is not 0; tileplan compiles inference attention")
+    if node.kwargs.get("enable_gqa", False):
+        raise _node_err(node, "enable_gqa=True (grouped-query attention) is not imported")
+    causal = bool(_arg(node, 5, "is_causal", False))
+    scale = _arg(node, 6, "scale")
+    qs = imp.known[q].shape
+    scale = 1.0 / float(np.sqrt(qs[-1])) if scale is None else float(scale)
+    n = node.name
+    dt = imp.known[q].dtype
+    imp.emit(node, MatMul(f"{n}.scores", (q, k), f"{n}.scores", transpose_b=True))
+    scores = f"{n}.scores"
+    imp.emit(node, Mul(f"{n}.scaled", (scores, imp.constant(f"{n}.scale", scale, scores)), f"{n}.scaled"))
+    x = f"{n}.scaled"
+    if mask is not None:
+        m = _mask_of(imp, mask)
+        if m is not None:
+            bias = _mask_bias(imp, node, m, 0.0, float(torch.finfo(getattr(torch, str(dt.numpy))).min), dt,
+                              f"{n}.bias")
+        elif str(mask.meta["val"].dtype) == "torch.bool":
+            raise _node_err(node, "its bool attn_mask is not computed from an integer input")
+        else:
+            bias = imp.read(mask, _describe(node))
+        if tuple(np.broadcast_shapes(imp.known[bias].shape, imp.known[x].shape)) != imp.known[x].shape:
+            raise _node_err(node, f"attn_mask {list(imp.known[bias].shape)} does not broadcast to the scores "
+                                  f"{list(imp.known[x].shape)}")
+        imp.emit(node, Add(f"{n}.masked", (x, bias), f"{n}.masked"))
+        x = f"{n}.masked"
+    if causal:
+        L, S = imp.known[x].shape[-2:]
+        tri = np.where(np.tril(np.ones((L, S), dtype=bool)), 0.0, float(np.finfo(dt.numpy).min))
+        imp.params[f"{n}.causal"] = tri.astype(dt.numpy)
+        imp.known[f"{n}.causal"] = imp.declared[f"{n}.causal"] = Tensor(f"{n}.causal", (L, S), dt, Role.PARAMETER)
+        imp.emit(node, Add(f"{n}.causal_masked", (x, f"{n}.causal"), f"{n}.causal_masked"))
+        x = f"{n}.causal_masked"
+    imp.emit(node, Softmax(f"{n}.softmax", (x,), f"{n}.softmax", axis=-1))
+    imp.emit(node, MatMul(n, (f"{n}.softmax", v), n))
+
+
+# Handlers that import an op of activations only (a mask's forms, an embedding by token ids): of
+# values known at import the node is computed at import, as any op tileplan does not import.
+_ACTIVATION_ONLY = {"aten.embedding.default", "aten.to.device", "aten.index.Tensor", "aten.__and__.Tensor",
+                    "aten.expand.default", "aten.where.ScalarOther", "aten.where.ScalarSelf", "aten.where.Scalar",
+                    "aten.where.self"}
+
+_MASK_READERS = {"aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor"}
+
+
 _MATMULS = {"aten.linear.default", "aten.addmm.default", "aten.mm.default", "aten.bmm.default",
             "aten.matmul.default"}
 _HANDLERS = {
@@ -1021,6 +1211,16 @@ _HANDLERS = {
     "aten.slice.Tensor": _slice,
     "aten.select.int": _select,
     "aten.cat.default": _cat,
+    "aten.embedding.default": _embedding,
+    "aten.to.device": _cast,
+    "aten.index.Tensor": _mask_index,
+    "aten.__and__.Tensor": _mask_and,
+    "aten.expand.default": _expand,
+    "aten.where.ScalarOther": _where,
+    "aten.where.ScalarSelf": _where,
+    "aten.where.Scalar": _where,
+    "aten.where.self": _where,
+    "aten.scaled_dot_product_attention.default": _sdpa,
 }
 def supported() -> str:
     names = sorted(t.removeprefix("aten.") for t in _HANDLERS)
@@ -1047,6 +1247,10 @@ def _node_err(node, message: str) -> TileplanError:
 
 
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fnuz")
+# Integer and bool user inputs (token ids, attention masks) are INT32 graph inputs: the host gives
+# them; a Gather reads them as indices, a Cast as a 0/1 mask (``_mask``). Values past int32 are refused
+# by ``validate`` naming the input.
+_INT_INPUTS = ("int64", "int32", "int16", "int8", "uint8", "bool")
 
 
 def _tensor_operands(node) -> list[str]:

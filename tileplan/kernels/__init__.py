@@ -18,6 +18,7 @@ from ..target import Target
 from .calls import (BiasGeLUCall, Call, CastCall, CopyCall, GeLUCall, MatMulCall, PackCall, ReduceCall,
                     UnpackCall)
 from .codelets import CodeletSource, Field
+from .gather import GatherCall
 from .pointwise import BinaryCall, UnaryCall
 from .rearrange import TransposeCall
 from .layernorm import LayerNormApplyCall, LayerNormCall, MomentsCombineCall, RowMomentsCall
@@ -29,7 +30,7 @@ from .variants import DEFAULT_REGISTRY, build_default_registry
 CALL_CLASSES = (MatMulCall, ReduceCall, BinaryCall, UnaryCall, GeLUCall, BiasGeLUCall, CastCall, PackCall,
                 UnpackCall, CopyCall, LayerNormCall, RowMomentsCall, MomentsCombineCall, LayerNormApplyCall,
                 SoftmaxCall, SoftmaxPartialCall, SoftmaxCombineCall, SoftmaxApplyCall, RowReduceCall,
-                RowReducePartialCall, RowReduceCombineCall, TransposeCall)
+                RowReducePartialCall, RowReduceCombineCall, TransposeCall, GatherCall)
 """Every call record, for reading tile programs back (``primitive`` -> class)."""
 
 
@@ -43,7 +44,7 @@ def dispatch(call: Any, target: Target, force: str | None = None, registry: Regi
     return (DEFAULT_REGISTRY if registry is None else registry).dispatch(call, target, force)
 
 
-__all__ = ["BinaryCall", "BiasGeLUCall", "CALL_CLASSES", "Call", "CastCall", "CodeletSource", "CopyCall", "Field", "GeLUCall",
+__all__ = ["BinaryCall", "BiasGeLUCall", "CALL_CLASSES", "Call", "CastCall", "CodeletSource", "CopyCall", "Field", "GatherCall", "GeLUCall",
            "MatMulCall", "NoVariantError", "PackCall", "Predicate", "ReduceCall", "Registry", "TransposeCall", "UnaryCall", "UnpackCall",
            "Variant", "build_default_registry", "default_registry", "dispatch",
            "LayerNormApplyCall", "LayerNormCall", "MomentsCombineCall", "RowMomentsCall", "RowReduceCall",

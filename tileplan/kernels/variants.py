@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..graph.dtypes import DType
 from . import codelets as cl
 from . import cycles as cy
-from . import layernorm, pointwise, rearrange, rowreduce, softmax
+from . import gather, layernorm, pointwise, rearrange, rowreduce, softmax
 from . import reference as ref
 from .registry import BOTH, FALLBACK, SPECIAL, Predicate, Registry, Variant, in_, is_
 
@@ -180,6 +180,7 @@ def _table() -> list[Variant]:
         # Pointwise binary (with broadcasting) and unary ops: one module, one row per op there.
         *pointwise.variants(),
         *rearrange.variants(),
+        *gather.variants(),             # rows of a table by int32 indices (an embedding)
         # Row-wise kernels: each module lists its own rows (LayerNorm, softmax, row reductions).
         *layernorm.variants(),
         *softmax.variants(),

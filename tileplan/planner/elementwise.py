@@ -71,8 +71,11 @@ def broadcast_form(graph: Graph, op: Op) -> tuple[int | None, str]:
     modes of ``kernels.pointwise.BinaryCall``: ``dense`` (no broadcast operand: index None),
     ``scalar`` (one element), ``row_broadcast`` (the operand repeats over the leading dimensions of
     the other: a bias row ``[N]``, or any ``[..., P, N]`` repeated over a batch), ``col_broadcast``
-    (``[..., M, 1]`` against ``[..., M, N]``: one value per row). Other broadcasts (both operands
-    broadcast, or a column repeated over a batch) are refused, naming the op and shapes."""
+    (``[..., M, 1]`` against ``[..., M, N]``: one value per row), ``batch_row_broadcast`` (rows that
+    differ per leading index and repeat over the middle axes: ``[B, 1, 1, T]`` against
+    ``[B, H, T, T]``, an attention mask; each leading index's block is a ``row_broadcast`` call reading
+    its own rows of the operand). Other broadcasts (both operands broadcast, or a column repeated
+    over a batch) are refused, naming the op and shapes."""
     if not isinstance(op, Binary):
         return None, "dense"
     ins = graph.inputs_of(op)
@@ -93,10 +96,29 @@ def broadcast_form(graph: Graph, op: Op) -> tuple[int | None, str]:
         padded = (1,) * (len(out.shape) - len(t.shape)) + tuple(t.shape)
         if padded[-1] == 1 and padded[:-1] == tuple(out.shape[:-1]):
             return idx, "col_broadcast"
+        if batch_row_split(padded, tuple(out.shape)) is not None:
+            return idx, "batch_row_broadcast"
     a, b = ins
     raise op.err(f"broadcasting {a.name!r} {list(a.shape)} with {b.name!r} {list(b.shape)} is supported where one "
                  "operand is the output's shape and the other a scalar, a row repeated over the leading "
                  "dimensions (a bias row, a batch broadcast) or a column [..., M, 1]")
+
+
+def batch_row_split(padded: tuple, out: tuple) -> tuple[int, int] | None:
+    """For an operand shape ``padded`` (as long as ``out``) that is the output's leading axes, then
+    unit axes the output repeats it over, then the output's trailing axes (an attention mask
+    ``[B, 1, 1, T]`` against the scores ``[B, H, T, T]``): ``(block, period)``, the output elements
+    per leading index and the operand elements per leading index; else None."""
+    n = len(out)
+    k = 0
+    while k < n - 1 and padded[k] == out[k] and out[k] > 1:
+        k += 1
+    j = k
+    while j < n - 1 and padded[j] == 1:
+        j += 1
+    if k == 0 or j == k or padded[j:] != out[j:] or not any(out[a] > 1 for a in range(k, j)):
+        return None
+    return int(np.prod(out[k:])), int(np.prod(out[j:]))
 
 
 def broadcast_operand(graph: Graph, op: Op) -> int | None:
@@ -184,8 +206,13 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
             raise ValueError(f"{op.name}: input {b.name} is not laid out like the output {out_buf.name}")
     vertices = []
     period = out_t.cols
+    block = None                                   # batch_row_broadcast: output elements per leading index
     if mode == "row_broadcast":
         period = graph.inputs_of(op)[bidx].size
+    elif mode == "batch_row_broadcast":
+        b_t = graph.inputs_of(op)[bidx]
+        block, period = batch_row_split((1,) * (len(out_t.shape) - len(b_t.shape)) + tuple(b_t.shape),
+                                        tuple(out_t.shape))
     made: dict = {}            # piece shape -> (call, variant, cycles): tiles with equal pieces share one call
 
     def vertex(t, key, make, ins, outs):
@@ -204,6 +231,12 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
         x = dense[0]
         if mode in ("dense", "scalar"):            # one run of every element
             runs = [(1, e - s, 0, 0)]
+        elif block is not None:                    # each leading index's block: its own rows of b
+            runs = []
+            for lo in range(s - s % block, e, block):
+                a0, a1 = max(s, lo), min(e, lo + block)
+                runs += [(r, w, lo // block * period + c, a0 - s + rel)
+                         for r, w, c, rel in _row_split(a0 - lo, a1 - lo, period)]
         else:                                      # whole rows of the broadcast period, head and tail pieces
             runs = _row_split(s, e, period)
         for rows, width, c0, rel in runs:
@@ -218,13 +251,14 @@ def build_program(graph: Graph, op: Op, layout, in_bufs: list[Buffer], out_buf: 
                 make = lambda: BiasGeLUCall(rows, width, dt, fused_gelu.approximate, cast_to,  # noqa: E731
                                             cast_scale, aligned)
             else:
-                make = lambda: BinaryCall(rows, width, out_t.dtype, mode, op.kind, swap=bidx == 0)  # noqa: E731
+                kmode = "row_broadcast" if block is not None else mode      # a block reads its rows of b
+                make = lambda: BinaryCall(rows, width, out_t.dtype, kmode, op.kind, swap=bidx == 0)  # noqa: E731
             ins = [Operand(x.name, o + rel, rows * width)]
             if bidx is None:
                 ins.append(Operand(dense[1].name, o + rel, rows * width))
             elif mode == "scalar":
                 ins.append(Operand(in_bufs[bidx].name, 0, 1))
-            elif mode == "row_broadcast":
+            elif mode in ("row_broadcast", "batch_row_broadcast"):     # (c0: the block's rows offset in b)
                 ins.append(Operand(in_bufs[bidx].name, c0, width))
             else:                                  # col_broadcast: one value per output row
                 ins.append(Operand(in_bufs[bidx].name, (s + rel) // period, rows))

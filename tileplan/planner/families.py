@@ -19,6 +19,7 @@ Families:
   column) is read replicated on every tile.
 - ``Rowwise`` (LayerNorm, Softmax, ReduceSum/Mean/Max over the last axis): ``planner.rowwise``.
 - ``View`` (Reshape, Slice, Concat) and ``Transpose``: ``planner.views``.
+- ``Gather`` (an embedding: a parameter table's rows by int32 indices): ``planner.gather``.
 
 ``family_of(op)`` walks the op's class hierarchy, so a new op is covered by its base class's row.
 """
@@ -28,11 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..graph.core import Cast, Concat, Graph, MatMul, Op, Pointwise, Reshape, Rowwise, Slice, Tensor, Transpose
+from ..graph.core import Cast, Concat, Gather, Graph, MatMul, Op, Pointwise, Reshape, Rowwise, Slice, Tensor, Transpose
 from ..layout import Intervals, Packed, PackedPanels
 from ..layout.panels import panels_fit
 from . import elementwise as ew
-from . import rowwise, views
+from . import gather, rowwise, views
 from .candidates import Storage
 
 
@@ -88,6 +89,7 @@ ROWWISE = Family("Rowwise", False, _rowwise_storage, rowwise.candidates)
 TRANSPOSE = Family("Transpose", False, _no_storage, views.transpose_candidates)
 SLICE = Family("View", False, _no_storage, views.slice_candidates)
 CONCAT = Family("View", False, _no_storage, views.concat_candidates)
+GATHER = Family("Gather", False, gather.storage, gather.candidates)
 
 FAMILIES: dict[type, Family] = {
     MatMul: GEMM,             # grids, serial K, reductions
@@ -98,6 +100,7 @@ FAMILIES: dict[type, Family] = {
     Transpose: TRANSPOSE,     # a real rearrangement: exchange, then an on-tile copy or transpose
     Slice: SLICE,             # a column window of its input's layout: a relabelling where it is aligned
     Concat: CONCAT,           # each input copied into its column window of the output's layout
+    Gather: GATHER,           # table column blocks, indices on their tiles: no data-dependent exchange
 }
 
 

@@ -351,6 +351,18 @@ def transpose_op_floor(graph, op, target, storage, fused_adds) -> dict:
     return {"cycles": dispatch(call, target).cycles(call, target)}
 
 
+def gather_op_floor(graph, op, target, storage, fused_adds) -> dict:
+    """A Gather's share: its kernel on the candidate's fullest column block (the only candidate
+    space there is: ``planner.gather``)."""
+    from ..kernels.gather import GatherCall
+    from .gather import column_bounds
+    table, idx = graph.inputs_of(op)
+    bounds = column_bounds(table.shape[1], table.dtype.itemsize, target.tiles)
+    width = max(b - a for a, b in zip(bounds, bounds[1:]))
+    call = GatherCall(idx.size, width, table.shape[0], table.dtype)
+    return {"cycles": dispatch(call, target).cycles(call, target)}
+
+
 def rowwise_op_floor(graph, op, target, storage, fused_adds) -> dict:
     """A row-wise op's share: its kernels on the fullest tile, whole or split rows
     (``rowwise.floor_cycles``); a LayerNorm a residual Add may fuse into at most the fused pass less
@@ -366,7 +378,7 @@ def rowwise_op_floor(graph, op, target, storage, fused_adds) -> dict:
 
 
 FLOORS = {"Rowwise": rowwise_op_floor, "Gemm": gemm_op_floor, "Pointwise": pointwise_op_floor,     # family name -> its share
-          "View": view_op_floor, "Transpose": transpose_op_floor}
+          "View": view_op_floor, "Transpose": transpose_op_floor, "Gather": gather_op_floor}
 
 
 _FLOOR_MEMO: dict[tuple, dict] = {}     # (family, canon.op_key, target key, fused, weights) -> an op's share

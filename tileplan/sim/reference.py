@@ -23,7 +23,7 @@ import zlib
 import numpy as np
 
 from ..graph.core import Add, Graph, MatMul, Role
-from ..graph.dtypes import dequantise, quantise
+from ..graph.dtypes import DType, dequantise, quantise
 
 
 def seeded_values(graph: Graph, seed: int = 0, batch: int | None = None) -> dict[str, np.ndarray]:
@@ -50,6 +50,10 @@ def seeded_values(graph: Graph, seed: int = 0, batch: int | None = None) -> dict
         if t.role not in (Role.INPUT, Role.PARAMETER):
             continue
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        if t.dtype is DType.INT32:
+            # 0 and 1: a valid attention mask and valid row indices of any table of two rows or more.
+            out[name] = rng.integers(0, 2, t.shape).astype(np.int32)
+            continue
         std = 1.0 / math.sqrt(k_of[name]) if name in k_of else 0.5
         shape = (batch, *t.shape[1:]) if batch is not None and t.role is Role.INPUT else t.shape
         out[name] = quantise(rng.normal(0.0, std, shape), t.dtype, t.scale)

@@ -94,8 +94,8 @@ def depth_factor(depth: int) -> float:
 
 def _load_npz(path, what: str, tensors) -> dict[str, np.ndarray]:
     """An npz of real numbers by tensor name, read through ``safeio.load_npz``; anything else
-    (strings, complex, objects, booleans, an ``.npy`` rather than an ``.npz``) is an error naming
-    the file and the array.
+    (strings, complex, objects, booleans but for an INT32 input such as a mask, an ``.npy`` rather
+    than an ``.npz``) is an error naming the file and the array.
 
     Design decision: the arrays it may declare are bounded by the tensors it may hold (``tensors``:
     the model's inputs and parameters, or its outputs), at 8 bytes a value (float64, the widest a
@@ -105,8 +105,11 @@ def _load_npz(path, what: str, tensors) -> dict[str, np.ndarray]:
     from ..safeio import MiB, load_npz
     limit = 8 * sum(t.size for t in tensors) + MiB
     arrays = load_npz(path, limit, f"{what} file")
+    integer = {t.name for t in tensors if t.dtype is DType.INT32}
     for k, a in arrays.items():
-        if a.dtype.kind not in "iuf":
+        if a.dtype.kind == "b" and k in integer:      # a bool attention mask for an INT32 input: 0/1
+            arrays[k] = a.astype(np.int32)
+        elif a.dtype.kind not in "iuf":
             raise TileplanError(f"{path}: array {k!r} holds {a.dtype} values; {what} must be real numbers")
     return arrays
 
@@ -144,12 +147,21 @@ def validate_package(pkg, *, inputs_path=None, expected_path=None, atol=None, rt
                 raise TileplanError(f"{inputs_path}: {name!r} has shape {list(arr.shape)}, the model's is "
                                     f"{list(full(name))}")
             shape = (pipe["batch"], *t.shape[1:]) if pipe and t.role is Role.INPUT else t.shape
-            stored[name] = quantise(np.asarray(arr, dtype=np.float64).reshape(shape), t.dtype, t.scale)
+            try:
+                stored[name] = quantise(np.asarray(arr, dtype=np.float64).reshape(shape), t.dtype, t.scale)
+            except ValueError as e:             # an integer input given a fraction or out of range
+                raise TileplanError(f"{inputs_path}: {name!r}: {e}") from None
             given.add(name)
         missing = [t.name for t in graph.tensors.values() if t.role is Role.INPUT and t.name not in given]
         if missing:
             raise TileplanError(f"{inputs_path}: holds no values for the input{'s' if len(missing) > 1 else ''} "
                                 f"{', '.join(repr(m) for m in missing)} of model {graph.name!r}")
+        for op in graph.ops:     # values the model must not be given (a token id past its table), named
+            if all(i in stored for i in op.inputs):
+                try:
+                    op.check_values(*(stored[i] for i in op.inputs))
+                except TileplanError as e:
+                    raise TileplanError(f"{inputs_path}: {e}") from None
     outs = [t for t in graph.tensors.values() if t.role is Role.OUTPUT]
     expected = _load_npz(expected_path, "expected outputs", outs) if expected_path is not None else None
     if expected is not None:

@@ -92,7 +92,7 @@ with equal pieces share one range of ``pieces`` too. Sections:
 
 ==============  =================================================================
 strings         the names, each NUL-terminated
-variables       name, element type (0 U8, 1 F16, 2 F32), first piece, pieces
+variables       name, element type (0 U8, 1 F16, 2 F32, 3 I32), first piece, pieces
 pieces          tile, elements (a variable is its pieces in order)
 runs            slot (the variable: see bindings), begin, elements, count, stride:
                 the ``count`` slices ``[begin + c * stride, begin + c * stride + elements)``
@@ -156,11 +156,11 @@ from ..tile_program import ComputeSet, Exchange, TileProgram, exchange_shape
 from .codelets import emit_codelets, group_codelet
 from .cpp import cpp_comment, cpp_string, data_file
 
-CTYPES = ("unsigned char", "half", "float")              # element type codes 0 (U8), 1 (F16), 2 (F32)
+CTYPES = ("unsigned char", "half", "float", "int")       # element type codes 0 (U8), 1 (F16), 2 (F32), 3 (I32)
 TYPE_CODE = {c: i for i, c in enumerate(CTYPES)}
-ELEMENT_BYTES = {"unsigned char": 1, "half": 2, "float": 4}
-TYPE_SUFFIX = {"unsigned char": "u8", "half": "f16", "float": "f32"}
-_ESZ = np.array([1, 2, 4, 1], np.int64)                   # element bytes by code; code -1 (undefined) -> 1
+ELEMENT_BYTES = {"unsigned char": 1, "half": 2, "float": 4, "int": 4}
+TYPE_SUFFIX = {"unsigned char": "u8", "half": "f16", "float": "f32", "int": "i32"}
+_ESZ = np.array([1, 2, 4, 4, 1], np.int64)                  # element bytes by code; code -1 (undefined) -> 1
 STRIDE = 1 << 32                                          # global byte address: tile * STRIDE + address
 HOST_CPP = "host.cpp"
 TABLES_FILE = "host/tables.bin"
