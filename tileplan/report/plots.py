@@ -178,7 +178,7 @@ def frontier_plot(op: dict, losers: list[dict], slug: str) -> str:
                     color=COLOURS["chosen"], zorder=5,
                     bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
 
-        ax.set_xlabel("planner's estimate of the memory peak (bytes, worst tile)")
+        ax.set_xlabel("the op's own memory estimate (bytes, worst tile of its fragment)")
         ax.set_ylabel("cycles")
         _bytes_axis(ax, "x", max(m for m, _ in detailed + coarse_only + coarse_of_detailed + [chosen]))
         _cycles_axis(ax, "y")
