@@ -3,8 +3,22 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# Design decision: when the environment says not to write bytecode beside the sources
+# (PYTHONDONTWRITEBYTECODE), the suite keeps its compiled bytecode in a cache folder outside the
+# tree instead of compiling every module from source in every process: otherwise each xdist
+# worker re-runs pytest's assertion rewriting of ~100 test files and compiles tileplan afresh
+# (about 15 of a worker's 26 CPU-seconds of collection), and so does every CLI subprocess. The
+# source tree stays free of __pycache__ either way. Set before tileplan and the test modules are
+# imported; subprocesses read the same folder through PYTHONPYCACHEPREFIX.
+if sys.dont_write_bytecode and not sys.pycache_prefix:
+    _cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"] = str(_cache / "tileplan-tests" / "pycache")
+    sys.dont_write_bytecode = False
 
 # The progress display's stage lines (stderr, when not a terminal: tileplan.progress) are off for the
 # suite, whose CLI runs check stderr whole; tests/test_cli_progress.py turns them on where it checks them.
