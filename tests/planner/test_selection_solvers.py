@@ -350,11 +350,11 @@ def test_repeated_blocks_searched_once_and_composed_find_the_op_by_op_optimum(pr
     from tileplan.planner.select import _Search
     assert len(_Search(problem, 16, True).repeats) >= 2            # the blocks after the first repeat
     plain = solve_dp(dataclasses.replace(problem, blocks=None), paths=None)
-    # The oracle: every combination while there are at most 3**8 of them; past that (up to 3**12,
+    # The oracle: every combination while there are at most 3**6 of them; past that (up to 3**12,
     # seconds each) the op-by-op exact DP, which the smaller towers here and
     # test_dp_cpsat_and_exhaustive_search_find_the_same_optimum hold to the exhaustive optimum.
     combinations = math.prod(len(problem.choices[op]) for op in problem.ops)
-    oracle = solve_exhaustive(problem) if combinations <= 3 ** 8 else plain
+    oracle = solve_exhaustive(problem) if combinations <= 3 ** 6 else plain
     for got in (solve_dp(problem, paths=None), solve_dp(problem, paths=16)):
         if oracle is None:
             assert got is None and plain is None
