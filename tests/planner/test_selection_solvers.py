@@ -10,6 +10,8 @@ interleaved region checked on its own).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -347,8 +349,12 @@ def test_repeated_blocks_searched_once_and_composed_find_the_op_by_op_optimum(pr
     import dataclasses
     from tileplan.planner.select import _Search
     assert len(_Search(problem, 16, True).repeats) >= 2            # the blocks after the first repeat
-    oracle = solve_exhaustive(problem)
     plain = solve_dp(dataclasses.replace(problem, blocks=None), paths=None)
+    # The oracle: every combination while there are at most 3**6 of them; past that (up to 3**12,
+    # seconds each) the op-by-op exact DP, which the smaller towers here and
+    # test_dp_cpsat_and_exhaustive_search_find_the_same_optimum hold to the exhaustive optimum.
+    combinations = math.prod(len(problem.choices[op]) for op in problem.ops)
+    oracle = solve_exhaustive(problem) if combinations <= 3 ** 6 else plain
     for got in (solve_dp(problem, paths=None), solve_dp(problem, paths=16)):
         if oracle is None:
             assert got is None and plain is None
@@ -386,6 +392,9 @@ def test_every_repeated_block_is_composed_the_last_one_writing_the_graph_output_
     assert len(composed) == len(problem.ops) - 1 and all(c is not None for c in composed)
 
 
+@pytest.mark.slow   # 48 CPU-s (measured): the tower's plan (26) and two searches of it; the fast lane
+#                    checks composition on the hypothesis towers and tower_like_problem above, and the
+#                    tower's four repeated layers in test_canon.py
 def test_the_small_tower_s_selection_composes_its_middle_layers_and_is_no_slower_than_op_by_op(planned):
     """The 4-layer tower on 64 tiles: its selection problem carries the layers as blocks, the search
     composes the middle ones (the first reads the host input, the last writes the output), and
