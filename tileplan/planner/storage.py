@@ -25,9 +25,10 @@ def parameter_storage(graph: Graph, target) -> dict[str, Storage]:
     Replicated parameters (bias rows, LayerNorm's gamma and beta: a whole copy on every tile) are
     resident while everything resident takes at most ``RESIDENT_FILL`` of every tile's usable
     bytes. A deep tower's replicas do not fit (27 SigLIP layers hold about 29 KB of them per
-    layer on every tile, 790 KB in all, beside 279 KB of weight panels): then every replicated parameter becomes a value born in ``Intervals``, which
-    selection broadcasts to its consumer when it runs (a conversion whose copy is transient), so
-    all the layers' weights stay resident. The rule applies to all of them alike, so repeated
+    layer on every tile, 790 KB in all, beside 279 KB of weight panels): then every replicated
+    parameter becomes a value born in ``Intervals``, which selection broadcasts to its consumer
+    when it runs (a conversion whose copy is transient), so all the layers' weights stay
+    resident. The rule applies to all of them alike, so repeated
     layers keep one planning problem (``canon.op_key``).
 
     Design decision: the test is against ``RESIDENT_FILL`` of a tile, not all of it. Resident bytes
