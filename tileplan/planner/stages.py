@@ -46,12 +46,14 @@ import numpy as np
 
 from ..errors import TileplanError
 from ..graph.core import Graph, Role
+from .storage import RESIDENT_FILL
 
 MODES = ("auto", "spread", "stages")
 
 # The share of an IPU's usable SRAM a stage's parameters may take in the split (the rest: the
-# activations, transients and the per-tile imbalance of the stage's own plan).
-FILL = 0.85
+# activations, transients and the per-tile imbalance of the stage's own plan): the share a tile's
+# resident parameters may take (``storage.RESIDENT_FILL``), one constant for both.
+FILL = RESIDENT_FILL
 
 
 def check_mode(mode: str) -> str:

@@ -14,7 +14,8 @@ from .candidates import Storage
 from .families import family_of
 
 # The share of a tile's usable bytes everything resident may take while the replicated parameters stay
-# resident (``parameter_storage``); the rest is the activations' and transients' room.
+# resident (``parameter_storage``); the rest is the activations' and transients' room. The stage split
+# leaves a stage's parameters the same share, for the same reason (``stages.FILL`` is this constant).
 RESIDENT_FILL = 0.85
 
 
