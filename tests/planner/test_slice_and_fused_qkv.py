@@ -240,3 +240,16 @@ def test_both_forms_catalogues_costed_in_one_pool_give_the_plan_one_job_gives(mo
     one, two = plan(g, big, jobs=1), plan(g, big, jobs=2)
     assert warmed == [2]                      # q/k/v (one problem) and the fused GEMM; jobs=1 warms nothing
     assert plan_to_json(one) == plan_to_json(two)
+
+
+def test_the_qkv_line_of_a_tower_names_its_first_and_last_group_and_the_count():
+    """27 layers' q+k+v groups on one terminal line would run to hundreds of characters: a
+    tower's line names the first and the last group and how many there are; a layer's names all."""
+    from tileplan.report.terminal import qkv_line
+    tower = {"groups": [[f"l{i}.q", f"l{i}.k", f"l{i}.v"] for i in range(27)], "mode": "auto",
+             "chosen": "fused", "separate_cycles": 8_831_288, "fused_cycles": 8_429_712}
+    line = qkv_line(tower)
+    assert "27 groups: l0.q+l0.k+l0.v; ...; l26.q+l26.k+l26.v" in line and "l13.q" not in line
+    assert len(line) < 140 and "separate 8,831,288, fused 8,429,712" in line
+    layer = dict(tower, groups=tower["groups"][:2])
+    assert "fused QKV (l0.q+l0.k+l0.v; l1.q+l1.k+l1.v): fused (the cheaper)" in qkv_line(layer)

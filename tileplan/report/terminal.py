@@ -324,8 +324,11 @@ def stage_lines(stages: dict | None) -> list[str]:
 
 
 def qkv_line(qkv: dict) -> str:
-    """One line: which form of the fusable GEMM groups the plan has, and what each form costs."""
-    groups = "; ".join("+".join(g) for g in qkv["groups"])
+    """One line: which form of the fusable GEMM groups the plan has, and what each form costs. A
+    tower's groups (one per layer) are named by the first and the last, with their count, so the
+    line stays a line; plan.json holds them all."""
+    names = ["+".join(g) for g in qkv["groups"]]
+    groups = "; ".join(names) if len(names) <= 3 else f"{len(names)} groups: {names[0]}; ...; {names[-1]}"
     costs = ", ".join(f"{form} {qkv[f'{form}_cycles']:,}" if qkv[f"{form}_cycles"] is not None else f"{form} not planned"
                       for form in ("separate", "fused"))
     how = "forced" if qkv["mode"] != "auto" else "the cheaper"
