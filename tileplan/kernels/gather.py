@@ -26,14 +26,11 @@ from ..graph.dtypes import DType
 from ..target import Target
 from .calls import _dtype, _positive, describe
 from .codelets import CodeletSource, _param, _vec, body, codelet_key, render
+from .pointwise import ceil_div
 from .registry import BOTH, SPECIAL, Predicate, Variant
 from .reference import _result, operand
 
 GATHER_ROW_CYCLES = 6
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
